@@ -1,0 +1,20 @@
+# gRPC + protobuf (Debian 12), spdlog, SQLite, libsystemd and prometheus-cpp (Debian 13 binaries
+# unpacked by deploy/install-deps.sh into ${RP_PREFIX}/prometheus, see DESIGN §7).
+find_package(Protobuf CONFIG QUIET)
+if(NOT Protobuf_FOUND)
+  find_package(Protobuf REQUIRED)
+endif()
+find_package(gRPC CONFIG REQUIRED)
+find_program(RP_PROTOC protoc REQUIRED)
+find_program(RP_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+find_package(SQLite3 REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
+
+set(_rp_prom_prefix "${RP_PREFIX}/prometheus/usr")
+if(EXISTS "${_rp_prom_prefix}")
+  list(APPEND CMAKE_PREFIX_PATH "${_rp_prom_prefix}")
+endif()
+find_package(prometheus-cpp CONFIG REQUIRED)
+include(RoundpipeProto)

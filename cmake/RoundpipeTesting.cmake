@@ -1,0 +1,18 @@
+# rp_add_test(NAME name SOURCES ... [LIBS ...] [LABELS ...])
+# The one way to add a GoogleTest binary: links GTest::gtest_main, registers every test case
+# with CTest through gtest_discover_tests, and labels them (default label: unit).
+function(rp_add_test)
+  cmake_parse_arguments(ARG "" "NAME" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT ARG_NAME OR NOT ARG_SOURCES)
+    message(FATAL_ERROR "rp_add_test needs NAME and SOURCES")
+  endif()
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  rp_set_warnings(${ARG_NAME})
+  gtest_discover_tests(${ARG_NAME}
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS "${ARG_LABELS}")
+endfunction()

@@ -1,0 +1,53 @@
+// comparison.h — the paper's §5.8.1 experiment as a function: plan and simulate RoundPipe
+// (sync and async) and the weight-bound baselines on one cost model, side by side.
+//
+// Contract: pure function; safe from any thread.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/planning/cost_model.h"
+#include "scheduler/planning/partition.h"
+#include "scheduler/planning/schedules.h"
+#include "scheduler/planning/simulator.h"
+
+namespace rp::planning {
+
+// Schedule ids accepted by CompareSchedules (and roundpipe-sim --schedule).
+inline const std::vector<std::string>& AllScheduleIds() {
+  static const std::vector<std::string> ids = {"gpipe",      "1f1b",           "interleaved-1f1b",
+                                               "looped-bfs", "roundpipe-sync", "roundpipe-async"};
+  return ids;
+}
+
+struct ComparisonOptions {
+  int num_workers = 8;
+  int num_microbatches = 16;
+  int microbatches_per_round = 0;  // RoundPipe M_R; 0 = all micro-batches in one round
+  int iterations = 4;              // simulated back to back; steady state measured after the first
+  // RoundPipe per-stage device memory cap, 0 = unlimited. Baselines are planned without a cap,
+  // like the paper's simulator (which favours them).
+  int64_t stage_memory_cap = 0;
+  SimOptions sim;
+  std::vector<std::string> schedules = AllScheduleIds();
+  int max_chunks_per_worker = 0;            // looped baselines try v = 2..max (0: as many as layers allow)
+  std::optional<Partition> user_partition;  // RoundPipe: use this instead of AutoPartition
+  int fixed_stage_count = 0;                // RoundPipe: exactly this many slots (0 = auto)
+};
+
+struct ComparisonRow {
+  std::string schedule;   // display name
+  int stages = 0;         // stage slots per round (RoundPipe) or stages (baselines)
+  std::string partition;  // layers per stage
+  double t_max_s = 0;     // slowest stage time per micro-batch (fwd+bwd for baselines)
+  BubbleBreakdown bubbles;
+  SimSchedule schedule_data;  // actual schedule (with optimizer), for Gantt/trace output
+  SimResult result;
+};
+
+absl::StatusOr<std::vector<ComparisonRow>> CompareSchedules(const CostModel& costs, const ComparisonOptions& options);
+
+}  // namespace rp::planning

@@ -1,0 +1,211 @@
+#include "scheduler/planning/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace rp::planning {
+
+int64_t CostModel::ForwardMemory(int layer) const {
+  const LayerCost& c = layers.at(static_cast<size_t>(layer));
+  // No autograd in a forward stage: weights, plus the layer's transient working set, bounded by
+  // the boundary activation in and out and the fixed buffers.
+  return c.param_bytes + c.fixed_work_bytes + 2 * boundary_bytes_per_token * tokens_per_microbatch;
+}
+
+int64_t CostModel::BackwardMemory(int layer) const {
+  const LayerCost& c = layers.at(static_cast<size_t>(layer));
+  return c.param_bytes + c.trainable_bytes + c.fixed_work_bytes + c.act_bytes_per_token * tokens_per_microbatch;
+}
+
+absl::StatusOr<CostModel> AnalyticCostModel(const ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt) {
+  if (m.num_blocks <= 0 || m.hidden <= 0 || m.vocab <= 0 || m.num_heads <= 0 || m.num_kv_heads <= 0 ||
+      m.head_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", m.name,
+                                                   "': blocks, hidden, vocab, heads, kv heads and "
+                                                   "head_dim must be positive"));
+  }
+  if (!m.is_moe() && m.intermediate <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", m.name, "': dense model needs intermediate > 0"));
+  }
+  if (m.is_moe() && (m.active_experts <= 0 || m.active_experts > m.num_experts || m.expert_intermediate <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", m.name,
+                                                   "': MoE needs 0 < active_experts <= experts "
+                                                   "and expert_intermediate > 0"));
+  }
+  if (d.peak_matmul_flops <= 0 || d.memory_bandwidth <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device '", d.name, "': peak FLOP/s and bandwidth must be positive"));
+  }
+  if (opt.micro_batch_size <= 0 || opt.sequence_length <= 0) {
+    return absl::InvalidArgumentError("micro-batch size and sequence length must be positive");
+  }
+
+  const double tokens = static_cast<double>(opt.micro_batch_size * opt.sequence_length);
+  const double s = static_cast<double>(opt.sequence_length);
+  const double h = static_cast<double>(m.hidden);
+  const double q = static_cast<double>(m.num_heads) * static_cast<double>(m.head_dim);
+  const double kv = static_cast<double>(m.num_kv_heads) * static_cast<double>(m.head_dim);
+  const double mm_rate = d.peak_matmul_flops * opt.matmul_efficiency;
+  const double attn_rate = d.peak_matmul_flops * opt.attention_efficiency;
+  const double moe_rate = d.peak_matmul_flops * opt.moe_efficiency;
+  const double bw = d.memory_bandwidth;
+  const double db = opt.dtype_bytes;
+  const bool lora = m.lora_rank > 0;
+  // Backward matmul factor: dgrad + wgrad, or dgrad only for a frozen base.
+  const double bwd_mm = lora ? 1.0 : 2.0;
+
+  CostModel cm;
+  cm.tokens_per_microbatch = static_cast<int64_t>(tokens);
+  cm.boundary_bytes_per_token = static_cast<int64_t>(h * db);
+
+  // Embedding: a gather (memory-bound) forward; a scatter-add of the gradient backward.
+  {
+    LayerCost c;
+    c.kind = LayerKind::kEmbedding;
+    const double traffic = tokens * h * db * 2;
+    c.fwd_s = traffic / bw;
+    const double bwd = 2 * traffic / bw;
+    c.bwd_s = c.fwd_s + bwd;
+    c.fused_s = c.fwd_s + bwd;
+    c.param_bytes = m.EmbeddingParams() * opt.dtype_bytes;
+    c.trainable_bytes = lora ? 0 : m.EmbeddingParams() * opt.grad_bytes;
+    c.act_bytes_per_token = 8;  // token ids
+    cm.layers.push_back(c);
+  }
+  for (int b = 0; b < m.num_blocks; ++b) {
+    LayerCost c;
+    c.kind = LayerKind::kBlock;
+    const bool sliding = m.sliding_window > 0 && m.sliding_every > 0 && (b % m.sliding_every) == 0;
+    // Average causal context per query (half the sequence), or the window.
+    const double ctx = sliding ? std::min(s / 2, static_cast<double>(m.sliding_window)) : s / 2;
+    const double proj_flops = tokens * 2 * (h * q + 2 * h * kv + q * h);
+    const double attn_flops = tokens * 2 * 2 * ctx * q;
+    double mlp_flops, mlp_rate;
+    double act_mlp;
+    if (m.is_moe()) {
+      const double ie = static_cast<double>(m.expert_intermediate);
+      mlp_flops = tokens * (2 * h * m.num_experts + m.active_experts * 3 * 2 * h * ie);
+      mlp_rate = moe_rate;
+      act_mlp = m.active_experts * (3 * ie + h);
+    } else {
+      const double i = static_cast<double>(m.intermediate);
+      mlp_flops = tokens * 3 * 2 * h * i;
+      mlp_rate = mm_rate;
+      act_mlp = 3 * i;
+    }
+    double lora_flops = 0;
+    if (lora) lora_flops = tokens * 2 * static_cast<double>(m.BlockLoraParams());
+    // Elementwise traffic: norms, rope, residuals, activation function (about 12 reads/writes of
+    // an h-wide row and 3 of the MLP width per token), plus reading the block's weights once.
+    const double ew_bytes =
+        tokens * db * (12 * h + (m.is_moe() ? m.active_experts * 3.0 * m.expert_intermediate : 3.0 * m.intermediate));
+    const double weight_bytes = static_cast<double>(m.BlockParams()) * db;
+    const double fwd = proj_flops / mm_rate + attn_flops / attn_rate + mlp_flops / mlp_rate + lora_flops / mm_rate +
+                       ew_bytes / bw + weight_bytes / bw;
+    const double bwd = bwd_mm * proj_flops / mm_rate + 2.5 * attn_flops / attn_rate + bwd_mm * mlp_flops / mlp_rate +
+                       2 * lora_flops / mm_rate + 2 * ew_bytes / bw + weight_bytes / bw;
+    c.fwd_s = fwd;
+    c.bwd_s = fwd + bwd;
+    c.fused_s = fwd + bwd;
+    c.param_bytes = m.BlockParams() * opt.dtype_bytes;
+    c.trainable_bytes = (lora ? m.BlockLoraParams() : m.BlockParams()) * opt.grad_bytes;
+    // Saved for backward: norm in/out, q/k/v, attention output (+ softmax stats), o-proj input,
+    // MLP intermediates.
+    c.act_bytes_per_token = static_cast<int64_t>(db * (6 * h + 2 * q + 2 * kv + act_mlp));
+    cm.layers.push_back(c);
+  }
+  {
+    LayerCost c;
+    c.kind = LayerKind::kHead;
+    const double v = static_cast<double>(m.vocab);
+    const double flops = tokens * 2 * h * v;
+    // Logit chunks are produced and consumed in fp32 (softmax + cross-entropy) per chunk.
+    const double ew = tokens * v * 4 * 3;
+    const double fwd = flops / mm_rate + ew / bw;
+    // Backward: dgrad (+ wgrad unless the head is frozen); the loss gradient is formed inside
+    // the forward chunk loop, so fused and recompute costs coincide.
+    const double bwd = (lora ? 1.0 : 2.0) * flops / mm_rate + ew / bw;
+    c.fwd_s = fwd;
+    c.bwd_s = fwd + bwd;
+    c.fused_s = fwd + bwd;
+    c.param_bytes = (m.vocab * m.hidden + m.hidden) * opt.dtype_bytes;  // tied: the embedding again
+    c.trainable_bytes = lora ? 0 : m.HeadParams() * opt.grad_bytes;
+    c.act_bytes_per_token = static_cast<int64_t>(2 * h * db);
+    c.fixed_work_bytes = static_cast<int64_t>(opt.loss_chunk_tokens) * m.vocab * 4 * 2;
+    cm.layers.push_back(c);
+  }
+  return cm;
+}
+
+CostModel SyntheticCostModel(int num_layers, double head_to_block_ratio) {
+  CostModel cm;
+  for (int l = 0; l < num_layers; ++l) {
+    LayerCost c;
+    double f = 1e-3;
+    c.kind = LayerKind::kBlock;
+    if (l == 0) {
+      c.kind = LayerKind::kEmbedding;
+      f = 0.05e-3;
+    } else if (l == num_layers - 1) {
+      c.kind = LayerKind::kHead;
+      f = head_to_block_ratio * 1e-3;
+    }
+    c.fwd_s = f;
+    c.bwd_s = 3 * f;
+    c.fused_s = 3 * f;
+    c.param_bytes = 400 << 20;
+    c.trainable_bytes = 800 << 20;
+    cm.layers.push_back(c);
+  }
+  return cm;
+}
+
+MeasuredProfile::MeasuredProfile(int num_layers, double alpha, int skip_first)
+    : num_layers_(num_layers), alpha_(alpha), skip_first_(skip_first), ema_(static_cast<size_t>(num_layers) * 3) {}
+
+void MeasuredProfile::Record(int layer, Kind kind, double seconds) {
+  if (layer < 0 || layer >= num_layers_ || !(seconds >= 0) || !std::isfinite(seconds)) return;
+  Ema& e = Get(layer, kind);
+  if (++e.seen <= skip_first_) return;
+  e.value = alpha_ * e.value + (1 - alpha_) * seconds;
+  e.weight = alpha_ * e.weight + (1 - alpha_);
+  ++e.used;
+}
+
+int MeasuredProfile::Samples(int layer, Kind kind) const { return Get(layer, kind).used; }
+
+std::optional<double> MeasuredProfile::Estimate(int layer, Kind kind) const {
+  const Ema& e = Get(layer, kind);
+  if (e.used == 0) return std::nullopt;
+  return e.value / e.weight;
+}
+
+bool MeasuredProfile::Complete() const {
+  for (int l = 0; l < num_layers_; ++l) {
+    if (!Estimate(l, Kind::kForward)) return false;
+    if (!Estimate(l, Kind::kBackward) && !Estimate(l, Kind::kFused)) return false;
+  }
+  return true;
+}
+
+CostModel MeasuredProfile::Apply(const CostModel& base) const {
+  CostModel out = base;
+  const int n = std::min(num_layers_, base.num_layers());
+  for (int l = 0; l < n; ++l) {
+    LayerCost& c = out.layers[static_cast<size_t>(l)];
+    auto f = Estimate(l, Kind::kForward);
+    auto b = Estimate(l, Kind::kBackward);
+    auto u = Estimate(l, Kind::kFused);
+    if (f) c.fwd_s = *f;
+    if (b) c.bwd_s = *b;
+    if (u) c.fused_s = *u;
+    if (b && !u) c.fused_s = *b;
+    if (u && !b) c.bwd_s = *u;
+  }
+  return out;
+}
+
+}  // namespace rp::planning

@@ -1,0 +1,394 @@
+#include "scheduler/planning/partition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace rp::planning {
+namespace {
+
+constexpr double kRelEps = 1e-9;
+
+bool Fits(double sum, double limit) { return sum <= limit * (1 + kRelEps); }
+bool FitsMem(int64_t sum, int64_t cap) { return cap <= 0 || sum <= cap; }
+
+struct LayerArrays {
+  std::vector<double> f, b, u;  // forward, backward(+recompute), fused times
+  std::vector<int64_t> fm, bm;  // forward / backward memory
+};
+
+LayerArrays Arrays(const CostModel& c) {
+  LayerArrays a;
+  for (int l = 0; l < c.num_layers(); ++l) {
+    const LayerCost& x = c.layers[static_cast<size_t>(l)];
+    a.f.push_back(x.fwd_s);
+    a.b.push_back(x.bwd_s);
+    a.u.push_back(x.fused_s);
+    a.fm.push_back(c.ForwardMemory(l));
+    a.bm.push_back(c.BackwardMemory(l));
+  }
+  return a;
+}
+
+// Minimal number of contiguous groups of items [0, n) with sum(v) <= limit and sum(mem) <= cap.
+// Greedy is optimal because both constraints are additive over non-negative items. Packs from
+// item n-1 downwards when `from_end`. Returns group sizes in item order, or nullopt when a
+// single item violates a constraint.
+std::optional<std::vector<int>> GreedyPack(const std::vector<double>& v, const std::vector<int64_t>& mem, int n,
+                                           double limit, int64_t cap, bool from_end) {
+  std::vector<int> counts;
+  double sum = 0;
+  int64_t msum = 0;
+  int count = 0;
+  for (int k = 0; k < n; ++k) {
+    const int i = from_end ? n - 1 - k : k;
+    const double x = v[static_cast<size_t>(i)];
+    const int64_t m = mem[static_cast<size_t>(i)];
+    if (count > 0 && Fits(sum + x, limit) && FitsMem(msum + m, cap)) {
+      sum += x;
+      msum += m;
+      ++count;
+      continue;
+    }
+    if (!Fits(x, limit) || !FitsMem(m, cap)) return std::nullopt;
+    if (count > 0) counts.push_back(count);
+    sum = x;
+    msum = m;
+    count = 1;
+  }
+  if (count > 0) counts.push_back(count);
+  if (from_end) std::reverse(counts.begin(), counts.end());
+  return counts;
+}
+
+double GroupTime(const std::vector<double>& v, int first, int count) {
+  double s = 0;
+  for (int i = first; i < first + count; ++i) s += v[static_cast<size_t>(i)];
+  return s;
+}
+
+// Splits groups (sizes in item order over `v`) until there are `target` groups: always the
+// slowest splittable group, at the cut that minimizes the larger half. Never raises the max.
+void SplitTo(std::vector<int>& groups, const std::vector<double>& v, int target) {
+  while (static_cast<int>(groups.size()) < target) {
+    int best = -1;
+    double best_t = -1;
+    int first = 0, best_first = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const double t = GroupTime(v, first, groups[g]);
+      if (groups[g] > 1 && t > best_t) {
+        best_t = t;
+        best = static_cast<int>(g);
+        best_first = first;
+      }
+      first += groups[g];
+    }
+    if (best < 0) return;  // nothing splittable (caller guarantees target <= items)
+    const int n = groups[static_cast<size_t>(best)];
+    int cut = 1;
+    double cut_cost = std::numeric_limits<double>::infinity();
+    for (int c = 1; c < n; ++c) {
+      const double cost = std::max(GroupTime(v, best_first, c), GroupTime(v, best_first + c, n - c));
+      if (cost < cut_cost) {
+        cut_cost = cost;
+        cut = c;
+      }
+    }
+    groups[static_cast<size_t>(best)] = cut;
+    groups.insert(groups.begin() + best + 1, n - cut);
+  }
+}
+
+std::vector<double> Candidates(const LayerArrays& a, int L) {
+  std::vector<double> cand;
+  cand.reserve(static_cast<size_t>(L) * static_cast<size_t>(L) + static_cast<size_t>(L));
+  for (const auto* v : {&a.f, &a.b}) {
+    for (int i = 0; i + 1 < L; ++i) {
+      double s = 0;
+      for (int j = i; j + 1 < L; ++j) {
+        s += (*v)[static_cast<size_t>(j)];
+        cand.push_back(s);
+      }
+    }
+  }
+  double s = 0;
+  for (int j = L - 1; j >= 0; --j) {
+    s += a.u[static_cast<size_t>(j)];
+    cand.push_back(s);
+  }
+  std::sort(cand.begin(), cand.end());
+  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+  return cand;
+}
+
+// Largest B_1 whose fused time fits `limit` and whose memory fits the cap (0 if none).
+int MaxFused(const LayerArrays& a, int L, double limit, int64_t cap) {
+  double s = 0;
+  int64_t m = 0;
+  int k = 0;
+  for (int j = L - 1; j >= 0; --j) {
+    if (!Fits(s + a.u[static_cast<size_t>(j)], limit) || !FitsMem(m + a.bm[static_cast<size_t>(j)], cap)) break;
+    s += a.u[static_cast<size_t>(j)];
+    m += a.bm[static_cast<size_t>(j)];
+    ++k;
+  }
+  return k;
+}
+
+// Forward groups (layer order) and backward groups (layer order) -> Partition.
+Partition MakePartition(const std::vector<int>& fwd, int fused, const std::vector<int>& bwd_layer_order) {
+  Partition p;
+  p.forward = fwd;
+  p.fused = fused;
+  p.backward.assign(bwd_layer_order.rbegin(), bwd_layer_order.rend());
+  return p;
+}
+
+absl::Status CheckProblem(const PartitionProblem& pr) {
+  if (pr.costs == nullptr || pr.costs->num_layers() == 0) {
+    return absl::InvalidArgumentError("partition: the cost model has no layers");
+  }
+  if (pr.num_workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("partition: need at least one worker, got ", pr.num_workers));
+  }
+  if (pr.num_microbatches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: need at least one micro-batch, got ", pr.num_microbatches));
+  }
+  for (int l = 0; l < pr.costs->num_layers(); ++l) {
+    const LayerCost& c = pr.costs->layers[static_cast<size_t>(l)];
+    if (!(c.fwd_s >= 0) || !(c.bwd_s >= 0) || !(c.fused_s >= 0) || !std::isfinite(c.fwd_s + c.bwd_s + c.fused_s)) {
+      return absl::InvalidArgumentError(absl::StrCat("partition: layer ", l, " has a negative or non-finite time"));
+    }
+    const int64_t need = std::max(pr.costs->ForwardMemory(l), pr.costs->BackwardMemory(l));
+    if (!FitsMem(need, pr.stage_memory_cap)) {
+      return absl::ResourceExhaustedError(absl::StrCat("partition: layer ", l, " alone needs ", need,
+                                                       " bytes of device memory, over the per-stage cap of ",
+                                                       pr.stage_memory_cap, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string Partition::ToString() const {
+  return absl::StrCat("F[", absl::StrJoin(forward, ","), "] B1=", fused, " B[", absl::StrJoin(backward, ","), "]");
+}
+
+std::vector<StageShape> DescribeStages(const Partition& p, const CostModel& costs) {
+  std::vector<StageShape> out;
+  auto add = [&](StageShape::Kind kind, int first, int n) {
+    StageShape s{kind, first, n, 0, 0};
+    for (int l = first; l < first + n; ++l) {
+      const LayerCost& c = costs.layers[static_cast<size_t>(l)];
+      switch (kind) {
+        case StageShape::Kind::kForward:
+          s.time_s += c.fwd_s;
+          s.memory_bytes += costs.ForwardMemory(l);
+          break;
+        case StageShape::Kind::kFused:
+          s.time_s += c.fused_s;
+          s.memory_bytes += costs.BackwardMemory(l);
+          break;
+        case StageShape::Kind::kBackward:
+          s.time_s += c.bwd_s;
+          s.memory_bytes += costs.BackwardMemory(l);
+          break;
+      }
+    }
+    out.push_back(s);
+  };
+  int first = 0;
+  for (int n : p.forward) {
+    add(StageShape::Kind::kForward, first, n);
+    first += n;
+  }
+  const int L = costs.num_layers();
+  add(StageShape::Kind::kFused, L - p.fused, p.fused);
+  int top = L - p.fused;
+  for (int n : p.backward) {
+    add(StageShape::Kind::kBackward, top - n, n);
+    top -= n;
+  }
+  return out;
+}
+
+absl::StatusOr<PartitionResult> EvaluatePartition(const PartitionProblem& pr, const Partition& p) {
+  if (absl::Status st = CheckProblem(pr); !st.ok()) return st;
+  const int L = pr.costs->num_layers();
+  if (p.fused < 1 || p.fused > L) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", p.ToString(), ": B_1 must hold 1..", L, " layers"));
+  }
+  int fsum = 0, bsum = 0;
+  for (size_t i = 0; i < p.forward.size(); ++i) {
+    if (p.forward[i] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition ", p.ToString(), ": forward stage F_", i + 1, " has ", p.forward[i], " layers"));
+    }
+    fsum += p.forward[i];
+  }
+  for (size_t i = 0; i < p.backward.size(); ++i) {
+    if (p.backward[i] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition ", p.ToString(), ": backward stage B_", i + 2, " has ", p.backward[i], " layers"));
+    }
+    bsum += p.backward[i];
+  }
+  if (fsum + p.fused != L) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", p.ToString(), ": forward stages cover ", fsum,
+                                                   " layers + B_1 ", p.fused, " = ", fsum + p.fused, ", the model has ",
+                                                   L));
+  }
+  if (bsum + p.fused != L) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", p.ToString(), ": backward stages cover ", bsum,
+                                                   " layers + B_1 ", p.fused, " = ", bsum + p.fused, ", the model has ",
+                                                   L));
+  }
+  PartitionResult r;
+  r.partition = p;
+  double work = 0;
+  const auto stages = DescribeStages(p, *pr.costs);
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const StageShape& s = stages[i];
+    if (!FitsMem(s.memory_bytes, pr.stage_memory_cap)) {
+      return absl::ResourceExhaustedError(absl::StrCat("partition ", p.ToString(), ": stage slot ", i, " (layers ",
+                                                       s.first_layer, "..", s.first_layer + s.num_layers - 1,
+                                                       ") needs ", s.memory_bytes, " bytes, over the cap of ",
+                                                       pr.stage_memory_cap));
+    }
+    r.t_max = std::max(r.t_max, s.time_s);
+    work += s.time_s;
+  }
+  const double M = pr.num_microbatches, N = pr.num_workers;
+  const double span = (M * p.num_stages() + N * (N - 1)) * r.t_max;
+  r.objective = span;
+  r.predicted_bubble = span > 0 ? 1 - M * work / span : 0;
+  return r;
+}
+
+absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& pr) {
+  if (absl::Status st = CheckProblem(pr); !st.ok()) return st;
+  const int L = pr.costs->num_layers();
+  const LayerArrays a = Arrays(*pr.costs);
+  const double M = pr.num_microbatches, N = pr.num_workers;
+  std::optional<PartitionResult> best;
+  for (double T : Candidates(a, L)) {
+    // Every partition has S >= 1, so once (M + N(N-1)) * T reaches the best value no larger
+    // candidate can win (candidates ascend).
+    if (best && (M + N * (N - 1)) * T > best->objective * (1 + kRelEps)) break;
+    const int fused = MaxFused(a, L, T, pr.stage_memory_cap);
+    if (fused == 0) continue;
+    const int n = L - fused;
+    auto fwd = GreedyPack(a.f, a.fm, n, T, pr.stage_memory_cap, /*from_end=*/true);
+    if (!fwd) continue;
+    auto bwd = GreedyPack(a.b, a.bm, n, T, pr.stage_memory_cap, /*from_end=*/false);
+    if (!bwd) continue;
+    auto r = EvaluatePartition(pr, MakePartition(*fwd, fused, *bwd));
+    if (!r.ok()) continue;
+    if (!best || r->objective < best->objective * (1 - kRelEps) ||
+        (r->objective <= best->objective * (1 + kRelEps) &&
+         (r->partition.fused > best->partition.fused ||
+          (r->partition.fused == best->partition.fused && r->t_max < best->t_max)))) {
+      best = *r;
+    }
+  }
+  if (!best) {
+    return absl::ResourceExhaustedError("partition: no partition satisfies the per-stage memory cap");
+  }
+  return *best;
+}
+
+absl::StatusOr<PartitionResult> PartitionWithStageCount(const PartitionProblem& pr, int num_stages) {
+  if (absl::Status st = CheckProblem(pr); !st.ok()) return st;
+  const int L = pr.costs->num_layers();
+  const int max_stages = 2 * L - 1;
+  if (num_stages < 1 || num_stages == 2 || num_stages > max_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("partition: ", num_stages, " stage slots is impossible for ", L,
+                                                   " layers (allowed: 1, or 3..", max_stages, ")"));
+  }
+  const LayerArrays a = Arrays(*pr.costs);
+  const int fused_cap = num_stages == 1 ? L : L - (num_stages - 1 + 1) / 2;
+  for (double T : Candidates(a, L)) {
+    const int fused = std::min(MaxFused(a, L, T, pr.stage_memory_cap), fused_cap);
+    if (fused < 1 || (num_stages == 1 && fused != L)) continue;
+    const int n = L - fused;
+    auto fwd = GreedyPack(a.f, a.fm, n, T, pr.stage_memory_cap, true);
+    auto bwd = GreedyPack(a.b, a.bm, n, T, pr.stage_memory_cap, false);
+    if (!fwd || !bwd) continue;
+    const int have = 1 + static_cast<int>(fwd->size() + bwd->size());
+    if (have > num_stages) continue;
+    // Distribute the extra slots: split the slowest splittable stage of either direction.
+    std::vector<int> f = *fwd, b = *bwd;
+    std::vector<double> bwd_times(a.b.begin(), a.b.begin() + n);
+    std::vector<double> fwd_times(a.f.begin(), a.f.begin() + n);
+    while (1 + static_cast<int>(f.size() + b.size()) < num_stages) {
+      auto slowest = [](const std::vector<int>& g, const std::vector<double>& v) {
+        double best = -1;
+        int first = 0;
+        for (int c : g) {
+          if (c > 1) best = std::max(best, GroupTime(v, first, c));
+          first += c;
+        }
+        return best;
+      };
+      const double tf = slowest(f, fwd_times), tb = slowest(b, bwd_times);
+      if (tf < 0 && tb < 0) break;
+      if (tf >= tb) {
+        SplitTo(f, fwd_times, static_cast<int>(f.size()) + 1);
+      } else {
+        SplitTo(b, bwd_times, static_cast<int>(b.size()) + 1);
+      }
+    }
+    return EvaluatePartition(pr, MakePartition(f, fused, b));
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("partition: no ", num_stages, "-slot partition satisfies the per-stage memory cap"));
+}
+
+absl::StatusOr<std::vector<int>> MinMaxContiguousPartition(const std::vector<double>& w,
+                                                           const std::vector<int64_t>& mem, int64_t cap,
+                                                           int num_stages) {
+  const int n = static_cast<int>(w.size());
+  if (n == 0) return absl::InvalidArgumentError("partition: no layers");
+  if (mem.size() != w.size()) return absl::InvalidArgumentError("partition: weights and memory differ in length");
+  if (num_stages < 1 || num_stages > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: cannot cut ", n, " layers into ", num_stages, " non-empty stages"));
+  }
+  std::vector<double> cand;
+  for (int i = 0; i < n; ++i) {
+    double s = 0;
+    for (int j = i; j < n; ++j) {
+      s += w[static_cast<size_t>(j)];
+      cand.push_back(s);
+    }
+  }
+  std::sort(cand.begin(), cand.end());
+  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+  // The greedy count is non-increasing in the limit: binary search the smallest feasible one.
+  size_t lo = 0, hi = cand.size();
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    auto g = GreedyPack(w, mem, n, cand[mid], cap, false);
+    if (g && static_cast<int>(g->size()) <= num_stages) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  if (lo == cand.size()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("partition: no ", num_stages, "-stage partition satisfies the per-stage memory cap"));
+  }
+  std::vector<int> groups = *GreedyPack(w, mem, n, cand[lo], cap, false);
+  SplitTo(groups, w, num_stages);
+  return groups;
+}
+
+}  // namespace rp::planning

@@ -1,0 +1,80 @@
+// partition.h — RoundPipe's asymmetric stage partition (paper §3.2) and the partitioner (§4.4).
+//
+// Contract: pure functions over a CostModel; no global state, safe from any thread.
+// Layers 0..L-1. The forward partition (F_1..F_Sf, B_1) and the backward partition
+// (B_1..B_Sb) share B_1, the fused stage made of the LAST B_1 layers. `forward` lists F_1..F_Sf
+// in layer order; `backward` lists B_2..B_Sb in execution order, i.e. B_2 holds the layers just
+// below B_1 and the last entry holds layer 0. S = Sf + Sb stage slots per round.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/planning/cost_model.h"
+
+namespace rp::planning {
+
+struct Partition {
+  std::vector<int> forward;   // F_1..F_Sf layer counts
+  int fused = 0;              // B_1 layer count
+  std::vector<int> backward;  // B_2..B_Sb layer counts
+
+  int num_forward_stages() const { return static_cast<int>(forward.size()); }
+  int num_backward_stages() const { return 1 + static_cast<int>(backward.size()); }  // incl. B_1
+  int num_stages() const { return num_forward_stages() + num_backward_stages(); }
+  std::string ToString() const;  // e.g. "F[3,3,2] B1=2 B[1,2,2,2,2]"
+  bool operator==(const Partition&) const = default;
+};
+
+// Layer range [first, first+count) and time of every stage slot in dispatch order
+// (F_1..F_Sf, B_1, B_2..B_Sb).
+struct StageShape {
+  enum class Kind { kForward, kFused, kBackward };
+  Kind kind;
+  int first_layer;
+  int num_layers;
+  double time_s;         // per micro-batch
+  int64_t memory_bytes;  // device memory of the stage (weights, grads, activations)
+};
+std::vector<StageShape> DescribeStages(const Partition& p, const CostModel& costs);
+
+struct PartitionProblem {
+  const CostModel* costs = nullptr;
+  int num_workers = 1;       // N
+  int num_microbatches = 1;  // M per iteration
+  // Per-stage device memory cap in bytes (one stage runs while the next is prefetched, so pass
+  // about half the usable device memory); 0 = unlimited.
+  int64_t stage_memory_cap = 0;
+};
+
+struct PartitionResult {
+  Partition partition;
+  double t_max = 0;      // slowest stage time per micro-batch
+  double objective = 0;  // (M*S + N(N-1)) * t_max
+  // Model-predicted bubble ratio when every slot is paced by t_max:
+  // 1 - M*sum(stage times) / ((M*S + N(N-1)) * t_max).
+  double predicted_bubble = 0;
+};
+
+// Optimal partition for the objective (M*S + N(N-1)) * t_max under the memory cap; among optima
+// the one with the largest B_1. O(L^3): candidate t_max values are contiguous sums of the layer
+// times, each checked by an O(L) greedy packing.
+absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& problem);
+
+// Minimal t_max with exactly `num_stages` stage slots (3 <= ... <= 2L-1, or 1 when L==1... see
+// errors); B_1 as large as allowed.
+absl::StatusOr<PartitionResult> PartitionWithStageCount(const PartitionProblem& problem, int num_stages);
+
+// Validates a user-given partition (clear errors) and evaluates it.
+absl::StatusOr<PartitionResult> EvaluatePartition(const PartitionProblem& problem, const Partition& p);
+
+// Symmetric contiguous partition of all layers into exactly `num_stages` stages minimizing the
+// maximum of sum(weights) per stage, each stage's sum(memory) <= cap (0 = unlimited). Used by
+// the weight-bound baselines (weights = forward + backward time). Returns layer counts.
+absl::StatusOr<std::vector<int>> MinMaxContiguousPartition(const std::vector<double>& weights,
+                                                           const std::vector<int64_t>& memory, int64_t cap,
+                                                           int num_stages);
+
+}  // namespace rp::planning

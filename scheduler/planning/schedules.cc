@@ -1,0 +1,332 @@
+#include "scheduler/planning/schedules.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "scheduler/planning/partition.h"
+
+namespace rp::planning {
+namespace {
+
+double StageTime(const CostModel& c, SlotKind kind, int first, int n) {
+  double s = 0;
+  for (int l = first; l < first + n; ++l) {
+    const LayerCost& x = c.layers[static_cast<size_t>(l)];
+    s += kind == SlotKind::kForward ? x.fwd_s : (kind == SlotKind::kFused ? x.fused_s : x.bwd_s);
+  }
+  return s;
+}
+
+TaskPhase PhaseOf(SlotKind k) {
+  return k == SlotKind::kForward ? TaskPhase::kForward
+                                 : (k == SlotKind::kFused ? TaskPhase::kFused : TaskPhase::kBackward);
+}
+
+void NameResources(SimSchedule& s, bool links) {
+  s.resource_names.clear();
+  for (int w = 0; w < s.num_workers; ++w) s.resource_names.push_back(absl::StrCat("gpu", w));
+  s.resource_names.push_back("optimizer");
+  if (links) {
+    for (int w = 0; w < s.num_workers; ++w) s.resource_names.push_back(absl::StrCat("gpu", w, "-param-up"));
+  }
+  s.num_resources = static_cast<int>(s.resource_names.size());
+  s.order.resize(static_cast<size_t>(s.num_resources));
+}
+
+}  // namespace
+
+const char* BaselineName(Baseline b) {
+  switch (b) {
+    case Baseline::kGPipe:
+      return "GPipe";
+    case Baseline::k1F1B:
+      return "1F1B";
+    case Baseline::kInterleaved1F1B:
+      return "Interleaved-1F1B";
+    case Baseline::kLoopedBFS:
+      return "Looped-BFS";
+  }
+  return "?";
+}
+
+absl::StatusOr<SimSchedule> RoundPipeSchedule(const DispatchPlan& plan, const CostModel& costs, const SimOptions& o) {
+  if (costs.num_layers() != plan.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulate: plan has ", plan.num_layers, " layers, cost model ", costs.num_layers()));
+  }
+  if (o.transfers && !(o.host_link_bandwidth > 0)) {
+    return absl::InvalidArgumentError("simulate: transfers need a positive host link bandwidth");
+  }
+  const int N = plan.options.num_workers;
+  const int K = plan.options.iterations;
+  const int L = plan.num_layers;
+  const bool async = plan.options.mode == OptimizerMode::kAsync;
+  SimSchedule s;
+  s.name = absl::StrCat("RoundPipe-", OptimizerModeName(plan.options.mode));
+  s.num_workers = N;
+  s.iterations = K;
+  NameResources(s, o.transfers);
+  const double act_latency =
+      o.transfers ? 2.0 * static_cast<double>(costs.boundary_bytes_per_token * costs.tokens_per_microbatch) /
+                        o.host_link_bandwidth
+                  : 0.0;
+
+  // first_task[slot] = task id of micro-batch 0; the slot's micro-batches are consecutive ids.
+  std::vector<int> first_task(plan.slots.size(), -1);
+  std::vector<int> upload_task(plan.slots.size(), -1);
+  std::vector<int> last_slot_on_worker(static_cast<size_t>(N), -1);
+  std::vector<int> sync_opt(static_cast<size_t>(K), -1);
+  // Async: opt_task[k*L + l].
+  std::vector<int> opt_task(async ? static_cast<size_t>(K) * static_cast<size_t>(L) : 0, -1);
+
+  auto build_opt_for_iteration = [&](int k) {
+    if (!async) {
+      SimTask t;
+      t.resource = N;
+      t.duration_s = o.optimizer_s_per_layer * L;
+      t.phase = TaskPhase::kOptimizer;
+      t.iteration = k;
+      t.microbatch = -1;
+      for (size_t i = 0; i < plan.slots.size(); ++i) {
+        const StageSlot& sl = plan.slots[i];
+        if (sl.iteration != k) continue;
+        for (int m = 0; m < sl.num_microbatches; ++m) t.deps.push_back({first_task[i] + m});
+      }
+      sync_opt[static_cast<size_t>(k)] = s.Add(std::move(t));
+      return;
+    }
+    for (int l = L - 1; l >= 0; --l) {
+      SimTask t;
+      t.resource = N;
+      t.duration_s = o.optimizer_s_per_layer;
+      t.phase = TaskPhase::kOptimizer;
+      t.iteration = k;
+      t.microbatch = -1;
+      t.layer = l;
+      for (size_t i = 0; i < plan.slots.size(); ++i) {
+        const StageSlot& sl = plan.slots[i];
+        const bool covers = sl.first_layer <= l && l < sl.first_layer + sl.num_layers;
+        if (!covers) continue;
+        if (sl.iteration == k && sl.kind != SlotKind::kForward) {
+          // Constraint 3: every gradient micro-batch of layer l has been downloaded.
+          t.deps.push_back({first_task[i] + sl.num_microbatches - 1});
+        }
+        if (sl.iteration == k + 1) {
+          // Constraint 1: P_cp overwrites the master copy only after iteration k+1 uploaded it.
+          const int up = upload_task[i] >= 0 ? upload_task[i] : first_task[i];
+          t.deps.push_back({up, 0, /*on_start=*/upload_task[i] < 0});
+        }
+      }
+      opt_task[static_cast<size_t>(k) * L + l] = s.Add(std::move(t));
+    }
+  };
+
+  int built_iterations = 0;
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    const StageSlot& sl = plan.slots[i];
+    // Optimizer tasks of iteration k need the slots of iteration k+1 (async), so they are
+    // created once iteration k+1 is laid out; sync ones right after their iteration.
+    if (async) {
+      while (built_iterations + 1 < sl.iteration) build_opt_for_iteration(built_iterations++);
+    } else {
+      while (built_iterations < sl.iteration) build_opt_for_iteration(built_iterations++);
+    }
+    std::vector<TaskDep> weight_deps;  // what the slot's weights must wait for
+    if (!async && sl.iteration > 0 && sl.slot_in_round == 0) {
+      weight_deps.push_back({sync_opt[static_cast<size_t>(sl.iteration - 1)]});
+    }
+    if (async && sl.iteration >= 2) {
+      for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
+        weight_deps.push_back({opt_task[static_cast<size_t>(sl.iteration - 2) * L + l]});
+      }
+    }
+    const int w = sl.worker;
+    if (o.transfers) {
+      SimTask up;
+      up.resource = N + 1 + w;
+      int64_t bytes = 0;
+      for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
+        bytes += costs.layers[static_cast<size_t>(l)].param_bytes;
+      }
+      up.duration_s = static_cast<double>(bytes) / o.host_link_bandwidth;
+      up.phase = TaskPhase::kParamUpload;
+      up.iteration = sl.iteration;
+      up.stage = sl.slot_in_round;
+      up.microbatch = -1;
+      up.deps = weight_deps;
+      const int prev = last_slot_on_worker[static_cast<size_t>(w)];
+      if (prev >= 0) up.deps.push_back({first_task[static_cast<size_t>(prev)], 0, /*on_start=*/true});
+      upload_task[i] = s.Add(std::move(up));
+      weight_deps = {{upload_task[i]}};
+    }
+    const double dur = StageTime(costs, sl.kind, sl.first_layer, sl.num_layers);
+    for (int m = 0; m < sl.num_microbatches; ++m) {
+      SimTask t;
+      t.resource = w;
+      t.duration_s = dur;
+      t.phase = PhaseOf(sl.kind);
+      t.iteration = sl.iteration;
+      t.stage = sl.slot_in_round;
+      t.microbatch = sl.first_microbatch + m;
+      if (m == 0) t.deps = weight_deps;
+      for (const SlotDependency& d : sl.deps) {
+        const double lat = d.reason == SlotDependency::Reason::kCheckpoint ? 0.0 : act_latency;
+        t.deps.push_back({first_task[static_cast<size_t>(d.slot)] + m, lat});
+      }
+      const int id = s.Add(std::move(t));
+      if (m == 0) first_task[i] = id;
+    }
+    last_slot_on_worker[static_cast<size_t>(w)] = static_cast<int>(i);
+  }
+  while (built_iterations < K) build_opt_for_iteration(built_iterations++);
+  return s;
+}
+
+absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& costs, const BaselineOptions& bo,
+                                             const SimOptions& o, std::vector<int>* stage_layers) {
+  const int N = bo.num_workers, M = bo.num_microbatches, K = bo.iterations, L = costs.num_layers();
+  const int v = (kind == Baseline::kGPipe || kind == Baseline::k1F1B) ? 1 : bo.chunks_per_worker;
+  if (N < 1 || M < 1 || K < 1 || v < 1) {
+    return absl::InvalidArgumentError("baseline: workers, micro-batches, iterations and chunks must be >= 1");
+  }
+  const int S = v * N;
+  if (S > L) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("baseline ", BaselineName(kind), ": ", S, " stages for ", L, " layers"));
+  }
+  if (kind == Baseline::kInterleaved1F1B && M % N != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("baseline Interleaved-1F1B: micro-batches (", M, ") must be a multiple of the workers (", N, ")"));
+  }
+  std::vector<double> w;
+  std::vector<int64_t> mem;
+  for (int l = 0; l < L; ++l) {
+    w.push_back(costs.layers[static_cast<size_t>(l)].fwd_s + costs.layers[static_cast<size_t>(l)].bwd_s);
+    mem.push_back(costs.BackwardMemory(l));
+  }
+  auto parts = MinMaxContiguousPartition(w, mem, bo.stage_memory_cap, S);
+  if (!parts.ok()) return parts.status();
+  if (stage_layers) *stage_layers = *parts;
+  std::vector<double> tf(static_cast<size_t>(S)), tb(static_cast<size_t>(S));
+  {
+    int first = 0;
+    for (int st = 0; st < S; ++st) {
+      tf[static_cast<size_t>(st)] = StageTime(costs, SlotKind::kForward, first, (*parts)[static_cast<size_t>(st)]);
+      tb[static_cast<size_t>(st)] = StageTime(costs, SlotKind::kBackward, first, (*parts)[static_cast<size_t>(st)]);
+      first += (*parts)[static_cast<size_t>(st)];
+    }
+  }
+  const double act_latency =
+      o.transfers && o.host_link_bandwidth > 0
+          ? 2.0 * static_cast<double>(costs.boundary_bytes_per_token * costs.tokens_per_microbatch) /
+                o.host_link_bandwidth
+          : 0.0;
+
+  SimSchedule s;
+  s.name = v > 1 ? absl::StrCat(BaselineName(kind), "(v=", v, ")") : std::string(BaselineName(kind));
+  s.num_workers = N;
+  s.iterations = K;
+  NameResources(s, false);
+
+  // Per-GPU execution order as (is_backward, stage, microbatch) triples.
+  struct Op {
+    bool bwd;
+    int stage, mb;
+  };
+  std::vector<std::vector<Op>> ops(static_cast<size_t>(N));
+  for (int g = 0; g < N; ++g) {
+    auto& q = ops[static_cast<size_t>(g)];
+    switch (kind) {
+      case Baseline::kGPipe:
+        for (int m = 0; m < M; ++m) q.push_back({false, g, m});
+        for (int m = 0; m < M; ++m) q.push_back({true, g, m});
+        break;
+      case Baseline::k1F1B: {
+        const int warm = std::min(S - g - 1, M);
+        int f = 0, b = 0;
+        for (; f < warm; ++f) q.push_back({false, g, f});
+        while (f < M) {
+          q.push_back({false, g, f++});
+          q.push_back({true, g, b++});
+        }
+        while (b < M) q.push_back({true, g, b++});
+        break;
+      }
+      case Baseline::kLoopedBFS:
+        for (int c = 0; c < v; ++c)
+          for (int m = 0; m < M; ++m) q.push_back({false, c * N + g, m});
+        for (int c = v - 1; c >= 0; --c)
+          for (int m = 0; m < M; ++m) q.push_back({true, c * N + g, m});
+        break;
+      case Baseline::kInterleaved1F1B: {
+        // Forward k-th op: chunk (k mod Nv)/N, micro-batch (k / Nv)*N + k mod N; backward uses
+        // the chunks in reverse. Warm-up as in Megatron-LM's interleaved schedule.
+        const int total = M * v;
+        auto fwd_op = [&](int k) {
+          const int chunk = (k % (N * v)) / N;
+          return Op{false, chunk * N + g, (k / (N * v)) * N + k % N};
+        };
+        auto bwd_op = [&](int k) {
+          const int chunk = v - 1 - (k % (N * v)) / N;
+          return Op{true, chunk * N + g, (k / (N * v)) * N + k % N};
+        };
+        const int warm = std::min((N - g - 1) * 2 + (v - 1) * N, total);
+        int f = 0, b = 0;
+        for (; f < warm; ++f) q.push_back(fwd_op(f));
+        while (f < total) {
+          q.push_back(fwd_op(f++));
+          q.push_back(bwd_op(b++));
+        }
+        while (b < total) q.push_back(bwd_op(b++));
+        break;
+      }
+    }
+  }
+  // Task ids: id(it, bwd, stage, mb), created in per-GPU order, iteration by iteration.
+  std::vector<int> id(static_cast<size_t>(K) * 2 * S * M, -1);
+  auto idx = [&](int it, bool bwd, int st, int m) {
+    return ((static_cast<size_t>(it) * 2 + (bwd ? 1 : 0)) * S + st) * M + m;
+  };
+  int prev_opt = -1;
+  for (int it = 0; it < K; ++it) {
+    // Create every task first (ids), then fill dependencies.
+    for (int g = 0; g < N; ++g) {
+      for (const Op& op : ops[static_cast<size_t>(g)]) {
+        SimTask t;
+        t.resource = g;
+        t.duration_s = op.bwd ? tb[static_cast<size_t>(op.stage)] : tf[static_cast<size_t>(op.stage)];
+        t.phase = op.bwd ? TaskPhase::kBackward : TaskPhase::kForward;
+        t.iteration = it;
+        t.stage = op.stage;
+        t.microbatch = op.mb;
+        id[idx(it, op.bwd, op.stage, op.mb)] = s.Add(std::move(t));
+      }
+    }
+    for (int st = 0; st < S; ++st) {
+      for (int m = 0; m < M; ++m) {
+        SimTask& f = s.tasks[static_cast<size_t>(id[idx(it, false, st, m)])];
+        if (st > 0) f.deps.push_back({id[idx(it, false, st - 1, m)], act_latency});
+        if (st == 0 && prev_opt >= 0) f.deps.push_back({prev_opt});
+        SimTask& b = s.tasks[static_cast<size_t>(id[idx(it, true, st, m)])];
+        if (st == S - 1) {
+          b.deps.push_back({id[idx(it, false, st, m)]});
+        } else {
+          b.deps.push_back({id[idx(it, true, st + 1, m)], act_latency});
+        }
+      }
+    }
+    SimTask opt;
+    opt.resource = N;
+    opt.duration_s = o.optimizer_s_per_layer * L;
+    opt.phase = TaskPhase::kOptimizer;
+    opt.iteration = it;
+    opt.microbatch = -1;
+    for (int st = 0; st < S; ++st)
+      for (int m = 0; m < M; ++m) opt.deps.push_back({id[idx(it, true, st, m)]});
+    prev_opt = s.Add(std::move(opt));
+  }
+  return s;
+}
+
+}  // namespace rp::planning

@@ -1,0 +1,46 @@
+// sim_schedule.h — a schedule as the simulator sees it: tasks with durations on resources
+// (GPU workers, the CPU optimizer, per-worker parameter-upload links), a fixed execution order
+// per resource, and dependency edges.
+//
+// Contract: plain data built by the schedule builders (RoundPipe: roundpipe_schedule.h,
+// baselines: baselines.h); read-only once built. Not thread-safe for concurrent mutation.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace rp::planning {
+
+enum class TaskPhase { kForward, kFused, kBackward, kOptimizer, kParamUpload };
+
+struct TaskDep {
+  int task;
+  double latency_s = 0;   // added after the dependency is satisfied (e.g. activation transfer)
+  bool on_start = false;  // satisfied when `task` STARTS (e.g. its weights were uploaded)
+};
+
+struct SimTask {
+  int resource = 0;  // 0..N-1: GPU workers; see SimSchedule for the others
+  double duration_s = 0;
+  std::vector<TaskDep> deps;
+  TaskPhase phase = TaskPhase::kForward;
+  int iteration = 0;
+  int stage = 0;       // display: stage slot in round (RoundPipe) or stage id (baselines)
+  int microbatch = 0;  // global within the iteration; -1 for optimizer / uploads
+  int layer = -1;      // optimizer tasks: the layer they step (-1: all layers)
+};
+
+struct SimSchedule {
+  std::string name;
+  int num_workers = 0;    // GPU workers = resources 0..num_workers-1
+  int num_resources = 0;  // >= num_workers; extra resources are not counted as GPU time
+  std::vector<std::string> resource_names;
+  int iterations = 1;
+  std::vector<SimTask> tasks;
+  std::vector<std::vector<int>> order;  // per resource: task ids in execution order
+
+  // Appends a task at the end of its resource's order; returns its id.
+  int Add(SimTask t);
+};
+
+}  // namespace rp::planning

@@ -1,0 +1,244 @@
+// roundpipe-sim — plan and simulate RoundPipe against weight-bound pipeline schedules.
+//
+//   roundpipe-sim --model qwen3-1.7b --device rtx4090 --gpus 8 --microbatches 16 --schedule all
+//   roundpipe-sim --paper            # the paper's §5.8.1 experiment over its five models
+//
+// Exit codes: 0 success, 2 bad arguments or an impossible plan, 1 anything else.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "scheduler/planning/comparison.h"
+#include "scheduler/planning/cost_model.h"
+#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/report.h"
+
+ABSL_FLAG(std::string, model, "qwen3-1.7b",
+          "Model preset: qwen3-1.7b, llama-3.1-8b, gpt-oss-20b, qwen3-32b, qwen3-235b-a22b (LoRA r=32)");
+ABSL_FLAG(std::string, device, "rtx4090", "Device preset for the analytic cost model: rtx4090, a800, h200");
+ABSL_FLAG(int, gpus, 8, "Number of GPU workers N");
+ABSL_FLAG(int, microbatches, 16, "Micro-batches per iteration M");
+ABSL_FLAG(int, round_size, 0, "RoundPipe micro-batches per round M_R (>= gpus; 0 = all in one round)");
+ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch");
+ABSL_FLAG(int, seq, 2048, "Sequence length in tokens");
+ABSL_FLAG(int, iterations, 4, "Iterations simulated back to back (steady state measured after the first)");
+ABSL_FLAG(std::string, schedule, "all",
+          "Comma-separated schedules: gpipe, 1f1b, interleaved-1f1b, looped-bfs, roundpipe-sync, "
+          "roundpipe-async, or all");
+ABSL_FLAG(std::string, format, "table", "Output format: table or json");
+ABSL_FLAG(std::string, gantt, "",
+          "Print a terminal Gantt chart of this schedule (an id from --schedule, e.g. roundpipe-async)");
+ABSL_FLAG(int, gantt_width, 120, "Gantt chart width in characters");
+ABSL_FLAG(std::string, trace, "",
+          "Write a Chrome/Perfetto trace of the --gantt schedule (or roundpipe-async) to this file");
+ABSL_FLAG(double, optimizer_ms, 0, "CPU optimizer time per layer per iteration, in ms (0 = free)");
+ABSL_FLAG(bool, transfers, false, "Model activation transfers and per-slot weight uploads over the host link");
+ABSL_FLAG(double, memory_cap_gib, -1,
+          "Per-stage device memory cap in GiB; -1 = (device memory - 2 GiB) / 2 (one stage runs while one is "
+          "prefetched); 0 = no cap");
+ABSL_FLAG(std::string, partition, "",
+          "User RoundPipe partition, e.g. 'F=4,4,3;B1=3;B=2,2,2,2,2,1' (F_1..F_Sf; B_1; B_2..B_Sb layer counts)");
+ABSL_FLAG(int, stages, 0, "RoundPipe with exactly this many stage slots (0 = automatic)");
+ABSL_FLAG(bool, paper, false,
+          "Run the paper's §5.8.1 experiment: the five preset models with the other flags "
+          "(defaults: rtx4090, 8 GPUs, 16 micro-batches of 4 x 2048 tokens); prints one summary table");
+
+namespace rp::planning {
+namespace {
+
+absl::StatusOr<std::vector<int>> ParseInts(absl::string_view s) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int v;
+    if (!absl::SimpleAtoi(part, &v)) return absl::InvalidArgumentError(absl::StrCat("not an integer: '", part, "'"));
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<Partition> ParsePartition(absl::string_view spec) {
+  Partition p;
+  bool have_b1 = false;
+  for (absl::string_view item : absl::StrSplit(spec, ';', absl::SkipEmpty())) {
+    std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.size() != 2) return absl::InvalidArgumentError(absl::StrCat("--partition: '", item, "' is not KEY=VALUES"));
+    auto vals = ParseInts(kv[1]);
+    if (!vals.ok()) return absl::InvalidArgumentError(absl::StrCat("--partition: ", vals.status().message()));
+    if (kv[0] == "F") {
+      p.forward = *vals;
+    } else if (kv[0] == "B1" && vals->size() == 1) {
+      p.fused = vals->front();
+      have_b1 = true;
+    } else if (kv[0] == "B") {
+      p.backward = *vals;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--partition: unknown key '", kv[0], "' (F, B1, B)"));
+    }
+  }
+  if (!have_b1) return absl::InvalidArgumentError("--partition: B1=<layers> is required");
+  return p;
+}
+
+struct Setup {
+  ComparisonOptions options;
+  AnalyticOptions analytic;
+  DeviceProfile device;
+};
+
+absl::StatusOr<Setup> MakeSetup() {
+  Setup s;
+  auto dev = DevicePreset(absl::GetFlag(FLAGS_device));
+  if (!dev.ok()) return dev.status();
+  s.device = *dev;
+  s.analytic.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  s.analytic.sequence_length = absl::GetFlag(FLAGS_seq);
+  ComparisonOptions& o = s.options;
+  o.num_workers = absl::GetFlag(FLAGS_gpus);
+  o.num_microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.microbatches_per_round = absl::GetFlag(FLAGS_round_size);
+  o.iterations = absl::GetFlag(FLAGS_iterations);
+  if (o.num_workers < 1) return absl::InvalidArgumentError("--gpus must be >= 1");
+  if (o.num_microbatches < 1) return absl::InvalidArgumentError("--microbatches must be >= 1");
+  if (o.iterations < 1) return absl::InvalidArgumentError("--iterations must be >= 1");
+  const double cap = absl::GetFlag(FLAGS_memory_cap_gib);
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  if (cap < 0) {
+    o.stage_memory_cap = (s.device.memory_bytes - static_cast<int64_t>(2 * kGiB)) / 2;
+  } else {
+    o.stage_memory_cap = static_cast<int64_t>(cap * kGiB);
+  }
+  o.sim.optimizer_s_per_layer = absl::GetFlag(FLAGS_optimizer_ms) / 1e3;
+  o.sim.transfers = absl::GetFlag(FLAGS_transfers);
+  o.sim.host_link_bandwidth = s.device.host_link_bandwidth;
+  const std::string sched = absl::GetFlag(FLAGS_schedule);
+  if (sched != "all") o.schedules = absl::StrSplit(sched, ',', absl::SkipEmpty());
+  if (!absl::GetFlag(FLAGS_partition).empty()) {
+    auto p = ParsePartition(absl::GetFlag(FLAGS_partition));
+    if (!p.ok()) return p.status();
+    o.user_partition = *p;
+  }
+  o.fixed_stage_count = absl::GetFlag(FLAGS_stages);
+  return s;
+}
+
+int Fail(const absl::Status& st) {
+  std::fprintf(stderr, "roundpipe-sim: %s\n", std::string(st.message()).c_str());
+  return st.code() == absl::StatusCode::kInvalidArgument || st.code() == absl::StatusCode::kNotFound ||
+                 st.code() == absl::StatusCode::kResourceExhausted
+             ? 2
+             : 1;
+}
+
+int RunPaper(const Setup& setup) {
+  std::printf(
+      "RoundPipe §5.8.1 reproduction: analytic %s cost model, N=%d GPUs, M=%d micro-batches of %lld x %lld "
+      "tokens, %d iterations (steady state)\n",
+      setup.device.name.c_str(), setup.options.num_workers, setup.options.num_microbatches,
+      static_cast<long long>(setup.analytic.micro_batch_size), static_cast<long long>(setup.analytic.sequence_length),
+      setup.options.iterations);
+  std::vector<std::string> header = {"model"};
+  std::string out;
+  bool first = true;
+  for (const std::string& name : ModelPresetNames()) {
+    auto model = ModelPreset(name);
+    auto costs = AnalyticCostModel(*model, setup.device, setup.analytic);
+    if (!costs.ok()) return Fail(costs.status());
+    ComparisonOptions o = setup.options;
+    o.user_partition.reset();
+    o.fixed_stage_count = 0;
+    auto rows = CompareSchedules(*costs, o);
+    if (!rows.ok()) return Fail(absl::Status(rows.status().code(), absl::StrCat(name, ": ", rows.status().message())));
+    if (first) {
+      out += absl::StrFormat("%-17s", "bubble % (stages)");
+      for (const auto& r : *rows) out += absl::StrFormat(" %22s", r.schedule);
+      out += "\n";
+      first = false;
+    }
+    out += absl::StrFormat("%-17s", name);
+    for (const auto& r : *rows) {
+      out += absl::StrFormat(" %15.2f (%4d)", 100 * r.bubbles.total, r.stages);
+    }
+    out += "\n";
+  }
+  std::printf("%s", out.c_str());
+  std::printf("(bubble = 1 - GPU work / (N x steady-state iteration time); looped baselines use their best v)\n");
+  return 0;
+}
+
+int Main() {
+  auto setup = MakeSetup();
+  if (!setup.ok()) return Fail(setup.status());
+  if (absl::GetFlag(FLAGS_paper)) return RunPaper(*setup);
+
+  auto model = ModelPreset(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) return Fail(model.status());
+  auto costs = AnalyticCostModel(*model, setup->device, setup->analytic);
+  if (!costs.ok()) return Fail(costs.status());
+  auto rows = CompareSchedules(*costs, setup->options);
+  if (!rows.ok()) return Fail(rows.status());
+
+  if (absl::GetFlag(FLAGS_format) == "json") {
+    std::printf("%s\n", ComparisonJson(*rows).c_str());
+  } else if (absl::GetFlag(FLAGS_format) == "table") {
+    std::printf("%s on %s: N=%d, M=%d micro-batches of %lld x %lld tokens, %d layers, per-stage memory cap %.1f GiB\n",
+                model->name.c_str(), setup->device.name.c_str(), setup->options.num_workers,
+                setup->options.num_microbatches, static_cast<long long>(setup->analytic.micro_batch_size),
+                static_cast<long long>(setup->analytic.sequence_length), costs->num_layers(),
+                static_cast<double>(setup->options.stage_memory_cap) / (1024.0 * 1024 * 1024));
+    std::printf("%s", FormatComparisonTable(*rows).c_str());
+    for (const auto& r : *rows) std::printf("  %-22s partition %s\n", r.schedule.c_str(), r.partition.c_str());
+  } else {
+    return Fail(absl::InvalidArgumentError("--format must be table or json"));
+  }
+
+  std::string pick = absl::GetFlag(FLAGS_gantt);
+  const std::string trace = absl::GetFlag(FLAGS_trace);
+  if (pick.empty() && !trace.empty()) pick = "roundpipe-async";
+  if (!pick.empty()) {
+    const auto& ids = setup->options.schedules;
+    auto it = std::find(ids.begin(), ids.end(), pick);
+    if (it == ids.end()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--gantt/--trace: schedule '", pick, "' is not among --schedule (", absl::StrJoin(ids, ","), ")")));
+    }
+    const ComparisonRow& row = (*rows)[static_cast<size_t>(it - ids.begin())];
+    if (!absl::GetFlag(FLAGS_gantt).empty()) {
+      std::printf("\n%s (digits: forward stage, *: fused B_1, letters: backward; odd iterations upper-case/#)\n%s",
+                  row.schedule.c_str(),
+                  GanttChart(row.schedule_data, row.result, absl::GetFlag(FLAGS_gantt_width)).c_str());
+    }
+    if (!trace.empty()) {
+      std::ofstream f(trace);
+      f << ChromeTrace(row.schedule_data, row.result);
+      if (!f) return Fail(absl::UnavailableError(absl::StrCat("cannot write ", trace)));
+      std::fprintf(stderr, "wrote %s\n", trace.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace rp::planning
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "plan and simulate RoundPipe against GPipe, 1F1B, Interleaved 1F1B and Looped BFS.\n"
+      "  roundpipe-sim --model qwen3-1.7b --device rtx4090 --gpus 8 --microbatches 16 --schedule all\n"
+      "  roundpipe-sim --paper\n"
+      "Exit codes: 0 ok, 2 bad arguments or impossible plan, 1 other errors.");
+  absl::ParseCommandLine(argc, argv);
+  return rp::planning::Main();
+}
