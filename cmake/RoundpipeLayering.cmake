@@ -49,6 +49,20 @@ function(_rp_walk_links item regex chain visited_var)
   endif()
 endfunction()
 
+# rp_forbid_link_in_directory(dir regex): rp_forbid_link for every target defined in `dir` (a
+# source directory already added with add_subdirectory) and its subdirectories, including
+# targets added there later by other issues.
+function(rp_forbid_link_in_directory dir regex)
+  get_property(targets DIRECTORY "${dir}" PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(t IN LISTS targets)
+    rp_forbid_link(${t} "${regex}")
+  endforeach()
+  get_property(subdirs DIRECTORY "${dir}" PROPERTY SUBDIRECTORIES)
+  foreach(d IN LISTS subdirs)
+    rp_forbid_link_in_directory("${d}" "${regex}")
+  endforeach()
+endfunction()
+
 function(rp_check_forbidden_links)
   get_property(rules GLOBAL PROPERTY RP_FORBIDDEN_LINKS)
   foreach(rule IN LISTS rules)

@@ -1,6 +1,7 @@
 #include "scheduler/planning/comparison.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -10,15 +11,24 @@
 namespace rp::planning {
 namespace {
 
-absl::StatusOr<ComparisonRow> Finish(ComparisonRow row, const SimSchedule& with_opt, const SimSchedule& without_opt) {
-  auto b = AnalyzeBubbles(with_opt, without_opt);
+// Fills the bubble breakdown (steady state) and the schedule/result for Gantt and trace output.
+absl::StatusOr<ComparisonRow> Finish(ComparisonRow row, const ScheduleBuilder& build, int iterations) {
+  auto b = AnalyzeBubbles(build, iterations);
   if (!b.ok()) return b.status();
-  auto r = Simulate(with_opt);
+  auto s = build(iterations, true);
+  if (!s.ok()) return s.status();
+  auto r = Simulate(*s);
   if (!r.ok()) return r.status();
   row.bubbles = *b;
-  row.schedule_data = with_opt;
+  row.schedule_data = *std::move(s);
   row.result = *std::move(r);
   return row;
+}
+
+SimOptions WithOptimizer(const SimOptions& o, bool with_optimizer) {
+  SimOptions out = o;
+  if (!with_optimizer) out.optimizer_s_per_layer = 0;
+  return out;
 }
 
 absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const ComparisonOptions& o, OptimizerMode mode) {
@@ -27,78 +37,83 @@ absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const Compari
                                          : o.fixed_stage_count > 0 ? PartitionWithStageCount(pr, o.fixed_stage_count)
                                                                    : AutoPartition(pr);
   if (!part.ok()) return part.status();
-  DispatchOptions d;
-  d.num_workers = o.num_workers;
-  d.microbatches_per_iteration = o.num_microbatches;
-  d.microbatches_per_round = o.microbatches_per_round;
-  d.iterations = o.iterations;
-  d.mode = mode;
-  auto plan = BuildDispatchPlan(part->partition, costs.num_layers(), d);
-  if (!plan.ok()) return plan.status();
-  auto with_opt = RoundPipeSchedule(*plan, costs, o.sim);
-  if (!with_opt.ok()) return with_opt.status();
-  SimOptions no_opt = o.sim;
-  no_opt.optimizer_s_per_layer = 0;
-  auto without_opt = RoundPipeSchedule(*plan, costs, no_opt);
-  if (!without_opt.ok()) return without_opt.status();
+  const Partition partition = part->partition;
+  ScheduleBuilder build = [&costs, &o, mode, partition](int iterations, bool with_opt) -> absl::StatusOr<SimSchedule> {
+    DispatchOptions d;
+    d.num_workers = o.num_workers;
+    d.microbatches_per_iteration = o.num_microbatches;
+    d.microbatches_per_round = o.microbatches_per_round;
+    d.iterations = iterations;
+    d.mode = mode;
+    auto plan = BuildDispatchPlan(partition, costs.num_layers(), d);
+    if (!plan.ok()) return plan.status();
+    return RoundPipeSchedule(*plan, costs, WithOptimizer(o.sim, with_opt));
+  };
   ComparisonRow row;
-  row.schedule = with_opt->name;
-  row.stages = part->partition.num_stages();
-  row.partition = part->partition.ToString();
+  row.schedule = absl::StrCat("RoundPipe-", OptimizerModeName(mode));
+  row.stages = partition.num_stages();
+  row.partition = partition.ToString();
   row.t_max_s = part->t_max;
-  return Finish(std::move(row), *with_opt, *without_opt);
+  // g0 advances by S*R per iteration, so the dispatch pattern repeats every
+  // N / gcd(S*R mod N, N) iterations: measure the steady state over whole cycles.
+  const int M_R = o.microbatches_per_round > 0 ? o.microbatches_per_round : o.num_microbatches;
+  const int shift = (partition.num_stages() * (o.num_microbatches / std::max(1, M_R))) % o.num_workers;
+  const int cycle = o.num_workers / std::gcd(shift, o.num_workers);
+  const int k = (std::max(1, o.iterations) + cycle - 1) / cycle * cycle;
+  return Finish(std::move(row), build, k);
+}
+
+ScheduleBuilder BaselineBuilder(const CostModel& costs, const ComparisonOptions& o, Baseline kind, int v) {
+  return [&costs, &o, kind, v](int iterations, bool with_opt) -> absl::StatusOr<SimSchedule> {
+    // Baselines are planned without the memory cap, as in the paper's simulator (favours them).
+    BaselineOptions bo{o.num_workers, o.num_microbatches, iterations, v, 0};
+    return BaselineSchedule(kind, costs, bo, WithOptimizer(o.sim, with_opt));
+  };
 }
 
 absl::StatusOr<ComparisonRow> RunBaseline(const CostModel& costs, const ComparisonOptions& o, Baseline kind, int v) {
-  // Baselines are planned without the memory cap, as in the paper's simulator (it favours them).
-  BaselineOptions bo{o.num_workers, o.num_microbatches, o.iterations, v, 0};
   std::vector<int> layers;
-  auto with_opt = BaselineSchedule(kind, costs, bo, o.sim, &layers);
-  if (!with_opt.ok()) return with_opt.status();
-  SimOptions no_opt = o.sim;
-  no_opt.optimizer_s_per_layer = 0;
-  auto without_opt = BaselineSchedule(kind, costs, bo, no_opt);
-  if (!without_opt.ok()) return without_opt.status();
+  BaselineOptions bo{o.num_workers, o.num_microbatches, 1, v, 0};
+  auto probe = BaselineSchedule(kind, costs, bo, o.sim, &layers);
+  if (!probe.ok()) return probe.status();
   ComparisonRow row;
-  row.schedule = with_opt->name;
+  row.schedule = probe->name;
   row.stages = static_cast<int>(layers.size());
   row.partition = absl::StrCat("[", absl::StrJoin(layers, ","), "]");
   int first = 0;
   for (int n : layers) {
     double t = 0;
-    for (int l = first; l < first + n; ++l)
+    for (int l = first; l < first + n; ++l) {
       t += costs.layers[static_cast<size_t>(l)].fwd_s + costs.layers[static_cast<size_t>(l)].bwd_s;
+    }
     row.t_max_s = std::max(row.t_max_s, t);
     first += n;
   }
-  return Finish(std::move(row), *with_opt, *without_opt);
+  return Finish(std::move(row), BaselineBuilder(costs, o, kind, v), o.iterations);
 }
 
 // Looped baselines: the chunk count v that gives the shortest steady-state iteration.
 absl::StatusOr<ComparisonRow> RunLooped(const CostModel& costs, const ComparisonOptions& o, Baseline kind) {
   const int vmax_layers = costs.num_layers() / o.num_workers;
   const int vmax = o.max_chunks_per_worker > 0 ? std::min(o.max_chunks_per_worker, vmax_layers) : vmax_layers;
-  std::optional<ComparisonRow> best;
+  int best_v = 0;
+  double best_period = 0;
   absl::Status last =
       absl::InvalidArgumentError(absl::StrCat(BaselineName(kind), ": needs at least 2 layers per worker (",
                                               costs.num_layers(), " layers, ", o.num_workers, " workers)"));
   for (int v = 2; v <= vmax; ++v) {
-    BaselineOptions bo{o.num_workers, o.num_microbatches, o.iterations, v, 0};
-    auto s = BaselineSchedule(kind, costs, bo, o.sim);
-    if (!s.ok()) {
-      last = s.status();
+    auto st = MeasureSteadyState(BaselineBuilder(costs, o, kind, v), o.iterations, true, false);
+    if (!st.ok()) {
+      last = st.status();
       continue;
     }
-    auto r = Simulate(*s);
-    if (!r.ok()) return r.status();
-    if (!best || r->period < best->bubbles.period_s) {
-      auto row = RunBaseline(costs, o, kind, v);
-      if (!row.ok()) return row.status();
-      best = *std::move(row);
+    if (best_v == 0 || st->period_s < best_period) {
+      best_v = v;
+      best_period = st->period_s;
     }
   }
-  if (!best) return last;
-  return *std::move(best);
+  if (best_v == 0) return last;
+  return RunBaseline(costs, o, kind, best_v);
 }
 
 }  // namespace

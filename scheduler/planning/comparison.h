@@ -27,7 +27,8 @@ struct ComparisonOptions {
   int num_workers = 8;
   int num_microbatches = 16;
   int microbatches_per_round = 0;  // RoundPipe M_R; 0 = all micro-batches in one round
-  int iterations = 4;              // simulated back to back; steady state measured after the first
+  // Steady state = marginal cost per iteration between runs of k and 2k iterations (k = this).
+  int iterations = 4;
   // RoundPipe per-stage device memory cap, 0 = unlimited. Baselines are planned without a cap,
   // like the paper's simulator (which favours them).
   int64_t stage_memory_cap = 0;

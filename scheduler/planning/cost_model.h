@@ -45,7 +45,7 @@ struct AnalyticOptions {
   int64_t micro_batch_size = 4;  // sequences per micro-batch
   int64_t sequence_length = 2048;
   int dtype_bytes = 2;                 // bf16/fp16 compute and master copy
-  int grad_bytes = 4;                  // device gradient accumulation (fp32)
+  int grad_bytes = 2;                  // device gradient buffer (compute dtype; fp32 lives on the host)
   double matmul_efficiency = 0.70;     // achieved / peak for large GEMMs
   double attention_efficiency = 0.45;  // fused attention kernels
   double moe_efficiency = 0.35;        // grouped expert GEMMs + routing overhead

@@ -64,6 +64,7 @@ absl::StatusOr<SimSchedule> RoundPipeSchedule(const DispatchPlan& plan, const Co
   const bool async = plan.options.mode == OptimizerMode::kAsync;
   SimSchedule s;
   s.name = absl::StrCat("RoundPipe-", OptimizerModeName(plan.options.mode));
+  s.balance_all_phases_together = true;
   s.num_workers = N;
   s.iterations = K;
   NameResources(s, o.transfers);

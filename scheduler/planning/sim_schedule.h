@@ -36,6 +36,10 @@ struct SimSchedule {
   int num_resources = 0;  // >= num_workers; extra resources are not counted as GPU time
   std::vector<std::string> resource_names;
   int iterations = 1;
+  // How Balanced() equalizes stage times: RoundPipe's asymmetric partition aims at ONE slot
+  // time for forward and backward slots alike (true); weight-bound baselines balance forward
+  // and backward stage times separately (false).
+  bool balance_all_phases_together = false;
   std::vector<SimTask> tasks;
   std::vector<std::vector<int>> order;  // per resource: task ids in execution order
 

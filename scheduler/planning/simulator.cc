@@ -80,20 +80,14 @@ absl::StatusOr<SimResult> Simulate(const SimSchedule& s) {
   }
   const double N = s.num_workers;
   r.bubble_ratio = r.makespan > 0 ? 1 - r.gpu_work / (N * r.makespan) : 0;
-  const int K = std::max(1, s.iterations);
-  if (K >= 2) {
-    r.period = (r.iteration_end.back() - r.iteration_end.front()) / (K - 1);
-  } else {
-    r.period = r.makespan;
-  }
-  r.steady_bubble_ratio = r.period > 0 ? 1 - (r.gpu_work / K) / (N * r.period) : 0;
   return r;
 }
 
 SimSchedule Balanced(SimSchedule s) {
   double sum[2] = {0, 0};
   int cnt[2] = {0, 0};
-  auto cls = [](TaskPhase p) { return p == TaskPhase::kForward ? 0 : 1; };
+  const bool together = s.balance_all_phases_together;
+  auto cls = [together](TaskPhase p) { return together || p == TaskPhase::kForward ? 0 : 1; };
   for (const SimTask& t : s.tasks) {
     if (t.resource >= s.num_workers) continue;
     sum[cls(t.phase)] += t.duration_s;
@@ -107,25 +101,40 @@ SimSchedule Balanced(SimSchedule s) {
   return s;
 }
 
-absl::StatusOr<BubbleBreakdown> AnalyzeBubbles(const SimSchedule& with_opt, const SimSchedule& without_opt) {
-  auto actual = Simulate(with_opt);
+absl::StatusOr<SteadyState> MeasureSteadyState(const ScheduleBuilder& build, int k, bool with_optimizer,
+                                               bool balanced) {
+  if (k < 1) return absl::InvalidArgumentError("steady state: need at least one iteration");
+  absl::StatusOr<SimResult> r[2];
+  int workers = 0;
+  for (int i = 0; i < 2; ++i) {
+    auto s = build(k * (i + 1), with_optimizer);
+    if (!s.ok()) return s.status();
+    workers = s->num_workers;
+    r[i] = Simulate(balanced ? Balanced(*std::move(s)) : *std::move(s));
+    if (!r[i].ok()) return r[i].status();
+  }
+  SteadyState out;
+  out.period_s = (r[1]->makespan - r[0]->makespan) / k;
+  out.work_per_iteration_s = r[0]->gpu_work / k;
+  out.bubble_ratio = out.period_s > 0 ? 1 - out.work_per_iteration_s / (workers * out.period_s) : 0;
+  return out;
+}
+
+absl::StatusOr<BubbleBreakdown> AnalyzeBubbles(const ScheduleBuilder& build, int k) {
+  auto actual = MeasureSteadyState(build, k, true, false);
   if (!actual.ok()) return actual.status();
-  auto bal_opt = Simulate(Balanced(with_opt));
+  auto bal_opt = MeasureSteadyState(build, k, true, true);
   if (!bal_opt.ok()) return bal_opt.status();
-  auto bal_noopt = Simulate(Balanced(without_opt));
+  auto bal_noopt = MeasureSteadyState(build, k, false, true);
   if (!bal_noopt.ok()) return bal_noopt.status();
-  const double N = with_opt.num_workers;
-  const int K = std::max(1, with_opt.iterations);
-  // Bubble GPU-seconds per steady-state iteration of each variant.
-  auto bubble = [&](const SimResult& r) { return N * r.period - r.gpu_work / K; };
-  const double denom = N * actual->period;
   BubbleBreakdown b;
-  b.period_s = actual->period;
-  b.tokens_per_s_factor = actual->period > 0 ? 1 / actual->period : 0;
-  if (denom <= 0) return b;
-  b.total = bubble(*actual) / denom;
-  b.fill_drain = bubble(*bal_noopt) / denom;
-  b.optimizer = (bubble(*bal_opt) - bubble(*bal_noopt)) / denom;
+  b.period_s = actual->period_s;
+  if (actual->period_s <= 0) return b;
+  // Idle GPU-seconds per iteration (bubble x N x period) as a share of N x the actual period.
+  auto share = [&](const SteadyState& s) { return s.bubble_ratio * s.period_s / actual->period_s; };
+  b.total = actual->bubble_ratio;
+  b.fill_drain = share(*bal_noopt);
+  b.optimizer = share(*bal_opt) - b.fill_drain;
   b.imbalance = b.total - b.fill_drain - b.optimizer;
   return b;
 }

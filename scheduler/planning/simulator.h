@@ -5,6 +5,7 @@
 // whose orders and dependencies form a cycle is reported as an error (deadlock), never hangs.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,33 +19,38 @@ struct SimResult {
   std::vector<double> busy;           // per resource, seconds
   std::vector<double> iteration_end;  // completion of each iteration's last GPU task
   double gpu_work = 0;                // sum of GPU task durations
-  // Whole-run bubble: 1 - gpu_work / (N * makespan).
-  double bubble_ratio = 0;
-  // Steady state (iterations >= 2): period = mean spacing of iteration ends after the first;
-  // bubble = 1 - (gpu_work / iterations) / (N * period). Equals bubble_ratio for one iteration.
-  double period = 0;
-  double steady_bubble_ratio = 0;
+  double bubble_ratio = 0;            // whole run: 1 - gpu_work / (N * makespan)
 };
 
 absl::StatusOr<SimResult> Simulate(const SimSchedule& schedule);
 
-// Bubble ratio of the steady-state iteration split into three parts that add up to the total:
-//   fill_drain: the bubble of the same schedule with every GPU task of a phase set to that
-//               phase's mean time (balanced stages) and no optimizer time (structural);
-//   optimizer:  extra bubble from waiting for the optimizer at iteration boundaries (balanced);
+// Builds the schedule for `iterations` iterations, with or without optimizer time.
+using ScheduleBuilder = std::function<absl::StatusOr<SimSchedule>(int iterations, bool with_optimizer)>;
+
+// Steady state without start-up or tail effects: the schedule is simulated for k and 2k
+// iterations and period = (makespan(2k) - makespan(k)) / k, the marginal cost of one more
+// iteration. bubble = 1 - work per iteration / (N * period).
+struct SteadyState {
+  double period_s = 0;
+  double work_per_iteration_s = 0;
+  double bubble_ratio = 0;
+};
+absl::StatusOr<SteadyState> MeasureSteadyState(const ScheduleBuilder& build, int k, bool with_optimizer, bool balanced);
+
+// Steady-state bubble ratio split into three parts that add up to the total:
+//   fill_drain: the bubble of the same schedule with balanced stage times (see Balanced) and
+//               no optimizer time (structural);
+//   optimizer:  extra bubble from waiting for the optimizer (balanced stages);
 //   imbalance:  the rest, caused by unequal stage times.
+// Each part is GPU idle time per iteration over N x the actual steady-state period.
 struct BubbleBreakdown {
   double total = 0, fill_drain = 0, optimizer = 0, imbalance = 0;
-  double period_s = 0;             // steady-state iteration time
-  double tokens_per_s_factor = 0;  // 1 / period_s (multiply by tokens per iteration)
+  double period_s = 0;  // steady-state iteration time
 };
+absl::StatusOr<BubbleBreakdown> AnalyzeBubbles(const ScheduleBuilder& build, int k);
 
-// `with_optimizer` and `without_optimizer` are the same schedule built with and without
-// optimizer time; the balanced variants are derived with Balanced().
-absl::StatusOr<BubbleBreakdown> AnalyzeBubbles(const SimSchedule& with_optimizer, const SimSchedule& without_optimizer);
-
-// Replaces each GPU task's duration by the mean over GPU tasks of its phase class
-// (forward, or fused+backward).
+// Replaces each GPU task's duration by the mean over GPU tasks of its phase class (forward, or
+// fused+backward; one class when schedule.balance_all_phases_together).
 SimSchedule Balanced(SimSchedule s);
 
 }  // namespace rp::planning

@@ -24,6 +24,7 @@
 #include "scheduler/planning/comparison.h"
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/model_config.h"
+#include "scheduler/planning/partition.h"
 #include "scheduler/planning/report.h"
 
 ABSL_FLAG(std::string, model, "qwen3-1.7b",
@@ -52,6 +53,9 @@ ABSL_FLAG(double, memory_cap_gib, -1,
 ABSL_FLAG(std::string, partition, "",
           "User RoundPipe partition, e.g. 'F=4,4,3;B1=3;B=2,2,2,2,2,1' (F_1..F_Sf; B_1; B_2..B_Sb layer counts)");
 ABSL_FLAG(int, stages, 0, "RoundPipe with exactly this many stage slots (0 = automatic)");
+ABSL_FLAG(bool, explain, false,
+          "Also print the per-layer costs (embedding, first block, head) and every RoundPipe stage slot with its "
+          "time per micro-batch and device memory");
 ABSL_FLAG(bool, paper, false,
           "Run the paper's §5.8.1 experiment: the five preset models with the other flags "
           "(defaults: rtx4090, 8 GPUs, 16 micro-batches of 4 x 2048 tokens); prints one summary table");
@@ -142,6 +146,32 @@ int Fail(const absl::Status& st) {
              : 1;
 }
 
+void Explain(const CostModel& costs, const Setup& setup) {
+  std::printf("\nper-layer costs per micro-batch (ms; memory in MiB):\n%-10s %9s %9s %9s %10s %10s\n", "layer", "fwd",
+              "bwd+recomp", "fused", "fwd mem", "bwd mem");
+  const int L = costs.num_layers();
+  for (int l : {0, 1, L - 1}) {
+    const LayerCost& c = costs.layers[static_cast<size_t>(l)];
+    std::printf("%-10s %9.2f %9.2f %9.2f %10.0f %10.0f\n", l == 0 ? "embedding" : (l == L - 1 ? "head" : "block"),
+                c.fwd_s * 1e3, c.bwd_s * 1e3, c.fused_s * 1e3, costs.ForwardMemory(l) / 1048576.0,
+                costs.BackwardMemory(l) / 1048576.0);
+  }
+  PartitionProblem pr{&costs, setup.options.num_workers, setup.options.num_microbatches,
+                      setup.options.stage_memory_cap};
+  auto part = AutoPartition(pr);
+  if (!part.ok()) return;
+  std::printf("\nRoundPipe stage slots (automatic partition %s, objective %.3f s, model bubble %.2f%%):\n",
+              part->partition.ToString().c_str(), part->objective, 100 * part->predicted_bubble);
+  int i = 0;
+  for (const StageShape& st : DescribeStages(part->partition, costs)) {
+    const char* kind = st.kind == StageShape::Kind::kForward
+                           ? "forward"
+                           : (st.kind == StageShape::Kind::kFused ? "fused" : "backward");
+    std::printf("  slot %2d %-8s layers %3d..%-3d %9.2f ms %8.0f MiB\n", i++, kind, st.first_layer,
+                st.first_layer + st.num_layers - 1, st.time_s * 1e3, st.memory_bytes / 1048576.0);
+  }
+}
+
 int RunPaper(const Setup& setup) {
   std::printf(
       "RoundPipe §5.8.1 reproduction: analytic %s cost model, N=%d GPUs, M=%d micro-batches of %lld x %lld "
@@ -200,6 +230,7 @@ int Main() {
                 static_cast<double>(setup->options.stage_memory_cap) / (1024.0 * 1024 * 1024));
     std::printf("%s", FormatComparisonTable(*rows).c_str());
     for (const auto& r : *rows) std::printf("  %-22s partition %s\n", r.schedule.c_str(), r.partition.c_str());
+    if (absl::GetFlag(FLAGS_explain)) Explain(*costs, *setup);
   } else {
     return Fail(absl::InvalidArgumentError("--format must be table or json"));
   }
