@@ -18,8 +18,10 @@ if [ "${RP_SKIP_DEPS:-0}" != 1 ]; then
   rp_as_root bash "$RP_ROOT/deploy/install-deps.sh"
 fi
 
-export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+export CCACHE_DIR="${CCACHE_DIR:-${HOME:-/root}/.cache/ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+# Precompiled headers (rp_torch_pch) are only cacheable with these sloppiness settings.
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 if [ ! -f "$RP_BUILD_DIR/build.ninja" ]; then
   cmake -S "$RP_ROOT" -B "$RP_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi

@@ -10,4 +10,4 @@ echo
 "$SIM" --paper
 echo
 "$SIM" --model llama-3.1-8b --device rtx4090 --gpus 8 --microbatches 16 --schedule all \
-  --gantt roundpipe-async --gantt_width 110 --iterations 2
+  --gantt --gantt_width 110 --iterations 2

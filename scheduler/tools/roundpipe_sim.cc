@@ -40,11 +40,12 @@ ABSL_FLAG(std::string, schedule, "all",
           "Comma-separated schedules: gpipe, 1f1b, interleaved-1f1b, looped-bfs, roundpipe-sync, "
           "roundpipe-async, or all");
 ABSL_FLAG(std::string, format, "table", "Output format: table or json");
-ABSL_FLAG(std::string, gantt, "",
-          "Print a terminal Gantt chart of this schedule (an id from --schedule, e.g. roundpipe-async)");
+ABSL_FLAG(bool, gantt, false, "Print a terminal Gantt chart of the --gantt_schedule schedule");
+ABSL_FLAG(std::string, gantt_schedule, "roundpipe-async",
+          "Schedule drawn by --gantt and written by --trace (an id from --schedule)");
 ABSL_FLAG(int, gantt_width, 120, "Gantt chart width in characters");
 ABSL_FLAG(std::string, trace, "",
-          "Write a Chrome/Perfetto trace of the --gantt schedule (or roundpipe-async) to this file");
+          "Write a Chrome/Perfetto trace (trace-event JSON) of the --gantt_schedule schedule to this file");
 ABSL_FLAG(double, optimizer_ms, 0, "CPU optimizer time per layer per iteration, in ms (0 = free)");
 ABSL_FLAG(bool, transfers, false, "Model activation transfers and per-slot weight uploads over the host link");
 ABSL_FLAG(double, memory_cap_gib, -1,
@@ -235,10 +236,9 @@ int Main() {
     return Fail(absl::InvalidArgumentError("--format must be table or json"));
   }
 
-  std::string pick = absl::GetFlag(FLAGS_gantt);
+  const std::string pick = absl::GetFlag(FLAGS_gantt_schedule);
   const std::string trace = absl::GetFlag(FLAGS_trace);
-  if (pick.empty() && !trace.empty()) pick = "roundpipe-async";
-  if (!pick.empty()) {
+  if (absl::GetFlag(FLAGS_gantt) || !trace.empty()) {
     const auto& ids = setup->options.schedules;
     auto it = std::find(ids.begin(), ids.end(), pick);
     if (it == ids.end()) {
@@ -246,7 +246,7 @@ int Main() {
           "--gantt/--trace: schedule '", pick, "' is not among --schedule (", absl::StrJoin(ids, ","), ")")));
     }
     const ComparisonRow& row = (*rows)[static_cast<size_t>(it - ids.begin())];
-    if (!absl::GetFlag(FLAGS_gantt).empty()) {
+    if (absl::GetFlag(FLAGS_gantt)) {
       std::printf("\n%s (digits: forward stage, *: fused B_1, letters: backward; odd iterations upper-case/#)\n%s",
                   row.schedule.c_str(),
                   GanttChart(row.schedule_data, row.result, absl::GetFlag(FLAGS_gantt_width)).c_str());

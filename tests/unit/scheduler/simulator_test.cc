@@ -195,6 +195,33 @@ TEST(Simulator, AsyncHonoursTheLayerwiseConsistencyConstraints) {
   EXPECT_GT(checked, 50);
 }
 
+TEST(Simulator, BaselinesRunEveryStageAndMicrobatchForwardAndBackwardOnce) {
+  CostModel c = Uniform(13, 1.0, 2.0);
+  for (Baseline b : {Baseline::kGPipe, Baseline::k1F1B, Baseline::kInterleaved1F1B, Baseline::kLoopedBFS}) {
+    const int N = 3, M = 6, K = 2;
+    const int v = (b == Baseline::kGPipe || b == Baseline::k1F1B) ? 1 : 4;
+    std::vector<int> layers;
+    auto s = BaselineSchedule(b, c, {N, M, K, v, 0}, {}, &layers);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const int S = v * N;
+    ASSERT_EQ(static_cast<int>(layers.size()), S);
+    int covered = 0;
+    for (int n : layers) covered += n;
+    EXPECT_EQ(covered, 13);
+    std::map<std::tuple<int, int, int, int>, int> seen;  // (iteration, bwd, stage, mb)
+    for (const SimTask& t : s->tasks) {
+      if (t.resource >= N) continue;
+      EXPECT_EQ(t.resource, t.stage % N) << BaselineName(b);  // weights bound to GPUs
+      ++seen[{t.iteration, t.phase == TaskPhase::kBackward, t.stage, t.microbatch}];
+    }
+    EXPECT_EQ(seen.size(), static_cast<size_t>(K * 2 * S * M)) << BaselineName(b);
+    for (const auto& [key, n] : seen) EXPECT_EQ(n, 1) << BaselineName(b);
+    auto r = Simulate(*s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ExpectConsistent(*s, *r);
+  }
+}
+
 TEST(Simulator, DetectsDeadlock) {
   SimSchedule s;
   s.name = "cycle";
