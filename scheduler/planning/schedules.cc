@@ -23,6 +23,25 @@ TaskPhase PhaseOf(SlotKind k) {
                                  : (k == SlotKind::kFused ? TaskPhase::kFused : TaskPhase::kBackward);
 }
 
+// An optimizer step on the CPU optimizer resource (layer -1: the whole model).
+SimTask OptimizerTask(int resource, double duration_s, int iteration, int layer) {
+  SimTask t;
+  t.resource = resource;
+  t.duration_s = duration_s;
+  t.phase = TaskPhase::kOptimizer;
+  t.iteration = iteration;
+  t.microbatch = -1;
+  t.layer = layer;
+  return t;
+}
+
+// Device -> host -> device time of one micro-batch's stage-boundary activation (0 = not modelled).
+double ActivationLatency(const CostModel& costs, const SimOptions& o) {
+  if (!o.transfers || !(o.host_link_bandwidth > 0)) return 0.0;
+  return 2.0 * static_cast<double>(costs.boundary_bytes_per_token * costs.tokens_per_microbatch) /
+         o.host_link_bandwidth;
+}
+
 void NameResources(SimSchedule& s, bool links) {
   s.resource_names.clear();
   for (int w = 0; w < s.num_workers; ++w) s.resource_names.push_back(absl::StrCat("gpu", w));
@@ -68,10 +87,7 @@ absl::StatusOr<SimSchedule> RoundPipeSchedule(const DispatchPlan& plan, const Co
   s.num_workers = N;
   s.iterations = K;
   NameResources(s, o.transfers);
-  const double act_latency =
-      o.transfers ? 2.0 * static_cast<double>(costs.boundary_bytes_per_token * costs.tokens_per_microbatch) /
-                        o.host_link_bandwidth
-                  : 0.0;
+  const double act_latency = ActivationLatency(costs, o);
 
   // first_task[slot] = task id of micro-batch 0; the slot's micro-batches are consecutive ids.
   std::vector<int> first_task(plan.slots.size(), -1);
@@ -83,12 +99,7 @@ absl::StatusOr<SimSchedule> RoundPipeSchedule(const DispatchPlan& plan, const Co
 
   auto build_opt_for_iteration = [&](int k) {
     if (!async) {
-      SimTask t;
-      t.resource = N;
-      t.duration_s = o.optimizer_s_per_layer * L;
-      t.phase = TaskPhase::kOptimizer;
-      t.iteration = k;
-      t.microbatch = -1;
+      SimTask t = OptimizerTask(N, o.optimizer_s_per_layer * L, k, -1);
       for (size_t i = 0; i < plan.slots.size(); ++i) {
         const StageSlot& sl = plan.slots[i];
         if (sl.iteration != k) continue;
@@ -98,13 +109,7 @@ absl::StatusOr<SimSchedule> RoundPipeSchedule(const DispatchPlan& plan, const Co
       return;
     }
     for (int l = L - 1; l >= 0; --l) {
-      SimTask t;
-      t.resource = N;
-      t.duration_s = o.optimizer_s_per_layer;
-      t.phase = TaskPhase::kOptimizer;
-      t.iteration = k;
-      t.microbatch = -1;
-      t.layer = l;
+      SimTask t = OptimizerTask(N, o.optimizer_s_per_layer, k, l);
       for (size_t i = 0; i < plan.slots.size(); ++i) {
         const StageSlot& sl = plan.slots[i];
         const bool covers = sl.first_layer <= l && l < sl.first_layer + sl.num_layers;
@@ -218,11 +223,7 @@ absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& cos
       first += (*parts)[static_cast<size_t>(st)];
     }
   }
-  const double act_latency =
-      o.transfers && o.host_link_bandwidth > 0
-          ? 2.0 * static_cast<double>(costs.boundary_bytes_per_token * costs.tokens_per_microbatch) /
-                o.host_link_bandwidth
-          : 0.0;
+  const double act_latency = ActivationLatency(costs, o);
 
   SimSchedule s;
   s.name = v > 1 ? absl::StrCat(BaselineName(kind), "(v=", v, ")") : std::string(BaselineName(kind));
@@ -317,12 +318,7 @@ absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& cos
         }
       }
     }
-    SimTask opt;
-    opt.resource = N;
-    opt.duration_s = o.optimizer_s_per_layer * L;
-    opt.phase = TaskPhase::kOptimizer;
-    opt.iteration = it;
-    opt.microbatch = -1;
+    SimTask opt = OptimizerTask(N, o.optimizer_s_per_layer * L, it, -1);
     for (int st = 0; st < S; ++st)
       for (int m = 0; m < M; ++m) opt.deps.push_back({id[idx(it, true, st, m)]});
     prev_opt = s.Add(std::move(opt));
