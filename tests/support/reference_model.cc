@@ -1,0 +1,67 @@
+#include "tests/support/reference_model.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include "workers/models/layers.h"
+
+namespace rp::testing {
+
+struct ReferenceModel::Optim {
+  std::vector<at::Tensor> list;
+  std::unique_ptr<torch::optim::AdamW> adamw;
+};
+
+ReferenceModel::ReferenceModel(const workers::HostModelStore& init, const workers::AdamWOptions& opt)
+    : cfg_(init.config()), opt_(opt), optim_(std::make_unique<Optim>()) {
+  for (int l = 0; l < cfg_.num_layers(); ++l) {
+    std::vector<std::string> names;
+    for (int id : init.layer_params(l)) {
+      const workers::HostParam& p = init.param(id);
+      names.push_back(p.name);
+      if (!params_.count(p.name)) {
+        params_[p.name] = p.fp32.clone().set_requires_grad(true);
+        optim_->list.push_back(params_[p.name]);
+      }
+    }
+    layer_names_.push_back(names);
+  }
+  optim_->adamw = std::make_unique<torch::optim::AdamW>(
+      optim_->list,
+      torch::optim::AdamWOptions(opt.lr).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(opt.weight_decay));
+}
+
+ReferenceModel::~ReferenceModel() = default;
+
+double ReferenceModel::Step(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in) {
+  at::Tensor tokens = tokens_in.to(at::kLong);
+  at::Tensor labels = labels_in ? labels_in->to(at::kLong) : workers::models::ShiftLabels(tokens);
+  optim_->adamw->zero_grad();
+  auto w = [&](int layer) {
+    std::vector<at::Tensor> out;
+    for (const auto& n : layer_names_[static_cast<size_t>(layer)]) out.push_back(params_.at(n));
+    return out;
+  };
+  workers::models::Rope rope = workers::models::MakeRope(cfg_, tokens.size(1), c10::Device(c10::kCPU));
+  at::Tensor x = workers::models::EmbeddingForward(w(0)[0], tokens);
+  for (int l = 1; l <= cfg_.num_blocks; ++l) x = workers::models::BlockForward(cfg_, w(l), x, rope);
+  std::vector<at::Tensor> head = w(cfg_.head_layer());
+  at::Tensor hn = workers::models::FinalNorm(cfg_, head[0], x);
+  at::Tensor logits = at::matmul(hn.to(at::kFloat), head[1].to(at::kFloat).t());
+  at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab}), labels.reshape({-1}), {},
+                                           at::Reduction::Mean, workers::models::kIgnoreIndex);
+  loss.backward();
+  if (opt_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(optim_->list, opt_.max_grad_norm);
+  optim_->adamw->step();
+  return loss.item<double>();
+}
+
+double RelativeError(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor af = a.detach().to(at::kDouble), bf = b.detach().to(at::kDouble);
+  const double scale = bf.norm().item<double>();
+  const double diff = (af - bf).norm().item<double>();
+  return scale > 0 ? diff / scale : diff;
+}
+
+}  // namespace rp::testing

@@ -1,0 +1,43 @@
+// reference_model.h — the independent reference for engine tests: the same model trained the
+// plain way in one process — whole batch, full-vocabulary logits, at::cross_entropy (mean over
+// non-ignored tokens), autograd through the whole model, torch::nn::utils::clip_grad_norm_ and
+// torch::optim::AdamW. Shares only the layer functions (embedding/block/norm) with the engine.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "workers/models/transformer_config.h"
+#include "workers/optim/adamw.h"
+#include "workers/store/host_model_store.h"
+
+namespace rp::testing {
+
+class ReferenceModel {
+ public:
+  // Copies the initial fp32 weights of `init`.
+  ReferenceModel(const workers::HostModelStore& init, const workers::AdamWOptions& opt);
+  ~ReferenceModel();
+  // One training step; returns the loss before the update.
+  double Step(const at::Tensor& tokens, const std::optional<at::Tensor>& labels = std::nullopt);
+  const at::Tensor& param(const std::string& name) const { return params_.at(name); }
+  const std::map<std::string, at::Tensor>& params() const { return params_; }
+
+ private:
+  workers::models::TransformerConfig cfg_;
+  std::vector<std::vector<std::string>> layer_names_;
+  std::map<std::string, at::Tensor> params_;
+  workers::AdamWOptions opt_;
+  struct Optim;
+  std::unique_ptr<Optim> optim_;
+};
+
+// ||a - b||_2 / ||b||_2 (computed in float64): the relative error of a whole tensor.
+double RelativeError(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace rp::testing

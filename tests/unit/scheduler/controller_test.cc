@@ -1,0 +1,232 @@
+// The synchronous engine against the plain single-process reference (tests/support): same
+// initial weights, same batches; after 3 iterations the losses and every weight must agree.
+#include "scheduler/controller.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "tests/support/reference_model.h"
+#include "workers/runtime/device.h"
+
+namespace rp::scheduler {
+namespace {
+
+using workers::models::TransformerConfig;
+
+TransformerConfig TinyLlama() {
+  TransformerConfig c;
+  c.family = "llama";
+  c.vocab = 61;
+  c.hidden = 32;
+  c.intermediate = 48;
+  c.num_blocks = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.rope_theta = 500000;
+  c.rms_eps = 1e-5;
+  c.rope_scaling.factor = 8;
+  c.rope_scaling.original_max_position = 4;  // short, so the scaling bands matter at length 8
+  return c;
+}
+
+TransformerConfig TinyQwen3() {
+  TransformerConfig c;
+  c.family = "qwen3";
+  c.vocab = 53;
+  c.hidden = 24;
+  c.intermediate = 40;
+  c.num_blocks = 3;
+  c.num_heads = 3;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.rope_theta = 1000000;
+  c.qk_norm = true;
+  c.tied_embeddings = true;
+  return c;
+}
+
+struct Engine {
+  workers::Timeline timeline;
+  std::vector<std::unique_ptr<workers::Device>> devices;
+  std::unique_ptr<workers::HostModelStore> store;
+  std::unique_ptr<Controller> controller;
+};
+
+std::unique_ptr<Engine> MakeEngine(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR,
+                                   const workers::AdamWOptions& adamw, int64_t chunk = 5) {
+  auto e = std::make_unique<Engine>();
+  auto devs = workers::CreateDevices("cpu:" + std::to_string(N), &e->timeline);
+  EXPECT_TRUE(devs.ok()) << devs.status();
+  e->devices = std::move(*devs);
+  e->store = std::make_unique<workers::HostModelStore>(cfg, at::kFloat, /*seed=*/7);
+  ControllerOptions o;
+  o.partition = p;
+  o.microbatches = M;
+  o.microbatches_per_round = MR;
+  o.adamw = adamw;
+  o.head_chunk_tokens = chunk;  // several chunks per micro-batch
+  std::vector<workers::Device*> raw;
+  for (auto& d : e->devices) raw.push_back(d.get());
+  auto c = Controller::Create(o, e->store.get(), raw, &e->timeline);
+  EXPECT_TRUE(c.ok()) << c.status();
+  e->controller = std::move(*c);
+  return e;
+}
+
+at::Tensor RandomTokens(int64_t B, int64_t S, int64_t V, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(V, {B, S}, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+void ExpectMatchesReference(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR) {
+  SCOPED_TRACE(::testing::Message() << cfg.family << " N=" << N << " M=" << M << " M_R=" << MR << " " << p.ToString());
+  workers::AdamWOptions adamw;
+  adamw.lr = 1e-3;
+  adamw.weight_decay = 0.01;
+  adamw.max_grad_norm = 0.5;  // active: gradients of these tiny models are larger
+  // AdamW divides each gradient element by its own RMS: for elements whose gradient sits at the
+  // fp32 noise floor of the summation order (micro-batches vs one batch), eps = 1e-8 would turn
+  // 1e-7 noise into O(lr) update differences. eps = 1e-6 keeps the comparison about the engine.
+  adamw.eps = 1e-6;
+  auto e = MakeEngine(cfg, N, p, M, MR, adamw);
+  ASSERT_TRUE(e->controller);
+  rp::testing::ReferenceModel ref(*e->store, adamw);
+  const int64_t B = 2 * M, S = 8;
+  for (int it = 0; it < 3; ++it) {
+    at::Tensor tokens = RandomTokens(B, S, cfg.vocab, 100 + it);
+    const double want = ref.Step(tokens);
+    auto got = e->controller->RunIteration(tokens);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NEAR(got->loss, want, 1e-5 * std::abs(want)) << "iteration " << it;
+    EXPECT_EQ(got->tokens, B * (S - 1));
+  }
+  for (int i = 0; i < e->store->num_params(); ++i) {
+    const workers::HostParam& hp = e->store->param(i);
+    EXPECT_LT(rp::testing::RelativeError(hp.fp32, ref.param(hp.name)), 1e-5) << hp.name;
+    EXPECT_LT(rp::testing::RelativeError(hp.master, ref.param(hp.name)), 1e-5) << hp.name;
+  }
+}
+
+TEST(ControllerEquivalence, LlamaMatchesPlainTraining) {
+  const TransformerConfig cfg = TinyLlama();  // 6 layers
+  const std::vector<planning::Partition> parts = {
+      {{2, 2}, 2, {1, 1, 2}},                 // S = 6
+      {{1, 1, 1, 1, 1}, 1, {1, 1, 1, 1, 1}},  // S = 11, one layer per slot
+      {{3, 1}, 2, {4}},                       // S = 4, asymmetric
+      {{}, 6, {}},                            // S = 1, everything fused
+  };
+  for (const auto& p : parts) {
+    ExpectMatchesReference(cfg, 1, p, 1, 0);
+    ExpectMatchesReference(cfg, 2, p, 5, 0);  // M = 2N+1, one round
+    ExpectMatchesReference(cfg, 3, p, 6, 3);  // two rounds of N
+  }
+}
+
+TEST(ControllerEquivalence, Qwen3WithTiedEmbeddingsMatchesPlainTraining) {
+  const TransformerConfig cfg = TinyQwen3();  // 5 layers
+  const std::vector<planning::Partition> parts = {
+      {{2, 1}, 2, {2, 1}},     // S = 5
+      {{1, 1, 1, 1}, 1, {4}},  // embedding + head in different stages (tied weight shared)
+      {{4}, 1, {1, 1, 1, 1}},  // S = 6
+  };
+  for (const auto& p : parts) {
+    ExpectMatchesReference(cfg, 1, p, 3, 1);  // three rounds
+    ExpectMatchesReference(cfg, 2, p, 2, 0);  // M = N
+    ExpectMatchesReference(cfg, 3, p, 7, 0);  // M = 2N+1
+  }
+}
+
+TEST(ControllerSchedule, TimelineShowsRoundRobinAndPipelining) {
+  const TransformerConfig cfg = TinyLlama();
+  const planning::Partition p{{2, 2}, 2, {1, 1, 2}};  // S = 6
+  const int N = 4, M = 8;
+  auto e = MakeEngine(cfg, N, p, M, 4, {});
+  int g0 = 0;
+  for (int it = 0; it < 2; ++it) {
+    e->timeline.Clear();
+    auto st = e->controller->RunIteration(RandomTokens(2 * M, 8, cfg.vocab, it));
+    ASSERT_TRUE(st.ok()) << st.status();
+    // Compute entries per slot: worker and first/last micro-batch times.
+    std::map<int, std::set<int>> workers_of_slot;
+    std::map<std::pair<int, int>, std::pair<double, double>> span;  // (slot, mb) -> (start, end)
+    for (const auto& en : e->timeline.Entries()) {
+      if (en.stream != "compute" || en.slot < 0) continue;
+      workers_of_slot[en.slot].insert(en.worker);
+      span[{en.slot, en.microbatch}] = {en.start_s, en.end_s};
+    }
+    ASSERT_EQ(workers_of_slot.size(), 12u);  // 2 rounds x 6 slots
+    for (const auto& [slot, ws] : workers_of_slot) {
+      ASSERT_EQ(ws.size(), 1u);
+      EXPECT_EQ(*ws.begin(), (g0 + slot) % N) << "slot " << slot;  // slot i -> worker (g0+i) mod N
+    }
+    // Pipelining: slot k+1 starts micro-batch 0 before slot k finishes its last micro-batch.
+    int overlapped = 0;
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i + 1 < 6; ++i) {
+        const int k = r * 6 + i;
+        const int first_mb = r * 4;
+        overlapped += span[{k + 1, first_mb}].first < span[{k, first_mb + 3}].second;
+      }
+    }
+    EXPECT_GE(overlapped, 8) << "stages ran one after the other, not pipelined";
+    g0 = (g0 + 12) % N;
+    EXPECT_EQ(e->controller->next_g0(), g0);
+    // Activation bound: at most the round's boundary activations and checkpoints, plus the
+    // token/label inputs of the whole batch.
+    const int64_t h_bytes = 2 * 8 * cfg.hidden * 4;  // one micro-batch's hidden state
+    const int64_t id_bytes = 2 * 8 * 8 * 2;          // tokens + labels of one micro-batch
+    const int64_t boundaries = 5;                    // layers 2, 4 (fwd out) + 3, 5 (ckpt) + grads
+    EXPECT_LE(st->activation_peak_bytes, M * id_bytes + 2 * 4 * boundaries * h_bytes) << st->activation_peak_bytes;
+    EXPECT_GT(st->activation_peak_bytes, 0);
+  }
+  EXPECT_EQ(e->controller->activations().live_slots(), 0u);  // everything consumed and freed
+}
+
+TEST(ControllerErrors, BadBatchesAreRejectedAndTheEngineStaysUsable) {
+  const TransformerConfig cfg = TinyQwen3();
+  auto e = MakeEngine(cfg, 2, {{2, 1}, 2, {2, 1}}, 2, 0, {});
+  const int64_t V = cfg.vocab;
+  auto expect_invalid = [&](const at::Tensor& t, const std::string& needle,
+                            const std::optional<at::Tensor>& labels = std::nullopt) {
+    auto st = e->controller->RunIteration(t, labels);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(st.status().message().find(needle), std::string::npos) << st.status();
+  };
+  expect_invalid(at::zeros({4}, at::kLong), "2-d");
+  expect_invalid(at::zeros({4, 8}, at::kFloat), "int32 or int64");
+  expect_invalid(at::zeros({0, 8}, at::kLong), "empty");
+  expect_invalid(at::zeros({3, 8}, at::kLong), "cannot be split into 2");
+  expect_invalid(at::full({4, 8}, V, at::kLong), "token ids must lie in [0, 53)");
+  expect_invalid(at::full({4, 8}, -1, at::kLong), "token ids");
+  expect_invalid(at::zeros({4, 8}, at::kLong), "shape of tokens", at::zeros({4, 7}, at::kLong));
+  expect_invalid(at::zeros({4, 8}, at::kLong), "-100 or lie in", at::full({4, 8}, V + 5, at::kLong));
+  expect_invalid(at::zeros({4, 1}, at::kLong), "no token has a label");
+  // Still usable, and int32 tokens are accepted.
+  auto ok = e->controller->RunIteration(RandomTokens(4, 8, V, 3).to(at::kInt));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(std::isfinite(ok->loss));
+}
+
+TEST(ControllerErrors, BadConfigurationIsRejected) {
+  workers::Timeline tl;
+  auto devs = *workers::CreateDevices("cpu:2", &tl);
+  std::vector<workers::Device*> raw = {devs[0].get(), devs[1].get()};
+  workers::HostModelStore store(TinyLlama(), at::kFloat, 1);
+  ControllerOptions o;
+  o.partition = {{2, 2}, 2, {1, 1, 2}};
+  o.microbatches = 1;  // M_R = 1 < N = 2
+  EXPECT_FALSE(Controller::Create(o, &store, raw, &tl).ok());
+  o.microbatches = 4;
+  o.partition = {{2, 2}, 2, {1, 1, 1}};  // backward covers 5 of 6 layers
+  EXPECT_FALSE(Controller::Create(o, &store, raw, &tl).ok());
+  EXPECT_FALSE(workers::CreateDevices("gpu:2", &tl).ok());
+  EXPECT_FALSE(workers::CreateDevices("cpu:0", &tl).ok());
+}
+
+}  // namespace
+}  // namespace rp::scheduler

@@ -1,0 +1,208 @@
+#include "workers/device_worker.h"
+
+#include <ATen/ATen.h>
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "workers/stage_compute.h"
+
+namespace rp::workers {
+namespace {
+
+using planning::SlotKind;
+
+// Everything one stage keeps on the device while it runs.
+struct StageState {
+  StageTask task;
+  std::shared_ptr<RunContext> ctx;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::vector<int> param_ids;      // unique parameter indices of the stage
+  std::vector<at::Tensor> params;  // device copies, aligned with param_ids
+  StageWeights weights;
+  models::Rope rope;
+  std::vector<at::Tensor> in, grad_out, labels;  // per micro-batch, on device
+  std::vector<std::vector<std::pair<int, at::Tensor>>> fwd_out;
+  std::vector<at::Tensor> grad_in;
+};
+
+// Runs `fn`, turning any exception into the iteration's error; skips the work once the
+// iteration has failed (events are still recorded by the streams, so nobody waits forever).
+template <typename Fn>
+void Guarded(StageState& s, const char* what, Fn&& fn) {
+  if (s.ctx->failed()) return;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    s.ctx->Fail(absl::InternalError(
+        absl::StrCat(what, " of stage slot ", s.task.slot.index, " (layers ", s.task.slot.first_layer, "..",
+                     s.task.slot.first_layer + s.task.slot.num_layers - 1, ") failed: ", e.what())));
+  }
+}
+
+std::string Label(const planning::StageSlot& sl, const char* what, int mb) {
+  const char* k = sl.kind == SlotKind::kForward ? "F" : "B";
+  std::string s = absl::StrCat(what, k, sl.stage);
+  if (mb >= 0) absl::StrAppend(&s, " mb", mb);
+  return s;
+}
+
+}  // namespace
+
+EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext> ctx) {
+  auto s = std::make_shared<StageState>();
+  s->task = task;
+  s->ctx = ctx;
+  s->device = device_->torch_device();
+  const planning::StageSlot& sl = task.slot;
+  const int mbs = sl.num_microbatches;
+  s->in.resize(static_cast<size_t>(mbs));
+  s->grad_out.resize(static_cast<size_t>(mbs));
+  s->labels.resize(static_cast<size_t>(mbs));
+  s->fwd_out.resize(static_cast<size_t>(mbs));
+  s->grad_in.resize(static_cast<size_t>(mbs));
+  const bool trains = sl.kind != SlotKind::kForward;
+
+  Stream& up = device_->stream(StreamKind::kParamUp);
+  Stream& act_up = device_->stream(StreamKind::kActivationUp);
+  Stream& compute = device_->stream(StreamKind::kCompute);
+  Stream& act_down = device_->stream(StreamKind::kActivationDown);
+  Stream& grad_down = device_->stream(StreamKind::kGradDown);
+
+  // --- parameters -------------------------------------------------------------------------
+  if (compute_done_[0]) up.WaitEvent(compute_done_[0]);  // bound: one stage prefetched
+  auto params_ready = MakeEvent();
+  up.Enqueue({Label(sl, "up ", -1), sl.iteration, sl.index, -1}, [s, trains] {
+    Guarded(*s, "weight upload", [&] {
+      const planning::StageSlot& sl = s->task.slot;
+      HostModelStore& store = *s->ctx->store;
+      s->weights.first_layer = sl.first_layer;
+      for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
+        std::vector<at::Tensor> lw;
+        for (int id : store.layer_params(l)) {
+          size_t k = 0;
+          while (k < s->param_ids.size() && s->param_ids[k] != id) ++k;
+          if (k == s->param_ids.size()) {
+            s->param_ids.push_back(id);
+            at::Tensor t = store.param(id).master.to(s->device, /*non_blocking=*/false, /*copy=*/true);
+            if (trains && store.param(id).trainable) t.requires_grad_(true);
+            s->params.push_back(t);
+          }
+          lw.push_back(s->params[k]);
+        }
+        s->weights.layers.push_back(std::move(lw));
+      }
+      s->rope = models::MakeRope(*s->ctx->cfg, s->ctx->seq_len, s->device);
+    });
+  });
+  up.RecordEvent(params_ready);
+  compute.WaitEvent(params_ready);
+
+  // --- micro-batches ----------------------------------------------------------------------
+  std::vector<EventPtr> computed(static_cast<size_t>(mbs));
+  for (int m = 0; m < mbs; ++m) {
+    const int mb = sl.first_microbatch + m;
+    // act-up: at most one micro-batch ahead of compute.
+    if (m >= 2) act_up.WaitEvent(computed[static_cast<size_t>(m - 2)]);
+    act_up.Enqueue({Label(sl, "in ", mb), sl.iteration, sl.index, mb}, [s, m, mb] {
+      Guarded(*s, "input upload", [&] {
+        const planning::StageSlot& sl = s->task.slot;
+        ActivationStore& acts = *s->ctx->acts;
+        auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb);
+        if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
+        s->in[static_cast<size_t>(m)] = x->to(s->device, false, true);
+        if (sl.kind == SlotKind::kFused) {
+          auto y = acts.Take(ActKind::kLabels, 0, mb);
+          if (!y.ok()) throw std::runtime_error(std::string(y.status().message()));
+          s->labels[static_cast<size_t>(m)] = y->to(s->device, false, true);
+        } else if (sl.kind == SlotKind::kBackward) {
+          auto g = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb);
+          if (!g.ok()) throw std::runtime_error(std::string(g.status().message()));
+          s->grad_out[static_cast<size_t>(m)] = g->to(s->device, false, true);
+        }
+      });
+    });
+    auto uploaded = MakeEvent();
+    act_up.RecordEvent(uploaded);
+
+    compute.WaitEvent(uploaded);
+    compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.index, mb}, [s, m] {
+      Guarded(*s, "compute", [&] {
+        const planning::StageSlot& sl = s->task.slot;
+        RunContext& ctx = *s->ctx;
+        const size_t i = static_cast<size_t>(m);
+        switch (sl.kind) {
+          case SlotKind::kForward:
+            s->fwd_out[i] = ForwardStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->task.save_inputs_of);
+            break;
+          case SlotKind::kFused: {
+            FusedResult r = FusedStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->labels[i], ctx.loss_scale,
+                                       ctx.head_chunk_tokens);
+            ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
+            s->grad_in[i] = r.grad_input;
+            break;
+          }
+          case SlotKind::kBackward:
+            s->grad_in[i] = BackwardStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->grad_out[i]);
+            break;
+        }
+        s->in[i] = at::Tensor();
+        s->grad_out[i] = at::Tensor();
+        s->labels[i] = at::Tensor();
+      });
+    });
+    computed[static_cast<size_t>(m)] = MakeEvent();
+    compute.RecordEvent(computed[static_cast<size_t>(m)]);
+
+    act_down.WaitEvent(computed[static_cast<size_t>(m)]);
+    act_down.Enqueue({Label(sl, "out ", mb), sl.iteration, sl.index, mb}, [s, m, mb] {
+      Guarded(*s, "output download", [&] {
+        const planning::StageSlot& sl = s->task.slot;
+        RunContext& ctx = *s->ctx;
+        const size_t i = static_cast<size_t>(m);
+        if (sl.kind == SlotKind::kForward) {
+          for (auto& [layer, t] : s->fwd_out[i]) {
+            ctx.acts->Put(ActKind::kActivation, layer, mb, t.to(at::kCPU, false, true),
+                          ctx.act_consumers[static_cast<size_t>(layer)]);
+          }
+          s->fwd_out[i].clear();
+        } else if (sl.first_layer > 0) {
+          ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s->grad_in[i].to(at::kCPU, false, true), 1);
+          s->grad_in[i] = at::Tensor();
+        }
+      });
+    });
+  }
+  compute_done_[0] = compute_done_[1];
+  compute_done_[1] = computed.back();
+
+  // --- weight gradients -------------------------------------------------------------------
+  auto done = MakeEvent();
+  if (trains) {
+    grad_down.WaitEvent(computed.back());
+    grad_down.Enqueue({Label(sl, "grads ", -1), sl.iteration, sl.index, -1}, [s] {
+      Guarded(*s, "gradient download", [&] {
+        for (size_t k = 0; k < s->param_ids.size(); ++k) {
+          const at::Tensor& g = s->params[k].grad();
+          if (g.defined()) s->ctx->store->AccumulateGrad(s->param_ids[k], g);
+        }
+      });
+      s->params.clear();
+      s->weights.layers.clear();
+    });
+    // The stage is done when its outputs and its gradients are on host.
+    auto outputs = MakeEvent();
+    act_down.RecordEvent(outputs);
+    grad_down.WaitEvent(outputs);
+    grad_down.RecordEvent(done);
+  } else {
+    act_down.Enqueue({}, [s] {
+      s->params.clear();
+      s->weights.layers.clear();
+    });
+    act_down.RecordEvent(done);
+  }
+  return done;
+}
+
+}  // namespace rp::workers

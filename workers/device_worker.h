@@ -1,0 +1,45 @@
+// device_worker.h — a stateless worker on one device (paper §3.1, §4.1): executes one stage slot
+// of the DispatchPlan for all micro-batches of a round by enqueuing operations on the device's
+// five streams:
+//   param-up:  upload the stage's weights (master copy) into stage-private device tensors;
+//   act-up:    per micro-batch, wait for its input on host (ActivationStore) and upload it,
+//              at most one micro-batch ahead of compute;
+//   compute:   per micro-batch, run the stage (forward / fused B_1 / backward);
+//   act-down:  per micro-batch, download outputs (next stage's input, checkpoints, input grads);
+//   grad-down: after the last micro-batch, download the weight gradients accumulated on the
+//              device into the host fp32 buffers.
+// Nothing survives the stage: weights, inputs and gradients are released when it completes.
+//
+// Contract: Submit is called from one thread (the controller) in dispatch order; it returns at
+// once. The returned event is set when the stage has fully finished (also on failure: errors
+// go to the RunContext). At most one further stage's weights are uploaded ahead of compute.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "scheduler/planning/dispatch_plan.h"
+#include "workers/run_context.h"
+#include "workers/runtime/device.h"
+
+namespace rp::workers {
+
+struct StageTask {
+  planning::StageSlot slot;
+  std::vector<int> save_inputs_of;  // forward: layers whose input becomes a checkpoint
+};
+
+class DeviceWorker {
+ public:
+  explicit DeviceWorker(Device* device) : device_(device) {}
+  Device* device() const { return device_; }
+  EventPtr Submit(const StageTask& task, std::shared_ptr<RunContext> ctx);
+
+ private:
+  Device* device_;
+  // Compute-finished events of the last two stages: the next upload waits for the older one,
+  // so at most one stage is prefetched while one runs.
+  EventPtr compute_done_[2];
+};
+
+}  // namespace rp::workers

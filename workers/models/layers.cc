@@ -1,0 +1,188 @@
+#include "workers/models/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace rp::workers::models {
+
+absl::Status TransformerConfig::Validate() const {
+  if (family != "llama" && family != "qwen3") {
+    return absl::InvalidArgumentError(absl::StrCat("model family '", family, "': expected llama or qwen3"));
+  }
+  if (vocab <= 0 || hidden <= 0 || intermediate <= 0 || num_blocks <= 0 || num_heads <= 0 || num_kv_heads <= 0 ||
+      head_dim <= 0) {
+    return absl::InvalidArgumentError(
+        "model: vocab, hidden, intermediate, blocks, heads, kv heads and head_dim must be "
+        "positive");
+  }
+  if (num_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: heads (", num_heads, ") must be a multiple of kv heads (", num_kv_heads, ")"));
+  }
+  if (head_dim % 2 != 0) return absl::InvalidArgumentError("model: head_dim must be even (rotary embedding)");
+  if (!(rope_theta > 0) || !(rms_eps > 0))
+    return absl::InvalidArgumentError("model: rope_theta and rms_eps must be > 0");
+  return absl::OkStatus();
+}
+
+std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
+  const int64_t h = c.hidden, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  if (layer == 0) return {{"model.embed_tokens.weight", {c.vocab, h}}};
+  if (layer == c.head_layer()) {
+    return {{"model.norm.weight", {h}, true},
+            {c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", {c.vocab, h}}};
+  }
+  const std::string p = absl::StrCat("model.layers.", layer - 1, ".");
+  std::vector<ParamSpec> out = {
+      {p + "input_layernorm.weight", {h}, true}, {p + "self_attn.q_proj.weight", {q, h}},
+      {p + "self_attn.k_proj.weight", {kv, h}},  {p + "self_attn.v_proj.weight", {kv, h}},
+      {p + "self_attn.o_proj.weight", {h, q}},
+  };
+  if (c.qk_norm) {
+    out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, true});
+    out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, true});
+  }
+  out.push_back({p + "post_attention_layernorm.weight", {h}, true});
+  out.push_back({p + "mlp.gate_proj.weight", {c.intermediate, h}});
+  out.push_back({p + "mlp.up_proj.weight", {c.intermediate, h}});
+  out.push_back({p + "mlp.down_proj.weight", {h, c.intermediate}});
+  return out;
+}
+
+Rope MakeRope(const TransformerConfig& c, int64_t seq, c10::Device device) {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor inv_freq =
+      1.0 / at::pow(c.rope_theta, at::arange(0, c.head_dim, 2, f64) / static_cast<double>(c.head_dim));
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.factor > 0) {
+    // Llama-3: long wavelengths are divided by `factor`, short ones kept, the band between
+    // interpolated smoothly.
+    const double old_len = static_cast<double>(rs.original_max_position);
+    const double low_wavelen = old_len / rs.low_freq_factor;
+    const double high_wavelen = old_len / rs.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq);
+    at::Tensor smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled;
+    at::Tensor medium = at::logical_not(wavelen < high_wavelen).logical_and(at::logical_not(wavelen > low_wavelen));
+    inv_freq = at::where(medium, smoothed, scaled);
+  }
+  at::Tensor pos = at::arange(seq, f64);
+  at::Tensor freqs = at::outer(pos, inv_freq);
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(device, at::kFloat), emb.sin().to(device, at::kFloat)};
+}
+
+namespace {
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// x [b, heads, s, d]; cos/sin [s, d] fp32.
+at::Tensor ApplyRope(const at::Tensor& x, const Rope& rope) {
+  const at::Tensor cos = rope.cos.to(x.scalar_type());
+  const at::Tensor sin = rope.sin.to(x.scalar_type());
+  return x * cos + RotateHalf(x) * sin;
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  // Normalise in fp32 like the reference implementations, then scale in the weight's dtype.
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return w * y.to(x.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens) {
+  return at::embedding(weight, tokens);
+}
+
+at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor>& w, const at::Tensor& x,
+                        const Rope& rope) {
+  const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
+  size_t i = 0;
+  const at::Tensor& in_norm = w[i++];
+  const at::Tensor& wq = w[i++];
+  const at::Tensor& wk = w[i++];
+  const at::Tensor& wv = w[i++];
+  const at::Tensor& wo = w[i++];
+  at::Tensor q_norm, k_norm;
+  if (c.qk_norm) {
+    q_norm = w[i++];
+    k_norm = w[i++];
+  }
+  const at::Tensor& post_norm = w[i++];
+  const at::Tensor& wg = w[i++];
+  const at::Tensor& wu = w[i++];
+  const at::Tensor& wd = w[i++];
+
+  at::Tensor hn = RmsNorm(x, in_norm, c.rms_eps);
+  at::Tensor q = at::linear(hn, wq).view({b, s, c.num_heads, d});
+  at::Tensor k = at::linear(hn, wk).view({b, s, c.num_kv_heads, d});
+  at::Tensor v = at::linear(hn, wv).view({b, s, c.num_kv_heads, d});
+  if (c.qk_norm) {
+    q = RmsNorm(q, q_norm, c.rms_eps);
+    k = RmsNorm(k, k_norm, c.rms_eps);
+  }
+  q = ApplyRope(q.transpose(1, 2), rope);
+  k = ApplyRope(k.transpose(1, 2), rope);
+  v = v.transpose(1, 2);
+  if (c.num_kv_heads != c.num_heads) {
+    const int64_t rep = c.num_heads / c.num_kv_heads;
+    k = k.repeat_interleave(rep, 1);
+    v = v.repeat_interleave(rep, 1);
+  }
+  at::Tensor a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  a = a.transpose(1, 2).reshape({b, s, c.num_heads * d});
+  at::Tensor h1 = x + at::linear(a, wo);
+  at::Tensor hn2 = RmsNorm(h1, post_norm, c.rms_eps);
+  return h1 + at::linear(at::silu(at::linear(hn2, wg)) * at::linear(hn2, wu), wd);
+}
+
+at::Tensor FinalNorm(const TransformerConfig& c, const at::Tensor& norm_weight, const at::Tensor& x) {
+  return RmsNorm(x, norm_weight, c.rms_eps);
+}
+
+HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weight, const at::Tensor& labels,
+                                    double scale, int64_t chunk) {
+  HeadLossGrad r;
+  const int64_t T = hn.size(0);
+  r.grad_hidden = at::zeros_like(hn);
+  r.grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+  const at::Tensor wf = weight.to(at::kFloat);
+  for (int64_t start = 0; start < T; start += chunk) {
+    const int64_t n = std::min(chunk, T - start);
+    at::Tensor hc = hn.narrow(0, start, n).to(at::kFloat);
+    at::Tensor lc = labels.narrow(0, start, n);
+    at::Tensor valid = lc.ne(kIgnoreIndex);
+    at::Tensor safe = at::where(valid, lc, at::zeros_like(lc));
+    at::Tensor logits = at::matmul(hc, wf.t());  // [n, V], the only full-width tensor, one chunk
+    at::Tensor lse = at::logsumexp(logits, 1);
+    at::Tensor target = logits.gather(1, safe.unsqueeze(1)).squeeze(1);
+    at::Tensor vf = valid.to(at::kFloat);
+    r.loss_sum += ((lse - target) * vf).sum().item<double>();
+    r.tokens += valid.sum().item<int64_t>();
+    // d(sum CE)/d logits = softmax - onehot, zero for ignored rows; times `scale`.
+    at::Tensor g = at::exp(logits - lse.unsqueeze(1));
+    g.scatter_add_(1, safe.unsqueeze(1), -at::ones({n, 1}, g.options()));
+    g.mul_((vf * scale).unsqueeze(1));
+    r.grad_hidden.narrow(0, start, n).copy_(at::matmul(g, wf));
+    r.grad_weight.add_(at::matmul(g.t(), hc));
+  }
+  return r;
+}
+
+at::Tensor ShiftLabels(const at::Tensor& tokens) {
+  at::Tensor labels = at::full_like(tokens, kIgnoreIndex);
+  const int64_t s = tokens.size(1);
+  if (s > 1) labels.narrow(1, 0, s - 1).copy_(tokens.narrow(1, 1, s - 1));
+  return labels;
+}
+
+}  // namespace rp::workers::models

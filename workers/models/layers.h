@@ -1,0 +1,64 @@
+// layers.h — the model as pure functions of (weights, inputs): token embedding, decoder block
+// (RMSNorm, GQA attention with RoPE incl. Llama-3 scaling, Qwen3 q/k-norm, causal mask, SwiGLU
+// MLP, residuals) and the head (final RMSNorm + LM head + cross-entropy in token chunks, so the
+// full-vocabulary logits never exist).
+//
+// Contract: stateless and thread-safe; weights are passed per call in LayerParams() order.
+// Autograd is whatever the caller's GradMode says (forward stages run without it).
+// Parameter names follow Hugging Face (model.layers.N.self_attn.q_proj.weight, ...).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "workers/models/transformer_config.h"
+
+namespace rp::workers::models {
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool is_norm = false;  // initialised to ones
+};
+
+// Parameters of engine layer `layer` in the order the forward functions take them. With tied
+// embeddings the head lists model.embed_tokens.weight (the same parameter as layer 0).
+std::vector<ParamSpec> LayerParams(const TransformerConfig& cfg, int layer);
+
+// Rotary tables for positions 0..seq-1: cos and sin of shape [seq, head_dim] (fp32).
+struct Rope {
+  at::Tensor cos, sin;
+};
+Rope MakeRope(const TransformerConfig& cfg, int64_t seq, c10::Device device);
+
+// tokens [b, s] int64 -> hidden [b, s, h] in the weight's dtype.
+at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens);
+
+// x [b, s, h] -> [b, s, h]; w in LayerParams(cfg, block layer) order.
+at::Tensor BlockForward(const TransformerConfig& cfg, const std::vector<at::Tensor>& w, const at::Tensor& x,
+                        const Rope& rope);
+
+// The final RMSNorm (differentiable), applied before the chunked head.
+at::Tensor FinalNorm(const TransformerConfig& cfg, const at::Tensor& norm_weight, const at::Tensor& x);
+
+// Cross-entropy of the LM head over `hn` [T, h] (the normed hidden states, no autograd) and
+// `labels` [T] (int64, -100 = ignored), in chunks of `chunk` tokens. Returns the summed loss and
+// the gradients of (sum of CE) * `scale` with respect to hn and the head weight [V, h]; logits
+// exist one chunk at a time, in fp32.
+struct HeadLossGrad {
+  double loss_sum = 0;     // unscaled sum over non-ignored tokens
+  int64_t tokens = 0;      // non-ignored tokens
+  at::Tensor grad_hidden;  // [T, h], dtype of hn
+  at::Tensor grad_weight;  // [V, h], fp32
+};
+HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weight, const at::Tensor& labels,
+                                    double scale, int64_t chunk = 4096);
+
+// Next-token labels for tokens [b, s]: labels[:, t] = tokens[:, t+1], the last position -100.
+at::Tensor ShiftLabels(const at::Tensor& tokens);
+
+inline constexpr int64_t kIgnoreIndex = -100;
+
+}  // namespace rp::workers::models

@@ -1,0 +1,42 @@
+// transformer_config.h — the Llama-3 / Qwen3 dense decoder family as the engine runs it.
+//
+// Contract: a plain value type; Validate() gives a clear error for impossible shapes.
+// Engine layer indices: 0 = token embedding, 1..num_blocks = decoder blocks,
+// num_blocks+1 = final RMSNorm + LM head + loss.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace rp::workers::models {
+
+struct RopeScaling {
+  double factor = 0;  // 0 = no scaling; > 0: Llama-3 style ("rope_type": "llama3")
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  int64_t original_max_position = 8192;
+};
+
+struct TransformerConfig {
+  std::string family = "llama";  // "llama" or "qwen3" (per-head q/k RMSNorm)
+  int64_t vocab = 0;
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  int num_blocks = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int64_t head_dim = 0;
+  double rope_theta = 10000;
+  double rms_eps = 1e-6;
+  bool qk_norm = false;  // Qwen3
+  bool tied_embeddings = false;
+  RopeScaling rope_scaling;
+
+  int num_layers() const { return num_blocks + 2; }
+  int head_layer() const { return num_blocks + 1; }
+  absl::Status Validate() const;
+};
+
+}  // namespace rp::workers::models

@@ -1,0 +1,62 @@
+#include "workers/optim/adamw.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace rp::workers {
+
+double LrSchedule::At(double base_lr, int64_t step) const {
+  if (kind == Kind::kConstant) return base_lr;
+  if (warmup_steps > 0 && step <= warmup_steps) {
+    return base_lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
+  }
+  const int64_t decay = std::max<int64_t>(1, total_steps - warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(decay));
+  const double min_lr = base_lr * min_lr_ratio;
+  return min_lr + (base_lr - min_lr) * 0.5 * (1 + std::cos(M_PI * progress));
+}
+
+absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr) {
+  const int n = store.num_params();
+  if (static_cast<int>(m_.size()) != n) {
+    m_.assign(static_cast<size_t>(n), at::Tensor());
+    v_.assign(static_cast<size_t>(n), at::Tensor());
+  }
+  double sq = 0;
+  for (int i = 0; i < n; ++i) {
+    const HostParam& p = store.param(i);
+    if (p.trainable) sq += p.grad.pow(2).sum().item<double>();
+  }
+  const double norm = std::sqrt(sq);
+  if (!std::isfinite(norm)) {
+    return absl::FailedPreconditionError(absl::StrCat("optimizer: gradient norm is ", norm, "; step skipped"));
+  }
+  double clip = 1.0;
+  if (opt_.max_grad_norm > 0 && norm > opt_.max_grad_norm) clip = opt_.max_grad_norm / (norm + 1e-6);
+  ++step_;
+  const double bc1 = 1 - std::pow(opt_.beta1, static_cast<double>(step_));
+  const double bc2 = 1 - std::pow(opt_.beta2, static_cast<double>(step_));
+  for (int i = 0; i < n; ++i) {
+    HostParam& p = store.param(i);
+    if (!p.trainable) continue;
+    at::Tensor g = clip != 1.0 ? p.grad * clip : p.grad;
+    if (!m_[static_cast<size_t>(i)].defined()) {
+      m_[static_cast<size_t>(i)] = at::zeros_like(p.fp32);
+      v_[static_cast<size_t>(i)] = at::zeros_like(p.fp32);
+    }
+    at::Tensor& m = m_[static_cast<size_t>(i)];
+    at::Tensor& v = v_[static_cast<size_t>(i)];
+    p.fp32.mul_(1 - lr * opt_.weight_decay);
+    m.lerp_(g, 1 - opt_.beta1);
+    v.mul_(opt_.beta2).addcmul_(g, g, 1 - opt_.beta2);
+    at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(opt_.eps);
+    p.fp32.addcdiv_(m, denom, -lr / bc1);
+  }
+  store.RefreshMaster();
+  return norm;
+}
+
+}  // namespace rp::workers

@@ -1,0 +1,56 @@
+// adamw.h — the optimizer step of the synchronous engine: global-norm gradient clipping and
+// AdamW on the host fp32 copies, then the master copies refreshed (paper §2.1.2).
+//
+// Contract: not thread-safe; the caller owns the HostModelStore exclusively while stepping
+// (sync mode: after every stage of the iteration finished). The update follows
+// torch.optim.AdamW (decoupled weight decay; bias-corrected moments; eps added after the
+// bias-corrected square root) so a plain LibTorch run is an exact reference.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "workers/store/host_model_store.h"
+
+namespace rp::workers {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  double max_grad_norm = 0;  // 0 = no clipping
+};
+
+// Learning-rate schedules: constant, or linear warm-up then cosine decay to min_lr.
+struct LrSchedule {
+  enum class Kind { kConstant, kWarmupCosine };
+  Kind kind = Kind::kConstant;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;
+  double min_lr_ratio = 0;  // min_lr = lr * min_lr_ratio
+  // Learning rate for optimizer step `step` (1-based).
+  double At(double base_lr, int64_t step) const;
+};
+
+class AdamW {
+ public:
+  explicit AdamW(AdamWOptions o) : opt_(o) {}
+  // One step with learning rate `lr` over every trainable parameter of `store` using its fp32
+  // gradient buffers (already summed over micro-batches). Returns the global gradient norm
+  // before clipping. Non-finite gradients are an error and leave the weights untouched.
+  absl::StatusOr<double> Step(HostModelStore& store, double lr);
+  int64_t steps() const { return step_; }
+  const AdamWOptions& options() const { return opt_; }
+
+ private:
+  AdamWOptions opt_;
+  int64_t step_ = 0;
+  std::vector<at::Tensor> m_, v_;  // per parameter index
+};
+
+}  // namespace rp::workers

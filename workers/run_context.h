@@ -1,0 +1,68 @@
+// run_context.h — what every stage of one iteration shares: the model, the stores, the loss
+// normalisation, the loss accumulator and the iteration's first error.
+//
+// Contract: created by the controller per iteration and shared (shared_ptr) with every stream
+// operation of that iteration. Thread-safe: the accumulators and the error slot are guarded
+// by one mutex; Fail() also aborts the ActivationStore so no stream waits forever.
+#pragma once
+
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "workers/models/transformer_config.h"
+#include "workers/store/activation_store.h"
+#include "workers/store/host_model_store.h"
+
+namespace rp::workers {
+
+struct RunContext {
+  const models::TransformerConfig* cfg = nullptr;
+  HostModelStore* store = nullptr;
+  ActivationStore* acts = nullptr;
+  int iteration = 0;
+  int64_t seq_len = 0;
+  // act_consumers[l]: how many stages start at layer l (Takes of kActivation(l, m)).
+  std::vector<int> act_consumers;
+  // Each micro-batch's loss is sum(CE) * loss_scale; loss_scale = 1 / (non-ignored tokens of the
+  // whole global batch), so the micro-batch losses add up to the batch mean.
+  double loss_scale = 1.0;
+  int64_t head_chunk_tokens = 4096;
+
+  void AddLoss(double scaled_loss, int64_t tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    loss_ += scaled_loss;
+    tokens_ += tokens;
+  }
+  void Fail(const absl::Status& s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error_.ok()) error_ = s;
+    }
+    if (acts) acts->Abort(s);
+  }
+  bool failed() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !error_.ok();
+  }
+  absl::Status error() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+  double loss() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return loss_;
+  }
+  int64_t tokens() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  double loss_ = 0;
+  int64_t tokens_ = 0;
+  absl::Status error_;
+};
+
+}  // namespace rp::workers

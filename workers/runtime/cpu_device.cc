@@ -1,0 +1,103 @@
+#include "workers/runtime/cpu_device.h"
+
+#include <cstdio>
+#include <exception>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace rp::workers {
+
+const char* StreamKindName(StreamKind k) {
+  switch (k) {
+    case StreamKind::kCompute:
+      return "compute";
+    case StreamKind::kActivationUp:
+      return "act-up";
+    case StreamKind::kActivationDown:
+      return "act-down";
+    case StreamKind::kParamUp:
+      return "param-up";
+    case StreamKind::kGradDown:
+      return "grad-down";
+  }
+  return "?";
+}
+
+CpuStream::CpuStream(int worker, StreamKind kind, Timeline* timeline)
+    : worker_(worker), kind_(kind), timeline_(timeline), thread_([this] { Loop(); }) {}
+
+CpuStream::~CpuStream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CpuStream::Enqueue(OpInfo info, std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({std::move(info), std::move(fn)});
+  }
+  cv_.notify_all();
+}
+
+void CpuStream::WaitEvent(EventPtr e) {
+  Enqueue({}, [e] { e->Wait(); });
+}
+
+void CpuStream::RecordEvent(EventPtr e) {
+  Enqueue({}, [e] { e->Set(); });
+}
+
+void CpuStream::Synchronize() {
+  auto e = MakeEvent();
+  RecordEvent(e);
+  e->Wait();
+}
+
+void CpuStream::Loop() {
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and drained
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const double t0 = timeline_ && !op.info.label.empty() ? timeline_->Now() : 0;
+    try {
+      op.fn();  // operations report their own errors (see device.h); this is the safety net
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "roundpipe: uncaught exception on %s stream of cpu:%d: %s\n", StreamKindName(kind_), worker_,
+                   e.what());
+    }
+    if (timeline_ && !op.info.label.empty()) {
+      timeline_->Add({worker_, StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,
+                      op.info.microbatch, t0, timeline_->Now()});
+    }
+  }
+}
+
+CpuDevice::CpuDevice(int index, Timeline* timeline) : index_(index) {
+  for (int k = 0; k < kNumStreamKinds; ++k) {
+    streams_[k] = std::make_unique<CpuStream>(index, static_cast<StreamKind>(k), timeline);
+  }
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::string& spec, Timeline* timeline) {
+  const std::string prefix = "cpu:";
+  int n = 0;
+  if (spec.rfind(prefix, 0) != 0 || !absl::SimpleAtoi(spec.substr(prefix.size()), &n) || n < 1 || n > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices '", spec, "': expected cpu:N with 1 <= N <= 64 (the CUDA backend is not built yet)"));
+  }
+  std::vector<std::unique_ptr<Device>> out;
+  for (int i = 0; i < n; ++i) out.push_back(std::make_unique<CpuDevice>(i, timeline));
+  return out;
+}
+
+}  // namespace rp::workers

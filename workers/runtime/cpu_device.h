@@ -1,0 +1,57 @@
+// cpu_device.h — the CPU backend: every "stream" is a host thread draining an ordered queue, so
+// the full schedule, the event protocol and (later) the consistency protocol run without a GPU
+// (CI, and users without one). "Uploads" are deep copies into stage-private tensors, so a
+// worker never aliases host-store memory, exactly like a device copy.
+//
+// Contract: see device.h. Destruction drains and joins the stream threads.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "workers/runtime/device.h"
+
+namespace rp::workers {
+
+class CpuStream final : public Stream {
+ public:
+  CpuStream(int worker, StreamKind kind, Timeline* timeline);
+  ~CpuStream() override;
+  void Enqueue(OpInfo info, std::function<void()> fn) override;
+  void WaitEvent(EventPtr e) override;
+  void RecordEvent(EventPtr e) override;
+  void Synchronize() override;
+
+ private:
+  struct Op {
+    OpInfo info;
+    std::function<void()> fn;
+  };
+  void Loop();
+
+  const int worker_;
+  const StreamKind kind_;
+  Timeline* const timeline_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(int index, Timeline* timeline);
+  int index() const override { return index_; }
+  std::string name() const override { return "cpu:" + std::to_string(index_); }
+  c10::Device torch_device() const override { return c10::Device(c10::kCPU); }
+  Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
+
+ private:
+  const int index_;
+  std::unique_ptr<CpuStream> streams_[kNumStreamKinds];
+};
+
+}  // namespace rp::workers

@@ -1,0 +1,68 @@
+// device.h — the device backend interface: one compute stream and four copy streams per device
+// (activation upload, activation download, parameter upload, gradient download), with
+// host-visible events between them (paper §4.2.1, DESIGN §4).
+//
+// Contract: a Stream executes its operations one at a time in enqueue order, asynchronously to
+// the caller; Enqueue/WaitEvent/RecordEvent are thread-safe. Operations report their own
+// failures (the DeviceWorker wraps each one and records the first error in the job's RunContext);
+// an exception that still escapes is caught by the stream, printed, and the stream goes on.
+// Devices are owned by the engine and outlive every task enqueued on them.
+// Backends: CpuDevice (cpu_device.h) now; the CUDA backend implements the same interface with
+// real streams and CUDA events paired with host Events.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "workers/runtime/event.h"
+#include "workers/runtime/timeline.h"
+
+namespace rp::workers {
+
+enum class StreamKind { kCompute = 0, kActivationUp = 1, kActivationDown = 2, kParamUp = 3, kGradDown = 4 };
+inline constexpr int kNumStreamKinds = 5;
+const char* StreamKindName(StreamKind k);
+
+// What the timeline records about an operation (label empty: not recorded).
+struct OpInfo {
+  std::string label;
+  int iteration = -1;
+  int slot = -1;
+  int microbatch = -1;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual void Enqueue(OpInfo info, std::function<void()> fn) = 0;
+  // Later operations on this stream start only after `e` is set.
+  virtual void WaitEvent(EventPtr e) = 0;
+  // `e` is set once every operation enqueued before has finished.
+  virtual void RecordEvent(EventPtr e) = 0;
+  // Blocks the caller until everything enqueued so far has finished.
+  virtual void Synchronize() = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual int index() const = 0;
+  virtual std::string name() const = 0;          // "cpu:0", "cuda:1"
+  virtual c10::Device torch_device() const = 0;  // where stage tensors live while a stage runs
+  virtual Stream& stream(StreamKind kind) = 0;
+  void SynchronizeAll() {
+    for (int k = 0; k < kNumStreamKinds; ++k) stream(static_cast<StreamKind>(k)).Synchronize();
+  }
+};
+
+// "cpu:N" -> N CPU devices. (The CUDA backend adds "cuda", "cuda:0,1", ... later.)
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::string& spec, Timeline* timeline);
+
+}  // namespace rp::workers

@@ -1,0 +1,85 @@
+#include "workers/stage_compute.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+
+namespace rp::workers {
+namespace {
+
+// Layers [first, first+n) excluding the head; `x` may need grad.
+at::Tensor RunLayers(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+                     at::Tensor x, int first, int n, const std::vector<int>* save,
+                     std::vector<std::pair<int, at::Tensor>>* saved) {
+  for (int l = first; l < first + n; ++l) {
+    if (save && l > first && std::find(save->begin(), save->end(), l) != save->end()) saved->push_back({l, x});
+    const std::vector<at::Tensor>& lw = w.layers[static_cast<size_t>(l - w.first_layer)];
+    if (l == 0) {
+      x = models::EmbeddingForward(lw[0], x);
+    } else {
+      x = models::BlockForward(cfg, lw, x, rope);
+    }
+  }
+  return x;
+}
+
+void AddGrad(const at::Tensor& param, const at::Tensor& g) {
+  at::Tensor gg = g.to(param.scalar_type());
+  if (param.grad().defined()) {
+    param.mutable_grad().add_(gg);
+  } else {
+    param.mutable_grad() = gg;
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerConfig& cfg, const StageWeights& w,
+                                                     const models::Rope& rope, const at::Tensor& in,
+                                                     const std::vector<int>& save_inputs_of) {
+  at::NoGradGuard no_grad;
+  std::vector<std::pair<int, at::Tensor>> out;
+  const int n = static_cast<int>(w.layers.size());
+  at::Tensor y = RunLayers(cfg, w, rope, in, w.first_layer, n, &save_inputs_of, &out);
+  out.push_back({w.first_layer + n, y});
+  return out;
+}
+
+FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+                       const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens) {
+  at::AutoGradMode grad_on(true);
+  const int first = w.first_layer;
+  const int n_blocks = static_cast<int>(w.layers.size()) - 1;  // the last layer is the head
+  at::Tensor x = in;
+  if (first > 0) x = in.detach().requires_grad_(true);
+  at::Tensor h = RunLayers(cfg, w, rope, x, first, n_blocks, nullptr, nullptr);
+  const std::vector<at::Tensor>& head = w.layers.back();
+  at::Tensor hn = models::FinalNorm(cfg, head[0], h);
+  const int64_t hidden = hn.size(-1);
+  at::Tensor flat = hn.reshape({-1, hidden});
+  models::HeadLossGrad lg =
+      models::ChunkedHeadLossAndGrad(flat.detach(), head[1].detach(), labels.reshape({-1}), loss_scale, chunk_tokens);
+  // Backpropagate through the final norm and the blocks; the head weight's gradient was formed
+  // chunk by chunk and is added by hand.
+  flat.backward(lg.grad_hidden);
+  AddGrad(head[1], lg.grad_weight);
+  FusedResult r;
+  r.loss_sum = lg.loss_sum;
+  r.tokens = lg.tokens;
+  if (first > 0) r.grad_input = x.grad();
+  return r;
+}
+
+at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+                         const at::Tensor& in, const at::Tensor& grad_out) {
+  at::AutoGradMode grad_on(true);
+  const int first = w.first_layer;
+  at::Tensor x = in;
+  if (first > 0) x = in.detach().requires_grad_(true);
+  at::Tensor y = RunLayers(cfg, w, rope, x, first, static_cast<int>(w.layers.size()), nullptr, nullptr);
+  y.backward(grad_out.to(y.scalar_type()));
+  return first > 0 ? x.grad() : at::Tensor();
+}
+
+}  // namespace rp::workers

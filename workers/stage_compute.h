@@ -1,0 +1,48 @@
+// stage_compute.h — the math of the three stage kinds for ONE micro-batch on a device:
+// forward (no autograd, emits the stage output and the requested checkpoints), fused B_1
+// (forward with autograd + chunked loss + backward, no recompute) and backward (recompute from
+// the checkpoint with autograd, then backward with the upstream gradient).
+//
+// Contract: pure functions of (weights, inputs); weight gradients accumulate into the
+// weights' .grad() (the caller uploads leaf tensors with requires_grad for fused/backward and
+// downloads .grad() after the round). Safe to call concurrently on distinct weight tensors.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+#include <vector>
+
+#include "workers/models/layers.h"
+#include "workers/models/transformer_config.h"
+
+namespace rp::workers {
+
+// Weights of the stage's layers, layer by layer (LayerParams order); tied tensors are shared.
+struct StageWeights {
+  int first_layer = 0;
+  std::vector<std::vector<at::Tensor>> layers;
+};
+
+// Runs layers [first, first+n) on `in` (token ids when first == 0, else hidden states).
+// `save_inputs_of` lists layers l in (first, first+n] whose input is also returned.
+// Returns (layer, tensor) pairs: the requested checkpoints and (layer first+n, the output).
+std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerConfig& cfg, const StageWeights& w,
+                                                     const models::Rope& rope, const at::Tensor& in,
+                                                     const std::vector<int>& save_inputs_of);
+
+struct FusedResult {
+  at::Tensor grad_input;  // undefined when the stage starts at layer 0
+  double loss_sum = 0;    // unscaled CE sum
+  int64_t tokens = 0;
+};
+// B_1: layers [first, L) including the head, on `in` and `labels` [b, s].
+FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+                       const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens);
+
+// B_j: recompute layers [first, first+n) from the checkpoint `in`, backpropagate `grad_out`;
+// returns the gradient of the stage input (undefined when first == 0).
+at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+                         const at::Tensor& in, const at::Tensor& grad_out);
+
+}  // namespace rp::workers

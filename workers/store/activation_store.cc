@@ -1,0 +1,73 @@
+#include "workers/store/activation_store.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace rp::workers {
+
+void ActivationStore::Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = slots_[{static_cast<int>(kind), layer, microbatch}];
+    s.tensor = std::move(t);
+    s.remaining = consumers;
+    s.present = true;
+    live_ += static_cast<int64_t>(s.tensor.nbytes());
+    peak_ = std::max(peak_, live_);
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int microbatch) {
+  const Key key{static_cast<int>(kind), layer, microbatch};
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    if (!aborted_.ok()) return true;
+    auto it = slots_.find(key);
+    return it != slots_.end() && it->second.present;
+  });
+  if (!aborted_.ok()) return aborted_;
+  auto it = slots_.find(key);
+  at::Tensor t = it->second.tensor;
+  if (--it->second.remaining <= 0) {
+    live_ -= static_cast<int64_t>(t.nbytes());
+    slots_.erase(it);
+  }
+  return t;
+}
+
+void ActivationStore::Abort(absl::Status why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.ok()) aborted_ = why.ok() ? absl::AbortedError("aborted") : why;
+  }
+  cv_.notify_all();
+}
+
+void ActivationStore::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  slots_.clear();
+  live_ = 0;
+  aborted_ = absl::OkStatus();
+}
+
+int64_t ActivationStore::live_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_;
+}
+
+int64_t ActivationStore::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+void ActivationStore::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = live_;
+}
+
+size_t ActivationStore::live_slots() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return slots_.size();
+}
+
+}  // namespace rp::workers

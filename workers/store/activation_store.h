@@ -1,0 +1,57 @@
+// activation_store.h — stage-boundary checkpoints and inter-stage activations / gradients in
+// host memory, per micro-batch (paper §3.1). A slot is addressed by (kind, layer, micro-batch):
+//   kActivation(l, m): the input of layer l (layer 0: the token ids), written by the forward
+//                      stage that computes layer l-1 (or by the controller for l = 0);
+//   kGradient(l, m):   the gradient w.r.t. the input of layer l, written by the backward or fused
+//                      stage that starts at l;
+//   kLabels(0, m):     the micro-batch's labels, read by the fused stage.
+// Each Put names how many consumers will Take the slot; the slot is freed after the last Take.
+//
+// Contract: thread-safe. Take blocks until the slot is Put (or the store is aborted: then it
+// returns an error). Peak bytes are tracked over the store's lifetime (ResetPeak to restart).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace rp::workers {
+
+enum class ActKind { kActivation = 0, kGradient = 1, kLabels = 2 };
+
+class ActivationStore {
+ public:
+  // Stores `t` (the store keeps this tensor; pass a host copy) for `consumers` Takes.
+  void Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers);
+  // Waits for the slot, returns it and counts one consumer off.
+  absl::StatusOr<at::Tensor> Take(ActKind kind, int layer, int microbatch);
+  // Wakes every waiter with an error; later Takes fail until Reset.
+  void Abort(absl::Status why);
+  // Drops everything (end of an iteration); keeps the peak.
+  void Reset();
+  int64_t live_bytes() const;
+  int64_t peak_bytes() const;
+  void ResetPeak();
+  size_t live_slots() const;
+
+ private:
+  using Key = std::tuple<int, int, int>;
+  struct Slot {
+    at::Tensor tensor;
+    int remaining = 0;
+    bool present = false;
+  };
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<Key, Slot> slots_;
+  absl::Status aborted_;
+  int64_t live_ = 0, peak_ = 0;
+};
+
+}  // namespace rp::workers

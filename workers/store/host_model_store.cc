@@ -1,0 +1,88 @@
+#include "workers/store/host_model_store.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "workers/models/layers.h"
+
+namespace rp::workers {
+
+HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
+                               double init_std)
+    : cfg_(cfg), master_dtype_(master_dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  layer_params_.resize(static_cast<size_t>(cfg.num_layers()));
+  for (int l = 0; l < cfg.num_layers(); ++l) {
+    for (const models::ParamSpec& spec : models::LayerParams(cfg, l)) {
+      auto it = by_name_.find(spec.name);
+      if (it != by_name_.end()) {  // tied parameter: shared, not duplicated
+        layer_params_[static_cast<size_t>(l)].push_back(it->second);
+        continue;
+      }
+      HostParam p;
+      p.name = spec.name;
+      p.shape = spec.shape;
+      if (spec.is_norm) {
+        p.fp32 = at::ones(spec.shape, at::kFloat);
+      } else {
+        p.fp32 = at::empty(spec.shape, at::kFloat);
+        p.fp32.normal_(0, init_std, gen);
+      }
+      p.grad = at::zeros(spec.shape, at::kFloat);
+      p.master = p.fp32.to(master_dtype_);
+      const int idx = static_cast<int>(params_.size());
+      by_name_[spec.name] = idx;
+      layer_params_[static_cast<size_t>(l)].push_back(idx);
+      params_.push_back(std::move(p));
+    }
+  }
+}
+
+int HostModelStore::FindParam(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
+}
+
+void HostModelStore::AccumulateGrad(int i, const at::Tensor& grad) {
+  HostParam& p = param(i);
+  at::Tensor g = grad.to(at::kCPU, at::kFloat);
+  std::lock_guard<std::mutex> lock(*p.grad_mu);
+  p.grad.add_(g);
+}
+
+void HostModelStore::ZeroGrads() {
+  for (HostParam& p : params_) {
+    if (p.grad.defined()) p.grad.zero_();
+  }
+}
+
+void HostModelStore::RefreshMaster() {
+  for (HostParam& p : params_) {
+    if (p.fp32.defined()) p.master.copy_(p.fp32);
+  }
+}
+
+absl::Status HostModelStore::SetValue(const std::string& name, const at::Tensor& value) {
+  const int i = FindParam(name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("no parameter named ", name));
+  HostParam& p = param(i);
+  if (value.sizes() != at::IntArrayRef(p.shape)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter ", name, ": shape ", value.sizes().vec().size(), "-d does not match"));
+  }
+  if (p.fp32.defined()) p.fp32.copy_(value);
+  p.master.copy_(value);
+  return absl::OkStatus();
+}
+
+int64_t HostModelStore::HostBytes() const {
+  int64_t b = 0;
+  for (const HostParam& p : params_) {
+    for (const at::Tensor* t : {&p.fp32, &p.master, &p.grad}) {
+      if (t->defined()) b += static_cast<int64_t>(t->nbytes());
+    }
+  }
+  return b;
+}
+
+}  // namespace rp::workers

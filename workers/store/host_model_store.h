@@ -1,0 +1,69 @@
+// host_model_store.h — the model states in host memory (paper §3.1): per trainable parameter the
+// fp32 optimizer copy and the fp32 gradient accumulation buffer; per parameter the
+// low-precision master copy that workers upload (fp32, bf16 or fp16, chosen per job); frozen
+// parameters live only in the master copy.
+//
+// Contract: the store owns every host tensor. Parameters are addressed by index; layers list
+// their parameter indices (a tied head lists the embedding's). Workers read master copies and
+// call AccumulateGrad from stream threads: gradient accumulation is serialized per parameter
+// (one mutex each), so two stages that share a parameter (tied embeddings) may download at
+// once. The optimizer side (StepOptimizer, ZeroGrads, master refresh) must not run while a
+// stage of the same iteration is in flight (the controller guarantees it in sync mode).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "workers/models/transformer_config.h"
+
+namespace rp::workers {
+
+struct HostParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool trainable = true;
+  at::Tensor fp32;    // optimizer copy (trainable only)
+  at::Tensor master;  // what workers upload, in the master dtype
+  at::Tensor grad;    // fp32 accumulation buffer (trainable only)
+  std::unique_ptr<std::mutex> grad_mu = std::make_unique<std::mutex>();
+};
+
+class HostModelStore {
+ public:
+  // Random initialisation (normal(0, init_std) for matrices, ones for norms) from `seed`.
+  HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
+                 double init_std = 0.02);
+
+  const models::TransformerConfig& config() const { return cfg_; }
+  at::ScalarType master_dtype() const { return master_dtype_; }
+  int num_params() const { return static_cast<int>(params_.size()); }
+  HostParam& param(int i) { return params_[static_cast<size_t>(i)]; }
+  const HostParam& param(int i) const { return params_[static_cast<size_t>(i)]; }
+  const std::vector<int>& layer_params(int layer) const { return layer_params_[static_cast<size_t>(layer)]; }
+  int FindParam(const std::string& name) const;  // -1 if absent
+
+  // Adds a device gradient (any dtype/device) into the fp32 buffer of parameter i.
+  void AccumulateGrad(int i, const at::Tensor& grad);
+  void ZeroGrads();
+  // Re-derives every master copy from the fp32 copy (after an optimizer step or a load).
+  void RefreshMaster();
+  // Overwrites parameter values (fp32 and master) by name; for loading and tests.
+  absl::Status SetValue(const std::string& name, const at::Tensor& value);
+  // Sum of the fp32 and master bytes, and of the gradient buffers.
+  int64_t HostBytes() const;
+
+ private:
+  models::TransformerConfig cfg_;
+  at::ScalarType master_dtype_;
+  std::vector<HostParam> params_;
+  std::vector<std::vector<int>> layer_params_;
+  std::map<std::string, int> by_name_;
+};
+
+}  // namespace rp::workers
