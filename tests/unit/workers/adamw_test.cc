@@ -1,0 +1,85 @@
+#include "workers/optim/adamw.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+
+namespace rp::workers {
+namespace {
+
+models::TransformerConfig Tiny() {
+  models::TransformerConfig c;
+  c.vocab = 11;
+  c.hidden = 8;
+  c.intermediate = 12;
+  c.num_blocks = 1;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  return c;
+}
+
+// Our AdamW + clipping against torch::optim::AdamW + clip_grad_norm_ on the same gradients.
+TEST(AdamW, MatchesTorchAdamWWithClipping) {
+  for (double max_norm : {0.0, 0.05}) {
+    HostModelStore store(Tiny(), at::kBFloat16, 5);
+    std::vector<at::Tensor> ref;
+    for (int i = 0; i < store.num_params(); ++i) ref.push_back(store.param(i).fp32.clone().set_requires_grad(true));
+    AdamWOptions o;
+    o.lr = 0.01;
+    o.weight_decay = 0.1;
+    o.max_grad_norm = max_norm;
+    AdamW ours(o);
+    torch::optim::AdamW theirs(ref, torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+    for (int step = 0; step < 4; ++step) {
+      theirs.zero_grad();
+      store.ZeroGrads();
+      for (int i = 0; i < store.num_params(); ++i) {
+        at::Tensor g = at::randn(store.param(i).fp32.sizes(), gen, at::kFloat) * 0.1;
+        store.AccumulateGrad(i, g);
+        ref[static_cast<size_t>(i)].mutable_grad() = g.clone();
+      }
+      double want_norm = 0;
+      for (auto& r : ref) want_norm += r.grad().pow(2).sum().item<double>();
+      want_norm = std::sqrt(want_norm);
+      if (max_norm > 0) torch::nn::utils::clip_grad_norm_(ref, max_norm);
+      theirs.step();
+      auto norm = ours.Step(store, o.lr);
+      ASSERT_TRUE(norm.ok()) << norm.status();
+      EXPECT_NEAR(*norm, want_norm, 1e-5 * want_norm);
+    }
+    for (int i = 0; i < store.num_params(); ++i) {
+      EXPECT_TRUE(at::allclose(store.param(i).fp32, ref[static_cast<size_t>(i)], 1e-6, 1e-7)) << store.param(i).name;
+      // The bf16 master copy is the rounded fp32 copy.
+      EXPECT_TRUE(at::equal(store.param(i).master, store.param(i).fp32.to(at::kBFloat16)));
+    }
+  }
+}
+
+TEST(AdamW, NonFiniteGradientsAreRejectedWithoutTouchingWeights) {
+  HostModelStore store(Tiny(), at::kFloat, 5);
+  at::Tensor before = store.param(0).fp32.clone();
+  store.AccumulateGrad(0, at::full(store.param(0).fp32.sizes(), NAN));
+  AdamW opt({});
+  auto r = opt.Step(store, 1e-3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(at::equal(before, store.param(0).fp32));
+  EXPECT_EQ(opt.steps(), 0);
+}
+
+TEST(LrSchedule, WarmupThenCosine) {
+  LrSchedule s{LrSchedule::Kind::kWarmupCosine, 10, 110, 0.1};
+  EXPECT_DOUBLE_EQ(s.At(1.0, 1), 0.1);
+  EXPECT_DOUBLE_EQ(s.At(1.0, 10), 1.0);
+  EXPECT_NEAR(s.At(1.0, 60), 0.1 + 0.9 * 0.5, 1e-12);  // half-way through the decay
+  EXPECT_NEAR(s.At(1.0, 110), 0.1, 1e-12);
+  EXPECT_NEAR(s.At(1.0, 500), 0.1, 1e-12);
+  EXPECT_DOUBLE_EQ(LrSchedule{}.At(0.3, 77), 0.3);
+}
+
+}  // namespace
+}  // namespace rp::workers

@@ -1,0 +1,100 @@
+#include "workers/models/layers.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace rp::workers::models {
+namespace {
+
+// The chunked head against plain autograd over full logits (at::cross_entropy_loss).
+TEST(ChunkedHead, LossAndGradientsEqualFullLogitsAutograd) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const int64_t T = 23, H = 16, V = 37;
+  at::Tensor hn = at::randn({T, H}, gen, at::kFloat);
+  at::Tensor w = at::randn({V, H}, gen, at::kFloat) * 0.3;
+  at::Tensor labels = at::randint(V, {T}, gen, at::TensorOptions().dtype(at::kLong));
+  labels.index_put_({at::arange(0, T, 4)}, kIgnoreIndex);  // some ignored positions
+  const double n_valid = labels.ne(kIgnoreIndex).sum().item<double>();
+  const double scale = 1.0 / (n_valid + 5);  // as if the global batch had more tokens
+
+  at::Tensor hr = hn.clone().set_requires_grad(true), wr = w.clone().set_requires_grad(true);
+  at::Tensor loss_sum = at::cross_entropy_loss(at::matmul(hr, wr.t()), labels, {}, at::Reduction::Sum, kIgnoreIndex);
+  (loss_sum * scale).backward();
+
+  for (int64_t chunk : {int64_t{1}, int64_t{4}, int64_t{7}, T, int64_t{1000}}) {
+    HeadLossGrad got = ChunkedHeadLossAndGrad(hn, w, labels, scale, chunk);
+    EXPECT_NEAR(got.loss_sum, loss_sum.item<double>(), 1e-4) << chunk;
+    EXPECT_EQ(got.tokens, static_cast<int64_t>(n_valid));
+    EXPECT_TRUE(at::allclose(got.grad_hidden, hr.grad(), 1e-5, 1e-6)) << chunk;
+    EXPECT_TRUE(at::allclose(got.grad_weight, wr.grad(), 1e-5, 1e-6)) << chunk;
+  }
+}
+
+// Llama-3 rope scaling, checked per frequency against the published rule.
+TEST(Rope, Llama3ScalingBands) {
+  TransformerConfig c;
+  c.head_dim = 64;
+  c.rope_theta = 500000;
+  c.rope_scaling = {8.0, 1.0, 4.0, 8192};
+  const int64_t P = 1999;  // a late position: angle errors grow with the position
+  Rope r = MakeRope(c, P + 1, c10::Device(c10::kCPU));
+  Rope plain = MakeRope(TransformerConfig{.head_dim = 64, .rope_theta = 500000}, P + 1, c10::Device(c10::kCPU));
+  ASSERT_EQ(r.cos.sizes(), (at::IntArrayRef{P + 1, 64}));
+  for (int i = 0; i < 32; ++i) {
+    const double inv = 1.0 / std::pow(500000.0, 2.0 * i / 64);
+    const double wavelen = 2 * M_PI / inv;
+    double want;
+    if (wavelen < 8192 / 4.0) {
+      want = inv;  // high frequency: unchanged
+    } else if (wavelen > 8192 / 1.0) {
+      want = inv / 8;  // low frequency: divided by the factor
+    } else {
+      const double smooth = (8192 / wavelen - 1) / (4 - 1);
+      want = (1 - smooth) * inv / 8 + smooth * inv;
+    }
+    // Angle at position P = P * inv_freq; both halves repeat the same frequencies.
+    EXPECT_NEAR(r.cos[P][i].item<double>(), std::cos(P * want), 1e-6) << i;
+    EXPECT_NEAR(r.sin[P][i + 32].item<double>(), std::sin(P * want), 1e-6) << i;
+    EXPECT_NEAR(plain.cos[P][i].item<double>(), std::cos(P * inv), 1e-6) << i;
+  }
+  EXPECT_TRUE(at::allclose(r.cos[0], at::ones({64})));
+}
+
+TEST(Layers, ParamSpecsAndShapes) {
+  TransformerConfig c;
+  c.family = "qwen3";
+  c.vocab = 10;
+  c.hidden = 8;
+  c.intermediate = 12;
+  c.num_blocks = 2;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  c.qk_norm = true;
+  c.tied_embeddings = true;
+  ASSERT_TRUE(c.Validate().ok());
+  auto block = LayerParams(c, 1);
+  EXPECT_EQ(block.size(), 11u);
+  EXPECT_EQ(block[0].name, "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(block[5].name, "model.layers.0.self_attn.q_norm.weight");
+  auto head = LayerParams(c, 3);
+  EXPECT_EQ(head[1].name, "model.embed_tokens.weight");  // tied
+  c.tied_embeddings = false;
+  EXPECT_EQ(LayerParams(c, 3)[1].name, "lm_head.weight");
+  c.num_kv_heads = 3;
+  EXPECT_FALSE(c.Validate().ok());
+  c.num_kv_heads = 1;
+  c.family = "gpt2";
+  EXPECT_FALSE(c.Validate().ok());
+}
+
+TEST(Layers, ShiftLabels) {
+  at::Tensor t = at::arange(6, at::kLong).reshape({2, 3});
+  at::Tensor l = ShiftLabels(t);
+  EXPECT_TRUE(at::equal(l, at::tensor({1, 2, -100, 4, 5, -100}, at::kLong).reshape({2, 3})));
+}
+
+}  // namespace
+}  // namespace rp::workers::models

@@ -1,0 +1,98 @@
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "workers/runtime/cpu_device.h"
+#include "workers/store/activation_store.h"
+
+namespace rp::workers {
+namespace {
+
+TEST(CpuStream, RunsInOrderAndEventsOrderStreams) {
+  Timeline tl;
+  auto devs = CreateDevices("cpu:2", &tl);
+  ASSERT_TRUE(devs.ok()) << devs.status();
+  Device& d0 = *(*devs)[0];
+  Device& d1 = *(*devs)[1];
+  std::vector<int> order;
+  std::mutex mu;
+  auto push = [&](int v) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(v);
+  };
+  auto e = MakeEvent();
+  // d1's compute waits for an event recorded after two ops on d0's copy stream.
+  d1.stream(StreamKind::kCompute).WaitEvent(e);
+  d1.stream(StreamKind::kCompute).Enqueue({"after", 0, 0, 0}, [&] { push(3); });
+  d0.stream(StreamKind::kActivationUp).Enqueue({"first", 0, 0, 0}, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    push(1);
+  });
+  d0.stream(StreamKind::kActivationUp).Enqueue({}, [&] { push(2); });
+  d0.stream(StreamKind::kActivationUp).RecordEvent(e);
+  d1.SynchronizeAll();
+  d0.SynchronizeAll();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+  auto entries = tl.Entries();
+  ASSERT_EQ(entries.size(), 2u);  // unlabeled ops are not recorded
+  EXPECT_EQ(entries[0].stream, "act-up");
+  EXPECT_EQ(entries[1].stream, "compute");
+  EXPECT_EQ(entries[1].worker, 1);
+  EXPECT_GE(entries[1].start_s, entries[0].end_s);
+  EXPECT_NE(tl.ChromeTrace().find("\"traceEvents\""), std::string::npos);
+}
+
+TEST(CpuStream, AnEscapedExceptionDoesNotKillTheStream) {
+  auto devs = *CreateDevices("cpu:1", nullptr);
+  Stream& s = devs[0]->stream(StreamKind::kCompute);
+  std::atomic<int> ran{0};
+  s.Enqueue({}, [] { throw std::runtime_error("boom"); });
+  s.Enqueue({}, [&] { ++ran; });
+  s.Synchronize();
+  EXPECT_EQ(ran.load(), 1);
+}
+
+TEST(ActivationStore, CountsConsumersAndTracksPeak) {
+  ActivationStore a;
+  a.Put(ActKind::kActivation, 3, 0, at::zeros({10}, at::kFloat), 2);  // 40 bytes
+  a.Put(ActKind::kGradient, 3, 0, at::zeros({5}, at::kFloat), 1);     // 20 bytes
+  EXPECT_EQ(a.live_bytes(), 60);
+  EXPECT_TRUE(a.Take(ActKind::kActivation, 3, 0).ok());
+  EXPECT_EQ(a.live_bytes(), 60);  // one consumer left
+  EXPECT_TRUE(a.Take(ActKind::kActivation, 3, 0).ok());
+  EXPECT_EQ(a.live_bytes(), 20);
+  EXPECT_TRUE(a.Take(ActKind::kGradient, 3, 0).ok());
+  EXPECT_EQ(a.live_bytes(), 0);
+  EXPECT_EQ(a.peak_bytes(), 60);
+  EXPECT_EQ(a.live_slots(), 0u);
+}
+
+TEST(ActivationStore, TakeWaitsForPutAndAbortWakesWaiters) {
+  ActivationStore a;
+  std::thread producer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    a.Put(ActKind::kActivation, 1, 4, at::ones({2}), 1);
+  });
+  auto t = a.Take(ActKind::kActivation, 1, 4);
+  producer.join();
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->sum().item<float>(), 2.0f);
+
+  std::thread waiter([&] {
+    auto r = a.Take(ActKind::kGradient, 9, 9);
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("stage failed"), std::string::npos);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  a.Abort(absl::InternalError("stage failed"));
+  waiter.join();
+  a.Reset();
+  a.Put(ActKind::kLabels, 0, 0, at::ones({1}), 1);
+  EXPECT_TRUE(a.Take(ActKind::kLabels, 0, 0).ok());  // usable again after Reset
+}
+
+}  // namespace
+}  // namespace rp::workers
