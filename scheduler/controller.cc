@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/dispatch_plan.h"
@@ -34,7 +35,12 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(ControllerOptions
 
 Controller::Controller(ControllerOptions options, workers::HostModelStore* store, std::vector<workers::Device*> devices,
                        workers::Timeline* timeline)
-    : opt_(std::move(options)), store_(store), devices_(std::move(devices)), timeline_(timeline), adamw_(opt_.adamw) {
+    : opt_(std::move(options)),
+      store_(store),
+      devices_(std::move(devices)),
+      timeline_(timeline),
+      adamw_(opt_.adamw),
+      scaler_(opt_.loss_scaler) {
   for (workers::Device* d : devices_) workers_.push_back(std::make_unique<workers::DeviceWorker>(d));
   const int L = store_->config().num_layers();
   act_consumers_.assign(static_cast<size_t>(L + 1), 0);
@@ -110,6 +116,7 @@ absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens
   ctx->act_consumers = act_consumers_;
   ctx->loss_scale = 1.0 / static_cast<double>(valid);
   ctx->head_chunk_tokens = opt_.head_chunk_tokens;
+  ctx->grad_multiplier = scaler_.scale();
 
   acts_.Reset();
   acts_.ResetPeak();
@@ -155,11 +162,24 @@ absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens
     acts_.Reset();
     return err;
   }
+  st.loss_scale = scaler_.scale();
   st.lr = opt_.lr_schedule.At(opt_.adamw.lr, adamw_.steps() + 1);
-  auto norm = adamw_.Step(*store_, st.lr);
+  if (scaler_.enabled()) {
+    const double scaled_norm = workers::AdamW::GradNorm(*store_);
+    if (!scaler_.Update(std::isfinite(scaled_norm))) {
+      st.skipped_step = true;
+      st.grad_norm = scaled_norm / st.loss_scale;
+    }
+  }
+  if (!st.skipped_step) {
+    auto norm = adamw_.Step(*store_, st.lr, st.loss_scale);
+    if (!norm.ok()) {
+      store_->ZeroGrads();
+      return norm.status();
+    }
+    st.grad_norm = *norm;
+  }
   store_->ZeroGrads();
-  if (!norm.ok()) return norm.status();
-  st.grad_norm = *norm;
   st.loss = ctx->loss();
   st.tokens = ctx->tokens();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -20,6 +20,7 @@
 #include "workers/device_worker.h"
 #include "workers/models/transformer_config.h"
 #include "workers/optim/adamw.h"
+#include "workers/optim/loss_scaler.h"
 #include "workers/runtime/device.h"
 #include "workers/runtime/timeline.h"
 #include "workers/store/activation_store.h"
@@ -33,6 +34,7 @@ struct ControllerOptions {
   int microbatches_per_round = 0;  // M_R (0 = M)
   workers::AdamWOptions adamw;
   workers::LrSchedule lr_schedule;
+  workers::LossScalerOptions loss_scaler;  // enable for fp16 master copies
   int64_t head_chunk_tokens = 4096;
 };
 
@@ -46,6 +48,8 @@ struct IterationStats {
   std::vector<double> worker_busy_s;  // compute-stream busy time per worker
   double bubble_ratio = 0;            // 1 - sum(busy) / (N x pipeline span)
   int64_t activation_peak_bytes = 0;
+  double loss_scale = 1;      // dynamic loss scale used for this iteration's gradients
+  bool skipped_step = false;  // fp16: gradients overflowed, the step was skipped
 };
 
 class Controller {
@@ -75,6 +79,7 @@ class Controller {
   workers::Timeline* timeline_;
   workers::ActivationStore acts_;
   workers::AdamW adamw_;
+  workers::LossScaler scaler_;
   std::vector<int> act_consumers_;
   int next_g0_ = 0;
   int iteration_ = 0;

@@ -136,8 +136,8 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
             s->fwd_out[i] = ForwardStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->task.save_inputs_of);
             break;
           case SlotKind::kFused: {
-            FusedResult r = FusedStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->labels[i], ctx.loss_scale,
-                                       ctx.head_chunk_tokens);
+            FusedResult r = FusedStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->labels[i],
+                                       ctx.loss_scale * ctx.grad_multiplier, ctx.head_chunk_tokens);
             ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
             s->grad_in[i] = r.grad_input;
             break;

@@ -27,6 +27,8 @@ struct RunContext {
   // Each micro-batch's loss is sum(CE) * loss_scale; loss_scale = 1 / (non-ignored tokens of the
   // whole global batch), so the micro-batch losses add up to the batch mean.
   double loss_scale = 1.0;
+  // Gradients are computed for loss x grad_multiplier (the dynamic fp16 loss scale; else 1).
+  double grad_multiplier = 1.0;
   int64_t head_chunk_tokens = 4096;
 
   void AddLoss(double scaled_loss, int64_t tokens) {

@@ -19,23 +19,27 @@ double LrSchedule::At(double base_lr, int64_t step) const {
   return min_lr + (base_lr - min_lr) * 0.5 * (1 + std::cos(M_PI * progress));
 }
 
-absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr) {
+double AdamW::GradNorm(const HostModelStore& store) {
+  double sq = 0;
+  for (int i = 0; i < store.num_params(); ++i) {
+    const HostParam& p = store.param(i);
+    if (p.trainable) sq += p.grad.to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return std::sqrt(sq);
+}
+
+absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad_divisor) {
   const int n = store.num_params();
   if (static_cast<int>(m_.size()) != n) {
     m_.assign(static_cast<size_t>(n), at::Tensor());
     v_.assign(static_cast<size_t>(n), at::Tensor());
   }
-  double sq = 0;
-  for (int i = 0; i < n; ++i) {
-    const HostParam& p = store.param(i);
-    if (p.trainable) sq += p.grad.pow(2).sum().item<double>();
-  }
-  const double norm = std::sqrt(sq);
+  const double norm = GradNorm(store) / grad_divisor;
   if (!std::isfinite(norm)) {
     return absl::FailedPreconditionError(absl::StrCat("optimizer: gradient norm is ", norm, "; step skipped"));
   }
-  double clip = 1.0;
-  if (opt_.max_grad_norm > 0 && norm > opt_.max_grad_norm) clip = opt_.max_grad_norm / (norm + 1e-6);
+  double clip = 1.0 / grad_divisor;
+  if (opt_.max_grad_norm > 0 && norm > opt_.max_grad_norm) clip *= opt_.max_grad_norm / (norm + 1e-6);
   ++step_;
   const double bc1 = 1 - std::pow(opt_.beta1, static_cast<double>(step_));
   const double bc2 = 1 - std::pow(opt_.beta2, static_cast<double>(step_));

@@ -41,9 +41,12 @@ class AdamW {
  public:
   explicit AdamW(AdamWOptions o) : opt_(o) {}
   // One step with learning rate `lr` over every trainable parameter of `store` using its fp32
-  // gradient buffers (already summed over micro-batches). Returns the global gradient norm
-  // before clipping. Non-finite gradients are an error and leave the weights untouched.
-  absl::StatusOr<double> Step(HostModelStore& store, double lr);
+  // gradient buffers (already summed over micro-batches) divided by `grad_divisor` (the loss
+  // scale). Returns the global gradient norm (unscaled, before clipping). Non-finite gradients
+  // are an error and leave the weights and the step count untouched.
+  absl::StatusOr<double> Step(HostModelStore& store, double lr, double grad_divisor = 1.0);
+  // The global norm of the (scaled) gradient buffers; +inf/NaN when any element is not finite.
+  static double GradNorm(const HostModelStore& store);
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return opt_; }
 

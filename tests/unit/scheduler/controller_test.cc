@@ -230,3 +230,88 @@ TEST(ControllerErrors, BadConfigurationIsRejected) {
 
 }  // namespace
 }  // namespace rp::scheduler
+
+namespace rp::scheduler {
+namespace {
+
+// A learnable task: every next token is the current one + 1 (mod V).
+at::Tensor CountingTokens(int64_t B, int64_t S, int64_t V, uint64_t seed) {
+  at::Tensor start = RandomTokens(B, 1, V, seed);
+  return (start + at::arange(S, at::kLong).unsqueeze(0)).remainder(V);
+}
+
+struct PrecisionCase {
+  at::ScalarType master;
+  bool loss_scaling;
+  double max_final_loss;
+  double ref_tolerance;  // relative difference of the first losses to the fp32 reference
+};
+
+TEST(ControllerPrecision, LowPrecisionMasterCopiesTrainAndTrackTheReference) {
+  const TransformerConfig cfg = TinyLlama();
+  for (const PrecisionCase& pc :
+       {PrecisionCase{at::kFloat, false, 0.5, 1e-5}, PrecisionCase{at::kBFloat16, false, 0.5, 3e-2},
+        PrecisionCase{at::kHalf, true, 0.5, 1e-2}}) {
+    SCOPED_TRACE(c10::toString(pc.master));
+    workers::Timeline tl;
+    auto devs = *workers::CreateDevices("cpu:2", &tl);
+    workers::HostModelStore store(cfg, pc.master, 11);
+    workers::AdamWOptions adamw;
+    adamw.lr = 1e-2;
+    adamw.eps = 1e-6;
+    rp::testing::ReferenceModel ref(store, adamw);
+    ControllerOptions o;
+    o.partition = {{2, 2}, 2, {1, 1, 2}};
+    o.microbatches = 4;
+    o.microbatches_per_round = 2;
+    o.adamw = adamw;
+    o.loss_scaler.enabled = pc.loss_scaling;
+    o.loss_scaler.growth_interval = 5;
+    auto c = Controller::Create(o, &store, {devs[0].get(), devs[1].get()}, &tl);
+    ASSERT_TRUE(c.ok()) << c.status();
+    double last = 0;
+    int skipped = 0;
+    for (int it = 0; it < 60; ++it) {
+      at::Tensor tokens = CountingTokens(8, 12, cfg.vocab, 1000 + it);
+      auto st = (*c)->RunIteration(tokens);
+      ASSERT_TRUE(st.ok()) << st.status();
+      skipped += st->skipped_step;
+      if (it < 2) {
+        const double want = ref.Step(tokens);
+        EXPECT_NEAR(st->loss, want, pc.ref_tolerance * want) << "iteration " << it;
+      }
+      last = st->loss;
+    }
+    EXPECT_LT(last, pc.max_final_loss) << "did not learn the counting task (start ~ln(61) = 4.1)";
+    if (!pc.loss_scaling) EXPECT_EQ(skipped, 0);
+    for (int i = 0; i < store.num_params(); ++i) {
+      EXPECT_EQ(store.param(i).master.scalar_type(), pc.master);
+      EXPECT_TRUE(at::isfinite(store.param(i).fp32).all().item<bool>());
+    }
+  }
+}
+
+TEST(ControllerPrecision, Fp16OverflowSkipsTheStepAndBacksOff) {
+  const TransformerConfig cfg = TinyQwen3();
+  workers::Timeline tl;
+  auto devs = *workers::CreateDevices("cpu:1", &tl);
+  workers::HostModelStore store(cfg, at::kHalf, 3);
+  ControllerOptions o;
+  o.partition = {{2, 1}, 2, {2, 1}};
+  o.microbatches = 2;
+  o.loss_scaler.enabled = true;
+  o.loss_scaler.init_scale = 1e30;  // certain to overflow fp16 gradients
+  auto c = Controller::Create(o, &store, {devs[0].get()}, &tl);
+  ASSERT_TRUE(c.ok());
+  at::Tensor before = store.param(0).fp32.clone();
+  auto st = (*c)->RunIteration(RandomTokens(4, 8, cfg.vocab, 1));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_TRUE(st->skipped_step);
+  EXPECT_TRUE(at::equal(before, store.param(0).fp32));  // untouched
+  auto st2 = (*c)->RunIteration(RandomTokens(4, 8, cfg.vocab, 2));
+  ASSERT_TRUE(st2.ok());
+  EXPECT_DOUBLE_EQ(st2->loss_scale, 0.5e30);  // backed off
+}
+
+}  // namespace
+}  // namespace rp::scheduler
