@@ -63,6 +63,10 @@ class Controller {
   absl::StatusOr<IterationStats> RunIteration(const at::Tensor& tokens,
                                               const std::optional<at::Tensor>& labels = std::nullopt);
 
+  // The checks RunIteration applies to a batch (shape, dtype, divisibility, id ranges), for
+  // callers that accept batches before they run (Engine::FeedBatch).
+  absl::Status ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) const;
+
   int next_g0() const { return next_g0_; }
   int iterations_done() const { return iteration_; }
   const workers::ActivationStore& activations() const { return acts_; }
@@ -70,7 +74,6 @@ class Controller {
  private:
   Controller(ControllerOptions options, workers::HostModelStore* store, std::vector<workers::Device*> devices,
              workers::Timeline* timeline);
-  absl::Status ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) const;
 
   ControllerOptions opt_;
   workers::HostModelStore* store_;

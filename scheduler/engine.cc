@@ -1,0 +1,299 @@
+#include "scheduler/engine.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/planning/cost_model.h"
+#include "workers/models/layers.h"
+
+namespace rp::scheduler {
+
+const char* JobStateName(JobState s) {
+  switch (s) {
+    case JobState::kQueued:
+      return "QUEUED";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
+  }
+  return "?";
+}
+
+struct Engine::Job {
+  JobId id = 0;
+  JobSpec spec;
+  std::unique_ptr<workers::HostModelStore> store;
+  std::unique_ptr<Controller> controller;
+  std::mutex run_mu;  // held while an iteration runs (Parameter reads wait for it)
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Batch> batches;
+  bool input_closed = false;
+  bool cancel = false;
+  JobState state = JobState::kQueued;
+  std::vector<JobEvent> events;
+
+  bool terminal() const {
+    return state == JobState::kSucceeded || state == JobState::kFailed || state == JobState::kCancelled;
+  }
+  void Emit(JobEvent e) {  // caller holds mu
+    events.push_back(std::move(e));
+    cv.notify_all();
+  }
+  void SetState(JobState s, std::string message = "") {  // caller holds mu
+    state = s;
+    Emit({JobEvent::Kind::kState, s, {}, std::move(message)});
+  }
+};
+
+absl::StatusOr<planning::Partition> PlanFromParameterSizes(const workers::models::TransformerConfig& model,
+                                                           int num_workers, int microbatches) {
+  planning::CostModel costs;
+  for (int l = 0; l < model.num_layers(); ++l) {
+    int64_t params = 0;
+    for (const auto& spec : workers::models::LayerParams(model, l)) {
+      int64_t n = 1;
+      for (int64_t d : spec.shape) n *= d;
+      params += n;
+    }
+    planning::LayerCost c;
+    // The embedding is a lookup, not a matmul: count it as one row per token, i.e. cheap.
+    const double work = l == 0 ? static_cast<double>(model.hidden) : static_cast<double>(params);
+    c.fwd_s = work;
+    c.bwd_s = 3 * work;
+    c.fused_s = 3 * work;
+    costs.layers.push_back(c);
+  }
+  auto r = planning::AutoPartition({&costs, num_workers, microbatches, 0});
+  if (!r.ok()) return r.status();
+  return r->partition;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  std::unique_ptr<Engine> e(new Engine());
+  auto devices = workers::CreateDevices(options.devices, &e->timeline_);  // they record into our timeline
+  if (!devices.ok()) return devices.status();
+  e->devices_ = std::move(*devices);
+  e->runner_ = std::thread([raw = e.get()] { raw->RunnerLoop(); });
+  return e;
+}
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    for (auto& [id, job] : jobs_) {
+      std::lock_guard<std::mutex> jl(job->mu);
+      job->cancel = true;
+      job->cv.notify_all();
+    }
+  }
+  cv_.notify_all();
+  if (runner_.joinable()) runner_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, job] : jobs_) {
+    std::lock_guard<std::mutex> jl(job->mu);
+    if (!job->terminal()) job->SetState(JobState::kCancelled, "engine shut down");
+  }
+}
+
+std::shared_ptr<Engine::Job> Engine::Find(JobId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
+  JobSpec spec = spec_in;
+  if (absl::Status st = spec.model.Validate(); !st.ok()) return st;
+  if (spec.master_dtype != at::kFloat && spec.master_dtype != at::kBFloat16 && spec.master_dtype != at::kHalf) {
+    return absl::InvalidArgumentError("job: master dtype must be float32, bfloat16 or float16");
+  }
+  if (spec.max_queued_batches < 1) return absl::InvalidArgumentError("job: max_queued_batches must be >= 1");
+  if (spec.max_steps < 0) return absl::InvalidArgumentError("job: max_steps must be >= 0");
+  const int N = static_cast<int>(devices_.size());
+  if (spec.microbatches == 0) spec.microbatches = N;
+  if (!spec.partition) {
+    auto p = PlanFromParameterSizes(spec.model, N, spec.microbatches);
+    if (!p.ok()) return p.status();
+    spec.partition = *p;
+  }
+  auto job = std::make_shared<Job>();
+  job->spec = spec;
+  job->store = std::make_unique<workers::HostModelStore>(spec.model, spec.master_dtype, spec.seed);
+  ControllerOptions o;
+  o.partition = *spec.partition;
+  o.microbatches = spec.microbatches;
+  o.microbatches_per_round = spec.microbatches_per_round;
+  o.adamw = spec.adamw;
+  o.lr_schedule = spec.lr_schedule;
+  o.loss_scaler.enabled = spec.master_dtype == at::kHalf;
+  std::vector<workers::Device*> raw;
+  for (auto& d : devices_) raw.push_back(d.get());
+  auto c = Controller::Create(o, job->store.get(), raw, &timeline_);
+  if (!c.ok()) return c.status();
+  job->controller = std::move(*c);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return absl::UnavailableError("engine is shutting down");
+  job->id = next_id_++;
+  {
+    std::lock_guard<std::mutex> jl(job->mu);
+    job->SetState(JobState::kQueued);
+  }
+  jobs_[job->id] = job;
+  pending_.push_back(job->id);
+  cv_.notify_all();
+  return job->id;
+}
+
+absl::Status Engine::FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  if (absl::Status st = job->controller->ValidateBatch(batch.tokens, batch.labels); !st.ok()) return st;
+  std::unique_lock<std::mutex> lock(job->mu);
+  const bool room = job->cv.wait_for(lock, timeout, [&] {
+    return job->cancel || job->input_closed || job->terminal() ||
+           static_cast<int>(job->batches.size()) < job->spec.max_queued_batches;
+  });
+  if (job->input_closed || job->terminal() || job->cancel) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " accepts no more batches (", JobStateName(job->state), ")"));
+  }
+  if (!room) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("job ", id, ": batch queue still full after ", timeout.count(), " ms"));
+  }
+  job->batches.push_back(std::move(batch));
+  job->cv.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::CloseInput(JobId id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::lock_guard<std::mutex> lock(job->mu);
+  job->input_closed = true;
+  job->cv.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Cancel(JobId id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::lock_guard<std::mutex> lock(job->mu);
+  if (job->terminal()) return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
+  job->cancel = true;
+  if (job->state == JobState::kQueued) job->SetState(JobState::kCancelled, "cancelled before it started");
+  job->cv.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobState> Engine::State(JobId id) const {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::lock_guard<std::mutex> lock(job->mu);
+  return job->state;
+}
+
+absl::StatusOr<std::vector<JobEvent>> Engine::AwaitEvents(JobId id, std::chrono::milliseconds timeout) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::unique_lock<std::mutex> lock(job->mu);
+  job->cv.wait_for(lock, timeout, [&] { return !job->events.empty(); });
+  std::vector<JobEvent> out;
+  out.swap(job->events);
+  return out;
+}
+
+absl::StatusOr<at::Tensor> Engine::Parameter(JobId id, const std::string& name) const {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::lock_guard<std::mutex> run(job->run_mu);
+  const int i = job->store->FindParam(name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));
+  return job->store->param(i).fp32.clone();
+}
+
+EngineStats Engine::Stats() const {
+  EngineStats s;
+  for (const auto& d : devices_) s.devices.push_back(d->name());
+  std::lock_guard<std::mutex> lock(mu_);
+  s.jobs_total = static_cast<int>(jobs_.size());
+  for (const auto& [id, job] : jobs_) {
+    std::lock_guard<std::mutex> jl(job->mu);
+    if (!job->terminal()) ++s.jobs_active;
+    if (job->state == JobState::kRunning) s.host_model_bytes = job->store->HostBytes();
+  }
+  return s;
+}
+
+void Engine::RunnerLoop() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return shutdown_ || !pending_.empty(); });
+      if (shutdown_) return;
+      job = jobs_[pending_.front()];
+      pending_.pop_front();
+    }
+    RunJob(*job);
+  }
+}
+
+void Engine::RunJob(Job& job) {
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (job.terminal()) return;  // cancelled while queued
+    job.SetState(JobState::kRunning);
+  }
+  int64_t steps = 0;
+  for (;;) {
+    Batch batch;
+    {
+      std::unique_lock<std::mutex> lock(job.mu);
+      job.cv.wait(lock, [&] { return job.cancel || job.input_closed || !job.batches.empty(); });
+      if (job.cancel) {
+        job.SetState(JobState::kCancelled, "cancelled");
+        return;
+      }
+      if (job.batches.empty()) {  // input closed and drained
+        job.SetState(JobState::kSucceeded);
+        return;
+      }
+      batch = std::move(job.batches.front());
+      job.batches.pop_front();
+      job.cv.notify_all();  // room for FeedBatch
+    }
+    absl::StatusOr<IterationStats> st;
+    {
+      std::lock_guard<std::mutex> run(job.run_mu);
+      st = job.controller->RunIteration(batch.tokens, batch.labels);
+    }
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (!st.ok()) {
+      if (st.status().code() == absl::StatusCode::kInvalidArgument) {
+        job.Emit({JobEvent::Kind::kBatchRejected, job.state, {}, std::string(st.status().message())});
+        continue;
+      }
+      job.SetState(JobState::kFailed, std::string(st.status().message()));
+      return;
+    }
+    job.Emit({JobEvent::Kind::kIteration, job.state, *st, ""});
+    if (job.spec.max_steps > 0 && ++steps >= job.spec.max_steps) {
+      job.SetState(JobState::kSucceeded);
+      return;
+    }
+  }
+}
+
+}  // namespace rp::scheduler

@@ -1,0 +1,124 @@
+// engine.h — the engine facade (DESIGN §1): the library API that the daemon, tests and
+// benchmarks drive. It owns the devices, and per job the HostModelStore and the Controller.
+//
+//   auto engine = Engine::Create({.devices = "cpu:3"});
+//   JobId id = *engine->Submit(spec);
+//   engine->FeedBatch(id, {tokens});        // bounded queue: blocks up to a timeout
+//   engine->CloseInput(id);                  // the job ends once the queue is drained
+//   for (;;) for (auto& e : *engine->AwaitEvents(id, 1s)) ...
+//
+// Contract: every method is thread-safe. Jobs run one at a time in submission order on all
+// devices (the door to sharing the workers stays open: jobs only meet in the runner). Bad input
+// returns a Status and never disturbs a running job. Shutdown (or destruction) cancels queued
+// and running jobs and joins the runner.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/controller.h"
+#include "scheduler/planning/partition.h"
+#include "workers/models/transformer_config.h"
+#include "workers/runtime/device.h"
+#include "workers/runtime/timeline.h"
+
+namespace rp::scheduler {
+
+using JobId = int64_t;
+
+struct EngineOptions {
+  std::string devices = "cpu:1";  // "cpu:N"
+};
+
+struct JobSpec {
+  std::string name;
+  workers::models::TransformerConfig model;
+  at::ScalarType master_dtype = at::kFloat;      // kFloat, kBFloat16 or kHalf
+  uint64_t seed = 0;                             // weight initialisation
+  std::optional<planning::Partition> partition;  // default: planned from parameter sizes
+  int microbatches = 0;                          // 0 = number of devices
+  int microbatches_per_round = 0;
+  workers::AdamWOptions adamw;
+  workers::LrSchedule lr_schedule;
+  int64_t max_steps = 0;       // 0 = until the input is closed
+  int max_queued_batches = 4;  // FeedBatch blocks while this many wait
+};
+
+enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+const char* JobStateName(JobState s);
+
+struct JobEvent {
+  enum class Kind { kState, kIteration, kBatchRejected } kind = Kind::kState;
+  JobState state = JobState::kQueued;
+  IterationStats stats;  // kIteration
+  std::string message;   // kState (failure reason), kBatchRejected
+};
+
+struct Batch {
+  at::Tensor tokens;
+  std::optional<at::Tensor> labels;
+};
+
+struct EngineStats {
+  std::vector<std::string> devices;
+  int jobs_total = 0;
+  int jobs_active = 0;
+  int64_t host_model_bytes = 0;  // of the running job
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  ~Engine();
+
+  absl::StatusOr<JobId> Submit(const JobSpec& spec);
+  // Validates the batch at once (InvalidArgument), then queues it; DeadlineExceeded when the
+  // queue stays full for `timeout`; FailedPrecondition once the job's input is closed or the
+  // job has ended.
+  absl::Status FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  absl::Status CloseInput(JobId id);
+  // Events since the previous call; waits up to `timeout` for at least one.
+  absl::StatusOr<std::vector<JobEvent>> AwaitEvents(JobId id, std::chrono::milliseconds timeout);
+  absl::Status Cancel(JobId id);
+  absl::StatusOr<JobState> State(JobId id) const;
+  // The fp32 value of a parameter of a job (for tests, export and inspection).
+  absl::StatusOr<at::Tensor> Parameter(JobId id, const std::string& name) const;
+  EngineStats Stats() const;
+  workers::Timeline& timeline() { return timeline_; }
+  void Shutdown();
+
+ private:
+  struct Job;
+  Engine() = default;
+  void RunnerLoop();
+  void RunJob(Job& job);
+  std::shared_ptr<Job> Find(JobId id) const;
+
+  workers::Timeline timeline_;
+  std::vector<std::unique_ptr<workers::Device>> devices_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<JobId, std::shared_ptr<Job>> jobs_;
+  std::deque<JobId> pending_;
+  JobId next_id_ = 1;
+  bool shutdown_ = false;
+  std::thread runner_;
+};
+
+// Default partition when a job names none: AutoPartition over a cost model in which parameter
+// counts stand in for time (DESIGN §9), until measured times exist (the next issue).
+absl::StatusOr<planning::Partition> PlanFromParameterSizes(const workers::models::TransformerConfig& model,
+                                                           int num_workers, int microbatches);
+
+}  // namespace rp::scheduler

@@ -1,0 +1,164 @@
+#include "scheduler/engine.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/support/reference_model.h"
+
+namespace rp::scheduler {
+namespace {
+
+using namespace std::chrono_literals;
+
+JobSpec TinyJob() {
+  JobSpec s;
+  s.name = "tiny";
+  s.model.family = "qwen3";
+  s.model.vocab = 41;
+  s.model.hidden = 16;
+  s.model.intermediate = 24;
+  s.model.num_blocks = 3;
+  s.model.num_heads = 2;
+  s.model.num_kv_heads = 1;
+  s.model.head_dim = 8;
+  s.model.qk_norm = true;
+  s.seed = 4;
+  s.adamw.lr = 1e-3;
+  s.adamw.eps = 1e-6;
+  return s;
+}
+
+at::Tensor Tokens(int64_t B, int64_t S, int64_t V, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(V, {B, S}, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+std::vector<JobEvent> DrainUntilEnded(Engine& e, JobId id) {
+  std::vector<JobEvent> all;
+  for (int i = 0; i < 600; ++i) {
+    auto ev = e.AwaitEvents(id, 100ms);
+    EXPECT_TRUE(ev.ok());
+    for (auto& x : *ev) all.push_back(x);
+    auto st = e.State(id);
+    if (*st != JobState::kQueued && *st != JobState::kRunning) {
+      auto rest = e.AwaitEvents(id, 0ms);
+      for (auto& x : *rest) all.push_back(x);
+      return all;
+    }
+  }
+  ADD_FAILURE() << "job did not end";
+  return all;
+}
+
+TEST(Engine, TrainsAJobAndMatchesTheReference) {
+  auto engine = Engine::Create({"cpu:3"});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  JobSpec spec = TinyJob();
+  spec.microbatches = 3;
+  auto id = (*engine)->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  // The reference starts from the same initial weights.
+  workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
+  rp::testing::ReferenceModel ref(init, spec.adamw);
+  std::vector<double> want;
+  for (int it = 0; it < 3; ++it) {
+    at::Tensor t = Tokens(6, 8, spec.model.vocab, 50 + it);
+    want.push_back(ref.Step(t));
+    ASSERT_TRUE((*engine)->FeedBatch(*id, {t}).ok());
+  }
+  ASSERT_TRUE((*engine)->CloseInput(*id).ok());
+  auto events = DrainUntilEnded(**engine, *id);
+  std::vector<double> got;
+  std::vector<JobState> states;
+  for (const auto& e : events) {
+    if (e.kind == JobEvent::Kind::kIteration) got.push_back(e.stats.loss);
+    if (e.kind == JobEvent::Kind::kState) states.push_back(e.state);
+  }
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);
+  EXPECT_EQ(states, (std::vector<JobState>{JobState::kQueued, JobState::kRunning, JobState::kSucceeded}));
+  auto w = (*engine)->Parameter(*id, "model.layers.1.mlp.down_proj.weight");
+  ASSERT_TRUE(w.ok());
+  EXPECT_LT(rp::testing::RelativeError(*w, ref.param("model.layers.1.mlp.down_proj.weight")), 1e-5);
+  EXPECT_FALSE((*engine)->Parameter(*id, "nope").ok());
+  EXPECT_EQ((*engine)->Stats().devices.size(), 3u);
+}
+
+TEST(Engine, BadInputGetsClearErrorsAndTheJobKeepsRunning) {
+  auto engine = *Engine::Create({"cpu:2"});
+  JobSpec bad = TinyJob();
+  bad.model.num_kv_heads = 3;
+  EXPECT_EQ(engine->Submit(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = TinyJob();
+  bad.partition = planning::Partition{{1}, 1, {1}};  // covers 2 of 5 layers
+  EXPECT_FALSE(engine->Submit(bad).ok());
+  bad = TinyJob();
+  bad.microbatches = 1;  // fewer than 2 workers per round
+  EXPECT_FALSE(engine->Submit(bad).ok());
+  EXPECT_FALSE(Engine::Create({"tpu:1"}).ok());
+
+  JobSpec spec = TinyJob();
+  spec.max_steps = 2;
+  auto id = *engine->Submit(spec);
+  const int64_t V = spec.model.vocab;
+  auto fb = [&](at::Tensor t) { return engine->FeedBatch(id, {std::move(t)}); };
+  EXPECT_EQ(fb(at::zeros({4, 8}, at::kFloat)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fb(at::full({4, 8}, V, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fb(at::zeros({3, 8}, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fb(at::zeros({0, 8}, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->FeedBatch(999, {Tokens(4, 8, V, 1)}).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(fb(Tokens(4, 8, V, 1)).ok());
+  ASSERT_TRUE(fb(Tokens(4, 8, V, 2)).ok());
+  auto events = DrainUntilEnded(*engine, id);
+  int iterations = 0;
+  for (const auto& e : events) iterations += e.kind == JobEvent::Kind::kIteration;
+  EXPECT_EQ(iterations, 2);
+  EXPECT_EQ(*engine->State(id), JobState::kSucceeded);  // max_steps reached
+  EXPECT_EQ(fb(Tokens(4, 8, V, 3)).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(Engine, BackpressureCancelAndQueueing) {
+  auto engine = *Engine::Create({"cpu:1"});
+  JobSpec spec = TinyJob();
+  spec.max_queued_batches = 1;
+  auto first = *engine->Submit(spec);
+  auto second = *engine->Submit(spec);  // waits until the first ends
+  EXPECT_EQ(*engine->State(second), JobState::kQueued);
+  // Fill the first job's queue; with no consumer progress guarantee, a tiny timeout must
+  // eventually report a full queue rather than block forever.
+  const int64_t V = spec.model.vocab;
+  int deadline_hits = 0;
+  for (int i = 0; i < 20 && deadline_hits == 0; ++i) {
+    absl::Status st = engine->FeedBatch(first, {Tokens(64, 64, V, i)}, 0ms);
+    if (st.code() == absl::StatusCode::kDeadlineExceeded)
+      ++deadline_hits;
+    else
+      EXPECT_TRUE(st.ok()) << st;
+  }
+  EXPECT_EQ(deadline_hits, 1);
+  ASSERT_TRUE(engine->Cancel(second).ok());
+  EXPECT_EQ(*engine->State(second), JobState::kCancelled);
+  ASSERT_TRUE(engine->Cancel(first).ok());
+  DrainUntilEnded(*engine, first);
+  EXPECT_EQ(*engine->State(first), JobState::kCancelled);
+  EXPECT_EQ(engine->Cancel(first).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine->Cancel(12345).code(), absl::StatusCode::kNotFound);
+  engine->Shutdown();
+  EXPECT_EQ(engine->Submit(spec).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(Engine, DefaultPartitionComesFromTheParameterSizes) {
+  JobSpec spec = TinyJob();
+  auto p = PlanFromParameterSizes(spec.model, 2, 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  int fwd = p->fused, bwd = p->fused;
+  for (int n : p->forward) fwd += n;
+  for (int n : p->backward) bwd += n;
+  EXPECT_EQ(fwd, spec.model.num_layers());
+  EXPECT_EQ(bwd, spec.model.num_layers());
+}
+
+}  // namespace
+}  // namespace rp::scheduler
