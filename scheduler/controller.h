@@ -17,12 +17,12 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/planning/partition.h"
+#include "workers/device/device.h"
+#include "workers/device/timeline.h"
 #include "workers/device_worker.h"
 #include "workers/models/transformer_config.h"
 #include "workers/optim/adamw.h"
 #include "workers/optim/loss_scaler.h"
-#include "workers/runtime/device.h"
-#include "workers/runtime/timeline.h"
 #include "workers/store/activation_store.h"
 #include "workers/store/host_model_store.h"
 

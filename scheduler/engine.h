@@ -29,9 +29,9 @@
 #include "absl/status/statusor.h"
 #include "scheduler/controller.h"
 #include "scheduler/planning/partition.h"
+#include "workers/device/device.h"
+#include "workers/device/timeline.h"
 #include "workers/models/transformer_config.h"
-#include "workers/runtime/device.h"
-#include "workers/runtime/timeline.h"
 
 namespace rp::scheduler {
 

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "scheduler/planning/dispatch_plan.h"
+#include "workers/device/device.h"
 #include "workers/run_context.h"
-#include "workers/runtime/device.h"
 
 namespace rp::workers {
 

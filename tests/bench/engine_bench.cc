@@ -109,11 +109,11 @@ int main(int argc, char** argv) {
   at::Tensor tokens = at::randint(cfg.vocab, {B, S}, gen, at::TensorOptions().dtype(at::kLong));
   raw_tokens = &tokens;
   const double tokens_per_step = static_cast<double>(B * S);
-  std::printf("model: llama-style, %d blocks, hidden %lld, vocab %lld; batch %lld x %lld tokens, M=%d, partition %s; "
-              "ATen threads %d; %d interleaved rounds after 2 warm-up rounds (medians)\n",
-              cfg.num_blocks, static_cast<long long>(cfg.hidden), static_cast<long long>(cfg.vocab),
-              static_cast<long long>(B), static_cast<long long>(S), M, p.ToString().c_str(), at::get_num_threads(),
-              rounds);
+  std::printf(
+      "model: llama-style, %d blocks, hidden %lld, vocab %lld; batch %lld x %lld tokens, M=%d, partition %s; "
+      "ATen threads %d; %d interleaved rounds after 2 warm-up rounds (medians)\n",
+      cfg.num_blocks, static_cast<long long>(cfg.hidden), static_cast<long long>(cfg.vocab), static_cast<long long>(B),
+      static_cast<long long>(S), M, p.ToString().c_str(), at::get_num_threads(), rounds);
 
   // Every contender runs once per round, in turn, so machine noise hits them alike.
   struct Contender {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "workers/models/layers.h"
 
 namespace rp::workers {
@@ -45,6 +46,7 @@ int HostModelStore::FindParam(const std::string& name) const {
 
 void HostModelStore::AccumulateGrad(int i, const at::Tensor& grad) {
   HostParam& p = param(i);
+  if (!p.trainable) return;  // frozen: there is no gradient buffer
   at::Tensor g = grad.to(at::kCPU, at::kFloat);
   std::lock_guard<std::mutex> lock(*p.grad_mu);
   p.grad.add_(g);
@@ -62,13 +64,23 @@ void HostModelStore::RefreshMaster() {
   }
 }
 
+absl::Status HostModelStore::Freeze(const std::string& name) {
+  const int i = FindParam(name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("no parameter named ", name));
+  HostParam& p = param(i);
+  p.trainable = false;
+  p.fp32 = at::Tensor();
+  p.grad = at::Tensor();
+  return absl::OkStatus();
+}
+
 absl::Status HostModelStore::SetValue(const std::string& name, const at::Tensor& value) {
   const int i = FindParam(name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no parameter named ", name));
   HostParam& p = param(i);
   if (value.sizes() != at::IntArrayRef(p.shape)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parameter ", name, ": shape ", value.sizes().vec().size(), "-d does not match"));
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": shape [", absl::StrJoin(value.sizes(), ","),
+                                                   "] does not match [", absl::StrJoin(p.shape, ","), "]"));
   }
   if (p.fp32.defined()) p.fp32.copy_(value);
   p.master.copy_(value);

@@ -53,6 +53,9 @@ class HostModelStore {
   void ZeroGrads();
   // Re-derives every master copy from the fp32 copy (after an optimizer step or a load).
   void RefreshMaster();
+  // Freezes a parameter: it keeps only its master copy (no fp32 copy, no gradient buffer, no
+  // optimizer state) and workers upload it without requires_grad.
+  absl::Status Freeze(const std::string& name);
   // Overwrites parameter values (fp32 and master) by name; for loading and tests.
   absl::Status SetValue(const std::string& name, const at::Tensor& value);
   // Sum of the fp32 and master bytes, and of the gradient buffers.

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "tests/support/reference_model.h"
-#include "workers/runtime/device.h"
+#include "workers/device/device.h"
 
 namespace rp::scheduler {
 namespace {

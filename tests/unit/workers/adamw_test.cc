@@ -83,3 +83,33 @@ TEST(LrSchedule, WarmupThenCosine) {
 
 }  // namespace
 }  // namespace rp::workers
+
+namespace rp::workers {
+namespace {
+
+TEST(HostModelStore, FrozenParametersKeepOnlyTheMasterCopy) {
+  HostModelStore store(Tiny(), at::kBFloat16, 5);
+  const int64_t before = store.HostBytes();
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  ASSERT_TRUE(store.Freeze(name).ok());
+  const HostParam& p = store.param(store.FindParam(name));
+  EXPECT_FALSE(p.trainable);
+  EXPECT_FALSE(p.fp32.defined());
+  EXPECT_FALSE(p.grad.defined());
+  EXPECT_EQ(p.master.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(before - store.HostBytes(), 8 * static_cast<int64_t>(p.master.numel()));  // fp32 copy + fp32 grad
+  at::Tensor frozen = p.master.clone();
+  AdamW opt({});
+  for (int i = 0; i < store.num_params(); ++i) {
+    if (store.param(i).trainable) store.AccumulateGrad(i, at::ones(store.param(i).shape));
+  }
+  ASSERT_TRUE(opt.Step(store, 0.1).ok());
+  EXPECT_TRUE(at::equal(frozen, p.master));  // the optimizer never touches it
+  EXPECT_FALSE(store.Freeze("nope").ok());
+  auto bad = store.SetValue("model.norm.weight", at::ones({3}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("shape [3] does not match [8]"), std::string::npos) << bad;
+}
+
+}  // namespace
+}  // namespace rp::workers

@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "workers/runtime/cpu_device.h"
+#include "workers/device/cpu_device.h"
 #include "workers/store/activation_store.h"
 
 namespace rp::workers {

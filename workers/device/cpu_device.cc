@@ -1,4 +1,4 @@
-#include "workers/runtime/cpu_device.h"
+#include "workers/device/cpu_device.h"
 
 #include <cstdio>
 #include <exception>

@@ -21,8 +21,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "workers/runtime/event.h"
-#include "workers/runtime/timeline.h"
+#include "workers/device/event.h"
+#include "workers/device/timeline.h"
 
 namespace rp::workers {
 

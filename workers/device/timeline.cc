@@ -1,4 +1,4 @@
-#include "workers/runtime/timeline.h"
+#include "workers/device/timeline.h"
 
 #include <nlohmann/json.hpp>
 

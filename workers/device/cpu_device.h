@@ -11,7 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "workers/runtime/device.h"
+#include "workers/device/device.h"
 
 namespace rp::workers {
 
