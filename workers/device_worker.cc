@@ -17,6 +17,7 @@ struct StageState {
   StageTask task;
   std::shared_ptr<RunContext> ctx;
   c10::Device device = c10::Device(c10::kCPU);
+  Device* dev = nullptr;
   std::vector<int> param_ids;      // unique parameter indices of the stage
   std::vector<at::Tensor> params;  // device copies, aligned with param_ids
   StageWeights weights;
@@ -54,6 +55,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   s->task = task;
   s->ctx = ctx;
   s->device = device_->torch_device();
+  s->dev = device_;
   const planning::StageSlot& sl = task.slot;
   const int mbs = sl.num_microbatches;
   s->in.resize(static_cast<size_t>(mbs));
@@ -84,7 +86,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
           while (k < s->param_ids.size() && s->param_ids[k] != id) ++k;
           if (k == s->param_ids.size()) {
             s->param_ids.push_back(id);
-            at::Tensor t = store.param(id).master.to(s->device, /*non_blocking=*/false, /*copy=*/true);
+            at::Tensor t = s->dev->Upload(store.param(id).master);
             if (trains && store.param(id).trainable) t.requires_grad_(true);
             s->params.push_back(t);
           }
@@ -110,15 +112,15 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
         ActivationStore& acts = *s->ctx->acts;
         auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb);
         if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
-        s->in[static_cast<size_t>(m)] = x->to(s->device, false, true);
+        s->in[static_cast<size_t>(m)] = s->dev->Upload(*x);
         if (sl.kind == SlotKind::kFused) {
           auto y = acts.Take(ActKind::kLabels, 0, mb);
           if (!y.ok()) throw std::runtime_error(std::string(y.status().message()));
-          s->labels[static_cast<size_t>(m)] = y->to(s->device, false, true);
+          s->labels[static_cast<size_t>(m)] = s->dev->Upload(*y);
         } else if (sl.kind == SlotKind::kBackward) {
           auto g = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb);
           if (!g.ok()) throw std::runtime_error(std::string(g.status().message()));
-          s->grad_out[static_cast<size_t>(m)] = g->to(s->device, false, true);
+          s->grad_out[static_cast<size_t>(m)] = s->dev->Upload(*g);
         }
       });
     });
@@ -162,12 +164,12 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
         const size_t i = static_cast<size_t>(m);
         if (sl.kind == SlotKind::kForward) {
           for (auto& [layer, t] : s->fwd_out[i]) {
-            ctx.acts->Put(ActKind::kActivation, layer, mb, t.to(at::kCPU, false, true),
+            ctx.acts->Put(ActKind::kActivation, layer, mb, s->dev->Download(t),
                           ctx.act_consumers[static_cast<size_t>(layer)]);
           }
           s->fwd_out[i].clear();
         } else if (sl.first_layer > 0) {
-          ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s->grad_in[i].to(at::kCPU, false, true), 1);
+          ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s->dev->Download(s->grad_in[i]), 1);
           s->grad_in[i] = at::Tensor();
         }
       });

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <exception>
 
+#include <ATen/ATen.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -86,6 +88,18 @@ CpuDevice::CpuDevice(int index, Timeline* timeline) : index_(index) {
   for (int k = 0; k < kNumStreamKinds; ++k) {
     streams_[k] = std::make_unique<CpuStream>(index, static_cast<StreamKind>(k), timeline);
   }
+}
+
+at::Tensor CpuDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::empty(sizes, at::TensorOptions().dtype(dtype));
+}
+
+at::Tensor CpuDevice::Upload(const at::Tensor& host) {
+  return host.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+}
+
+at::Tensor CpuDevice::Download(const at::Tensor& on_device) {
+  return on_device.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::string& spec, Timeline* timeline) {

@@ -48,6 +48,9 @@ class CpuDevice final : public Device {
   std::string name() const override { return "cpu:" + std::to_string(index_); }
   c10::Device torch_device() const override { return c10::Device(c10::kCPU); }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
+  at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
+  at::Tensor Upload(const at::Tensor& host) override;
+  at::Tensor Download(const at::Tensor& on_device) override;
 
  private:
   const int index_;

@@ -57,6 +57,17 @@ class Device {
   virtual std::string name() const = 0;          // "cpu:0", "cuda:1"
   virtual c10::Device torch_device() const = 0;  // where stage tensors live while a stage runs
   virtual Stream& stream(StreamKind kind) = 0;
+
+  // Host memory the device copies from and to asynchronously: page-locked on CUDA (from a
+  // pinned arena), ordinary memory on the CPU backend.
+  virtual at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) = 0;
+  // Called from inside a stream operation: copy host -> device / device -> host on that stream.
+  // On CUDA the copy is asynchronous with respect to the host (ordered by the stream and its
+  // events; the source must stay alive until the stream's next recorded event). On the CPU
+  // backend both are deep copies, so a stage never aliases host-store memory.
+  virtual at::Tensor Upload(const at::Tensor& host) = 0;
+  virtual at::Tensor Download(const at::Tensor& on_device) = 0;
+
   void SynchronizeAll() {
     for (int k = 0; k < kNumStreamKinds; ++k) stream(static_cast<StreamKind>(k)).Synchronize();
   }
