@@ -122,8 +122,9 @@ absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens
   acts_.ResetPeak();
   const int64_t per = tokens.size(0) / M;
   for (int m = 0; m < M; ++m) {
-    acts_.Put(workers::ActKind::kActivation, 0, m, tokens.narrow(0, m * per, per).clone(), act_consumers_[0]);
-    acts_.Put(workers::ActKind::kLabels, 0, m, labels.narrow(0, m * per, per).clone(), 1);
+    acts_.Put(workers::ActKind::kActivation, 0, m, tokens.narrow(0, m * per, per).clone(), act_consumers_[0],
+              iteration_);
+    acts_.Put(workers::ActKind::kLabels, 0, m, labels.narrow(0, m * per, per).clone(), 1, iteration_);
   }
 
   planning::DispatchOptions d;

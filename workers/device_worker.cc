@@ -110,15 +110,15 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
       Guarded(*s, "input upload", [&] {
         const planning::StageSlot& sl = s->task.slot;
         ActivationStore& acts = *s->ctx->acts;
-        auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb);
+        auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
         if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
         s->in[static_cast<size_t>(m)] = s->dev->Upload(*x);
         if (sl.kind == SlotKind::kFused) {
-          auto y = acts.Take(ActKind::kLabels, 0, mb);
+          auto y = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
           if (!y.ok()) throw std::runtime_error(std::string(y.status().message()));
           s->labels[static_cast<size_t>(m)] = s->dev->Upload(*y);
         } else if (sl.kind == SlotKind::kBackward) {
-          auto g = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb);
+          auto g = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
           if (!g.ok()) throw std::runtime_error(std::string(g.status().message()));
           s->grad_out[static_cast<size_t>(m)] = s->dev->Upload(*g);
         }
@@ -165,11 +165,11 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
         if (sl.kind == SlotKind::kForward) {
           for (auto& [layer, t] : s->fwd_out[i]) {
             ctx.acts->Put(ActKind::kActivation, layer, mb, s->dev->Download(t),
-                          ctx.act_consumers[static_cast<size_t>(layer)]);
+                          ctx.act_consumers[static_cast<size_t>(layer)], sl.iteration);
           }
           s->fwd_out[i].clear();
         } else if (sl.first_layer > 0) {
-          ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s->dev->Download(s->grad_in[i]), 1);
+          ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s->dev->Download(s->grad_in[i]), 1, sl.iteration);
           s->grad_in[i] = at::Tensor();
         }
       });

@@ -4,10 +4,10 @@
 
 namespace rp::workers {
 
-void ActivationStore::Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers) {
+void ActivationStore::Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers, int iteration) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Slot& s = slots_[{static_cast<int>(kind), layer, microbatch}];
+    Slot& s = slots_[{iteration, static_cast<int>(kind), layer, microbatch}];
     s.tensor = std::move(t);
     s.remaining = consumers;
     s.present = true;
@@ -17,8 +17,8 @@ void ActivationStore::Put(ActKind kind, int layer, int microbatch, at::Tensor t,
   cv_.notify_all();
 }
 
-absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int microbatch) {
-  const Key key{static_cast<int>(kind), layer, microbatch};
+absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int microbatch, int iteration) {
+  const Key key{iteration, static_cast<int>(kind), layer, microbatch};
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] {
     if (!aborted_.ok()) return true;

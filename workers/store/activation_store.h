@@ -27,10 +27,11 @@ enum class ActKind { kActivation = 0, kGradient = 1, kLabels = 2 };
 
 class ActivationStore {
  public:
-  // Stores `t` (the store keeps this tensor; pass a host copy) for `consumers` Takes.
-  void Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers);
+  // Stores `t` (the store keeps this tensor; pass a host copy) for `consumers` Takes. Slots of
+  // different iterations are distinct (in async mode two iterations are in flight).
+  void Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers, int iteration = 0);
   // Waits for the slot, returns it and counts one consumer off.
-  absl::StatusOr<at::Tensor> Take(ActKind kind, int layer, int microbatch);
+  absl::StatusOr<at::Tensor> Take(ActKind kind, int layer, int microbatch, int iteration = 0);
   // Wakes every waiter with an error; later Takes fail until Reset.
   void Abort(absl::Status why);
   // Drops everything (end of an iteration); keeps the peak.
@@ -41,7 +42,7 @@ class ActivationStore {
   size_t live_slots() const;
 
  private:
-  using Key = std::tuple<int, int, int>;
+  using Key = std::tuple<int, int, int, int>;  // iteration, kind, layer, micro-batch
   struct Slot {
     at::Tensor tensor;
     int remaining = 0;
