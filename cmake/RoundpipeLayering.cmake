@@ -17,11 +17,25 @@ function(_rp_walk_links item regex chain visited_var)
   list(APPEND visited "${item}")
   set(${visited_var} ${visited} PARENT_SCOPE)
   string(REGEX REPLACE "^\\$<LINK_ONLY:(.*)>$" "\\1" name "${item}")
-  if(name MATCHES "^\\$<")   # other generator expressions: not resolvable here
+  # LibTorch forwards link interfaces as $<TARGET_PROPERTY:tgt,INTERFACE_LINK_LIBRARIES>.
+  if(name MATCHES "^\\$<TARGET_PROPERTY:([^,>]+),INTERFACE_LINK_LIBRARIES>$")
+    set(name "${CMAKE_MATCH_1}")
+  elseif(name MATCHES "^\\$<")   # other generator expressions: not resolvable here
     return()
   endif()
   get_filename_component(base "${name}" NAME)
-  if(base MATCHES "${regex}")
+  set(is_interface_target FALSE)
+  if(TARGET ${name})
+    get_target_property(_real ${name} ALIASED_TARGET)
+    if(NOT _real)
+      set(_real ${name})
+    endif()
+    get_target_property(_type ${_real} TYPE)
+    if(_type STREQUAL "INTERFACE_LIBRARY")
+      set(is_interface_target TRUE)  # links nothing itself: judge what it forwards
+    endif()
+  endif()
+  if(base MATCHES "${regex}" AND NOT is_interface_target)
     message(FATAL_ERROR "layering violation: ${chain} -> ${name} (matches '${regex}'); "
                         "see DESIGN §1: planning and workers/ never link these")
   endif()

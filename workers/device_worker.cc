@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
@@ -71,8 +72,23 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   Stream& act_down = device_->stream(StreamKind::kActivationDown);
   Stream& grad_down = device_->stream(StreamKind::kGradDown);
 
+  // Owner layers of every parameter the stage touches (consistency protocol, async mode).
+  std::vector<int> owners;
+  if (task.book) {
+    for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
+      for (int o : task.book->ownership().owners_used[static_cast<size_t>(l)]) {
+        if (std::find(owners.begin(), owners.end(), o) == owners.end()) owners.push_back(o);
+      }
+    }
+  }
+
   // --- parameters -------------------------------------------------------------------------
   if (compute_done_[0]) up.WaitEvent(compute_done_[0]);  // bound: one stage prefetched
+  if (task.book && sl.iteration >= 2) {
+    // Edge (2): upload only weights already stepped with iteration T-2's gradients.
+    auto prev2 = task.book->Get(sl.iteration - 2);
+    for (int o : owners) up.WaitEvent(prev2->pcp[static_cast<size_t>(o)]);
+  }
   auto params_ready = MakeEvent();
   up.Enqueue({Label(sl, "up ", -1), sl.iteration, sl.index, -1}, [s, trains] {
     Guarded(*s, "weight upload", [&] {
@@ -97,6 +113,13 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
       s->rope = models::MakeRope(*s->ctx->cfg, s->ctx->seq_len, s->device);
     });
   });
+  if (task.book) {
+    // Counted even when the upload failed, so the optimizer never waits forever.
+    auto ev = task.book->Get(sl.iteration);
+    up.Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
+      for (int l = first; l < first + n; ++l) ev->uploads[static_cast<size_t>(l)]->CountDown();
+    });
+  }
   up.RecordEvent(params_ready);
   compute.WaitEvent(params_ready);
 
@@ -182,6 +205,11 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   auto done = MakeEvent();
   if (trains) {
     grad_down.WaitEvent(computed.back());
+    if (task.book && sl.iteration >= 1) {
+      // Edge (4): the host gradient buffer must have been handed to the optimizer (G_cp).
+      auto prev = task.book->Get(sl.iteration - 1);
+      for (int o : owners) grad_down.WaitEvent(prev->gcp[static_cast<size_t>(o)]);
+    }
     grad_down.Enqueue({Label(sl, "grads ", -1), sl.iteration, sl.index, -1}, [s] {
       Guarded(*s, "gradient download", [&] {
         for (size_t k = 0; k < s->param_ids.size(); ++k) {
@@ -192,6 +220,12 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
       s->params.clear();
       s->weights.layers.clear();
     });
+    if (task.book) {
+      auto ev = task.book->Get(sl.iteration);
+      grad_down.Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
+        for (int l = first; l < first + n; ++l) ev->grads[static_cast<size_t>(l)]->CountDown();
+      });
+    }
     // The stage is done when its outputs and its gradients are on host.
     auto outputs = MakeEvent();
     act_down.RecordEvent(outputs);

@@ -41,7 +41,7 @@ struct RunContext {
       std::lock_guard<std::mutex> lock(mu_);
       if (error_.ok()) error_ = s;
     }
-    if (acts) acts->Abort(s);
+    if (acts) acts->Abort(s, iteration);
   }
   bool failed() const {
     std::lock_guard<std::mutex> lock(mu_);

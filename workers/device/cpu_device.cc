@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "workers/device/test_hooks.h"
 
 namespace rp::workers {
 
@@ -71,6 +72,7 @@ void CpuStream::Loop() {
       queue_.pop_front();
     }
     const double t0 = timeline_ && !op.info.label.empty() ? timeline_->Now() : 0;
+    MaybeDelayForTest();
     try {
       op.fn();  // operations report their own errors (see device.h); this is the safety net
     } catch (const std::exception& e) {

@@ -28,6 +28,28 @@ double AdamW::GradNorm(const HostModelStore& store) {
   return std::sqrt(sq);
 }
 
+void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, double lr, double grad_multiplier) {
+  if (static_cast<int>(m_.size()) != store.num_params()) {
+    m_.resize(static_cast<size_t>(store.num_params()));
+    v_.resize(static_cast<size_t>(store.num_params()));
+  }
+  HostParam& p = store.param(i);
+  const double bc1 = 1 - std::pow(opt_.beta1, static_cast<double>(step_));
+  const double bc2 = 1 - std::pow(opt_.beta2, static_cast<double>(step_));
+  at::Tensor g = grad_multiplier != 1.0 ? grad * grad_multiplier : grad;
+  at::Tensor& m = m_[static_cast<size_t>(i)];
+  at::Tensor& v = v_[static_cast<size_t>(i)];
+  if (!m.defined()) {
+    m = at::zeros_like(p.fp32);
+    v = at::zeros_like(p.fp32);
+  }
+  p.fp32.mul_(1 - lr * opt_.weight_decay);
+  m.lerp_(g, 1 - opt_.beta1);
+  v.mul_(opt_.beta2).addcmul_(g, g, 1 - opt_.beta2);
+  at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(opt_.eps);
+  p.fp32.addcdiv_(m, denom, -lr / bc1);
+}
+
 absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad_divisor) {
   const int n = store.num_params();
   if (static_cast<int>(m_.size()) != n) {
@@ -40,24 +62,9 @@ absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad
   }
   double clip = 1.0 / grad_divisor;
   if (opt_.max_grad_norm > 0 && norm > opt_.max_grad_norm) clip *= opt_.max_grad_norm / (norm + 1e-6);
-  ++step_;
-  const double bc1 = 1 - std::pow(opt_.beta1, static_cast<double>(step_));
-  const double bc2 = 1 - std::pow(opt_.beta2, static_cast<double>(step_));
+  BeginStep();
   for (int i = 0; i < n; ++i) {
-    HostParam& p = store.param(i);
-    if (!p.trainable) continue;
-    at::Tensor g = clip != 1.0 ? p.grad * clip : p.grad;
-    if (!m_[static_cast<size_t>(i)].defined()) {
-      m_[static_cast<size_t>(i)] = at::zeros_like(p.fp32);
-      v_[static_cast<size_t>(i)] = at::zeros_like(p.fp32);
-    }
-    at::Tensor& m = m_[static_cast<size_t>(i)];
-    at::Tensor& v = v_[static_cast<size_t>(i)];
-    p.fp32.mul_(1 - lr * opt_.weight_decay);
-    m.lerp_(g, 1 - opt_.beta1);
-    v.mul_(opt_.beta2).addcmul_(g, g, 1 - opt_.beta2);
-    at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(opt_.eps);
-    p.fp32.addcdiv_(m, denom, -lr / bc1);
+    if (store.param(i).trainable) StepParam(store, i, store.param(i).grad, lr, clip);
   }
   store.RefreshMaster();
   return norm;

@@ -47,6 +47,12 @@ class AdamW {
   absl::StatusOr<double> Step(HostModelStore& store, double lr, double grad_divisor = 1.0);
   // The global norm of the (scaled) gradient buffers; +inf/NaN when any element is not finite.
   static double GradNorm(const HostModelStore& store);
+
+  // The same update split for the layerwise (asynchronous) optimizer: BeginStep once per
+  // optimizer step, then StepParam for each trainable parameter with its gradient multiplied by
+  // `grad_multiplier` (unscale x clip).
+  void BeginStep() { ++step_; }
+  void StepParam(HostModelStore& store, int index, const at::Tensor& grad, double lr, double grad_multiplier);
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return opt_; }
 

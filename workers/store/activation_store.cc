@@ -21,11 +21,11 @@ absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int mi
   const Key key{iteration, static_cast<int>(kind), layer, microbatch};
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] {
-    if (!aborted_.ok()) return true;
+    if (aborted_.count(iteration)) return true;
     auto it = slots_.find(key);
     return it != slots_.end() && it->second.present;
   });
-  if (!aborted_.ok()) return aborted_;
+  if (auto a = aborted_.find(iteration); a != aborted_.end()) return a->second;
   auto it = slots_.find(key);
   at::Tensor t = it->second.tensor;
   if (--it->second.remaining <= 0) {
@@ -35,19 +35,32 @@ absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int mi
   return t;
 }
 
-void ActivationStore::Abort(absl::Status why) {
+void ActivationStore::Abort(absl::Status why, int iteration) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (aborted_.ok()) aborted_ = why.ok() ? absl::AbortedError("aborted") : why;
+    aborted_.emplace(iteration, why.ok() ? absl::AbortedError("aborted") : why);
   }
   cv_.notify_all();
+}
+
+void ActivationStore::Discard(int iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    if (std::get<0>(it->first) == iteration) {
+      live_ -= static_cast<int64_t>(it->second.tensor.nbytes());
+      it = slots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  aborted_.erase(iteration);
 }
 
 void ActivationStore::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   slots_.clear();
   live_ = 0;
-  aborted_ = absl::OkStatus();
+  aborted_.clear();
 }
 
 int64_t ActivationStore::live_bytes() const {

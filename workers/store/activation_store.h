@@ -7,7 +7,7 @@
 //   kLabels(0, m):     the micro-batch's labels, read by the fused stage.
 // Each Put names how many consumers will Take the slot; the slot is freed after the last Take.
 //
-// Contract: thread-safe. Take blocks until the slot is Put (or the store is aborted: then it
+// Contract: thread-safe. Take blocks until the slot is Put (or its iteration is aborted: then it
 // returns an error). Peak bytes are tracked over the store's lifetime (ResetPeak to restart).
 #pragma once
 
@@ -32,9 +32,11 @@ class ActivationStore {
   void Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers, int iteration = 0);
   // Waits for the slot, returns it and counts one consumer off.
   absl::StatusOr<at::Tensor> Take(ActKind kind, int layer, int microbatch, int iteration = 0);
-  // Wakes every waiter with an error; later Takes fail until Reset.
-  void Abort(absl::Status why);
-  // Drops everything (end of an iteration); keeps the peak.
+  // Wakes every waiter of `iteration` with an error; its later Takes fail until Discard.
+  void Abort(absl::Status why, int iteration = 0);
+  // Drops the slots of `iteration` and forgets its abort (after a failed iteration drained).
+  void Discard(int iteration);
+  // Drops everything; keeps the peak.
   void Reset();
   int64_t live_bytes() const;
   int64_t peak_bytes() const;
@@ -51,7 +53,7 @@ class ActivationStore {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<Key, Slot> slots_;
-  absl::Status aborted_;
+  std::map<int, absl::Status> aborted_;  // per iteration
   int64_t live_ = 0, peak_ = 0;
 };
 

@@ -28,9 +28,10 @@ struct HostParam {
   std::string name;
   std::vector<int64_t> shape;
   bool trainable = true;
-  at::Tensor fp32;    // optimizer copy (trainable only)
-  at::Tensor master;  // what workers upload, in the master dtype
-  at::Tensor grad;    // fp32 accumulation buffer (trainable only)
+  at::Tensor fp32;      // optimizer copy (trainable only)
+  at::Tensor master;    // what workers upload, in the master dtype
+  at::Tensor grad;      // fp32 accumulation buffer (trainable only) — the "master gradient buffer"
+  at::Tensor opt_grad;  // async mode: the optimizer's own copy, filled by G_cp (lazily allocated)
   std::unique_ptr<std::mutex> grad_mu = std::make_unique<std::mutex>();
 };
 

@@ -1,0 +1,39 @@
+#include "workers/consistency.h"
+
+namespace rp::workers {
+
+ConsistencyBook::ConsistencyBook(OwnershipMap ownership, std::vector<int> uploads_per_layer,
+                                 std::vector<int> grads_per_layer)
+    : own_(std::move(ownership)), uploads_(std::move(uploads_per_layer)), grads_(std::move(grads_per_layer)) {}
+
+std::shared_ptr<IterationEvents> ConsistencyBook::Get(int iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = by_iteration_[iteration];
+  if (!slot) {
+    slot = std::make_shared<IterationEvents>();
+    const size_t L = uploads_.size();
+    for (size_t l = 0; l < L; ++l) {
+      slot->uploads.push_back(std::make_unique<CountdownEvent>(uploads_[l]));
+      slot->grads.push_back(std::make_unique<CountdownEvent>(grads_[l]));
+      slot->gcp.push_back(MakeEvent());
+      slot->pcp.push_back(MakeEvent());
+      if (own_.owned_params[l].empty()) {  // nothing to copy: never wait on it
+        slot->gcp.back()->Set();
+        slot->pcp.back()->Set();
+      }
+    }
+  }
+  return slot;
+}
+
+void ConsistencyBook::ReleaseUploads(int iteration) {
+  auto ev = Get(iteration);
+  for (auto& u : ev->uploads) u->Release();
+}
+
+void ConsistencyBook::PruneBefore(int iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  by_iteration_.erase(by_iteration_.begin(), by_iteration_.lower_bound(iteration));
+}
+
+}  // namespace rp::workers
