@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/dispatch_plan.h"
+#include "scheduler/planning/partition.h"
 #include "workers/models/layers.h"
 
 namespace rp::scheduler {
@@ -56,6 +57,48 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
     top -= n;
     ++act_consumers_[static_cast<size_t>(top)];
   }
+  if (opt_.mode == planning::OptimizerMode::kAsync) {
+    // Parameter ownership (lowest using layer) and per-layer upload / gradient counts.
+    workers::OwnershipMap own;
+    own.owned_params.resize(static_cast<size_t>(L));
+    own.owners_used.resize(static_cast<size_t>(L));
+    own.user_layers.resize(static_cast<size_t>(L));
+    std::map<int, int> owner;
+    for (int l = 0; l < L; ++l) {
+      for (int id : store_->layer_params(l)) {
+        if (!owner.count(id)) {
+          owner[id] = l;
+          own.owned_params[static_cast<size_t>(l)].push_back(id);
+        }
+        const int o = owner[id];
+        auto& used = own.owners_used[static_cast<size_t>(l)];
+        if (std::find(used.begin(), used.end(), o) == used.end()) used.push_back(o);
+        auto& users = own.user_layers[static_cast<size_t>(o)];
+        if (std::find(users.begin(), users.end(), l) == users.end()) users.push_back(l);
+      }
+    }
+    const int M = opt_.microbatches;
+    const int R = M / (opt_.microbatches_per_round > 0 ? opt_.microbatches_per_round : M);
+    std::vector<int> uploads(static_cast<size_t>(L), 0), grads(static_cast<size_t>(L), 0);
+    for (const auto& st :
+         planning::DescribeStages(p, planning::CostModel{std::vector<planning::LayerCost>(static_cast<size_t>(L))})) {
+      for (int l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
+        uploads[static_cast<size_t>(l)] += R;
+        if (st.kind != planning::StageShape::Kind::kForward) grads[static_cast<size_t>(l)] += R;
+      }
+    }
+    book_ = std::make_unique<workers::ConsistencyBook>(std::move(own), uploads, grads);
+    optimizer_ = std::make_unique<workers::OptimizerWorker>(store_, book_.get(), opt_.adamw, opt_.loss_scaler);
+  }
+}
+
+Controller::~Controller() {
+  // Let every stage finish and release the optimizer's last P_cp wait before its thread joins.
+  for (auto& [it, f] : inflight_) {
+    for (const auto& e : f.done) e->Wait();
+  }
+  if (book_) book_->ReleaseUploads(iteration_);
+  if (optimizer_) optimizer_->WaitIdle();
 }
 
 absl::Status Controller::ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) const {
@@ -94,11 +137,20 @@ absl::Status Controller::ValidateBatch(const at::Tensor& tokens, const std::opti
   return absl::OkStatus();
 }
 
-absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens_in,
-                                                        const std::optional<at::Tensor>& labels_in) {
+absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens,
+                                                        const std::optional<at::Tensor>& labels) {
+  auto it = SubmitIteration(tokens, labels);
+  if (!it.ok()) return it.status();
+  return AwaitIteration(*it);
+}
+
+absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
+                                                const std::optional<at::Tensor>& labels_in) {
   if (absl::Status st = ValidateBatch(tokens_in, labels_in); !st.ok()) return st;
-  const auto t0 = std::chrono::steady_clock::now();
-  const double tl0 = timeline_ ? timeline_->Now() : 0;
+  const bool async = opt_.mode == planning::OptimizerMode::kAsync;
+  if (async && inflight_.size() >= 2) {
+    return absl::FailedPreconditionError("controller: two iterations in flight; await one first");
+  }
   const workers::models::TransformerConfig& cfg = store_->config();
   const int L = cfg.num_layers();
   const int M = opt_.microbatches;
@@ -107,24 +159,30 @@ absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens
   const int64_t valid = labels.ne(workers::models::kIgnoreIndex).sum().item<int64_t>();
   if (valid == 0) return absl::InvalidArgumentError("batch: no token has a label to train on");
 
-  auto ctx = std::make_shared<workers::RunContext>();
-  ctx->cfg = &cfg;
-  ctx->store = store_;
-  ctx->acts = &acts_;
-  ctx->iteration = iteration_;
-  ctx->seq_len = tokens.size(1);
-  ctx->act_consumers = act_consumers_;
-  ctx->loss_scale = 1.0 / static_cast<double>(valid);
-  ctx->head_chunk_tokens = opt_.head_chunk_tokens;
-  ctx->grad_multiplier = scaler_.scale();
+  const int T = iteration_++;
+  InFlight f;
+  f.start = std::chrono::steady_clock::now();
+  f.timeline_start = timeline_ ? timeline_->Now() : 0;
+  f.ctx = std::make_shared<workers::RunContext>();
+  workers::RunContext& ctx = *f.ctx;
+  ctx.cfg = &cfg;
+  ctx.store = store_;
+  ctx.acts = &acts_;
+  ctx.iteration = T;
+  ctx.seq_len = tokens.size(1);
+  ctx.act_consumers = act_consumers_;
+  ctx.loss_scale = 1.0 / static_cast<double>(valid);
+  ctx.head_chunk_tokens = opt_.head_chunk_tokens;
+  f.loss_scale = async ? optimizer_->loss_scale() : scaler_.scale();
+  ctx.grad_multiplier = f.loss_scale;
+  // Step k (1-based) applies iteration k-1's gradients.
+  f.lr = opt_.lr_schedule.At(opt_.adamw.lr, T + 1);
 
-  acts_.Reset();
-  acts_.ResetPeak();
+  if (!async || inflight_.empty()) acts_.ResetPeak();
   const int64_t per = tokens.size(0) / M;
   for (int m = 0; m < M; ++m) {
-    acts_.Put(workers::ActKind::kActivation, 0, m, tokens.narrow(0, m * per, per).clone(), act_consumers_[0],
-              iteration_);
-    acts_.Put(workers::ActKind::kLabels, 0, m, labels.narrow(0, m * per, per).clone(), 1, iteration_);
+    acts_.Put(workers::ActKind::kActivation, 0, m, tokens.narrow(0, m * per, per).clone(), act_consumers_[0], T);
+    acts_.Put(workers::ActKind::kLabels, 0, m, labels.narrow(0, m * per, per).clone(), 1, T);
   }
 
   planning::DispatchOptions d;
@@ -132,64 +190,85 @@ absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens
   d.microbatches_per_iteration = M;
   d.microbatches_per_round = opt_.microbatches_per_round;
   d.g0 = next_g0_;
-  d.mode = planning::OptimizerMode::kSync;
+  d.mode = opt_.mode;
   auto plan = planning::BuildDispatchPlan(opt_.partition, L, d);
   if (!plan.ok()) return plan.status();
   next_g0_ = plan->next_g0;
 
+  if (async) {
+    book_->Get(T);
+    book_->Get(T + 1);  // the optimizer's P_cp of T waits on T+1's uploads
+  }
   // Backward stages' first layers: the forward stages must checkpoint their inputs.
   std::vector<int> bwd_starts;
-  for (const planning::StageSlot& s : plan->slots) {
-    if (s.kind == SlotKind::kBackward && s.round == 0) bwd_starts.push_back(s.first_layer);
+  for (const planning::StageSlot& sl : plan->slots) {
+    if (sl.kind == SlotKind::kBackward && sl.round == 0) bwd_starts.push_back(sl.first_layer);
   }
-  std::vector<workers::EventPtr> done;
-  for (planning::StageSlot s : plan->slots) {
-    s.iteration = iteration_;
-    workers::StageTask task{s, {}};
-    if (s.kind == SlotKind::kForward) {
+  for (planning::StageSlot sl : plan->slots) {
+    sl.iteration = T;
+    workers::StageTask task{sl, {}, async ? book_.get() : nullptr};
+    if (sl.kind == SlotKind::kForward) {
       for (int l : bwd_starts) {
-        if (l > s.first_layer && l < s.first_layer + s.num_layers) task.save_inputs_of.push_back(l);
+        if (l > sl.first_layer && l < sl.first_layer + sl.num_layers) task.save_inputs_of.push_back(l);
       }
     }
-    done.push_back(workers_[static_cast<size_t>(s.worker)]->Submit(task, ctx));
+    f.done.push_back(workers_[static_cast<size_t>(sl.worker)]->Submit(task, f.ctx));
   }
-  for (const auto& e : done) e->Wait();
+  if (async) {
+    optimizer_->Enqueue({T, f.ctx, f.lr, f.loss_scale});
+    inflight_.emplace(T, std::move(f));
+    return T;
+  }
 
-  IterationStats st;
-  st.iteration = iteration_;
-  st.activation_peak_bytes = acts_.peak_bytes();
-  if (absl::Status err = ctx->error(); !err.ok()) {
+  // Sync: wait for every stage, then step.
+  for (const auto& e : f.done) e->Wait();
+  if (absl::Status err = f.ctx->error(); !err.ok()) {
     store_->ZeroGrads();
-    acts_.Reset();
-    return err;
-  }
-  st.loss_scale = scaler_.scale();
-  st.lr = opt_.lr_schedule.At(opt_.adamw.lr, adamw_.steps() + 1);
-  if (scaler_.enabled()) {
-    const double scaled_norm = workers::AdamW::GradNorm(*store_);
-    if (!scaler_.Update(std::isfinite(scaled_norm))) {
-      st.skipped_step = true;
-      st.grad_norm = scaled_norm / st.loss_scale;
+    acts_.Discard(T);
+    f.result = absl::StatusOr<IterationStats>(err);
+  } else {
+    IterationStats st = FinishStats(T, f);
+    bool step = true;
+    if (scaler_.enabled()) {
+      const double scaled_norm = workers::AdamW::GradNorm(*store_);
+      if (!scaler_.Update(std::isfinite(scaled_norm))) {
+        st.skipped_step = true;
+        st.grad_norm = scaled_norm / f.loss_scale;
+        step = false;
+      }
     }
-  }
-  if (!st.skipped_step) {
-    auto norm = adamw_.Step(*store_, st.lr, st.loss_scale);
-    if (!norm.ok()) {
-      store_->ZeroGrads();
-      return norm.status();
+    if (step) {
+      auto norm = adamw_.Step(*store_, f.lr, f.loss_scale);
+      if (norm.ok()) {
+        st.grad_norm = *norm;
+        f.result = st;
+      } else {
+        f.result = absl::StatusOr<IterationStats>(norm.status());
+      }
+    } else {
+      f.result = st;
     }
-    st.grad_norm = *norm;
+    store_->ZeroGrads();
+    if (f.result->ok())
+      (*f.result)->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
   }
-  store_->ZeroGrads();
-  st.loss = ctx->loss();
-  st.tokens = ctx->tokens();
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  inflight_.emplace(T, std::move(f));
+  return T;
+}
 
+IterationStats Controller::FinishStats(int iteration, InFlight& f) {
+  IterationStats st;
+  st.iteration = iteration;
+  st.loss = f.ctx->loss();
+  st.tokens = f.ctx->tokens();
+  st.lr = f.lr;
+  st.loss_scale = f.loss_scale;
+  st.activation_peak_bytes = acts_.peak_bytes();
   st.worker_busy_s.assign(workers_.size(), 0);
   if (timeline_) {
     double first = 1e300, last = 0;
     for (const workers::TimelineEntry& e : timeline_->Entries()) {
-      if (e.iteration != iteration_ || e.start_s < tl0 || e.stream != "compute") continue;
+      if (e.iteration != iteration || e.start_s < f.timeline_start || e.stream != "compute") continue;
       st.worker_busy_s[static_cast<size_t>(e.worker)] += e.end_s - e.start_s;
       first = std::min(first, e.start_s);
       last = std::max(last, e.end_s);
@@ -198,8 +277,42 @@ absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens
     for (double b : st.worker_busy_s) busy += b;
     if (last > first) st.bubble_ratio = 1 - busy / (static_cast<double>(workers_.size()) * (last - first));
   }
-  ++iteration_;
   return st;
+}
+
+absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {
+  auto it = inflight_.find(iteration);
+  if (it == inflight_.end()) {
+    return absl::NotFoundError(absl::StrCat("controller: iteration ", iteration, " is not in flight"));
+  }
+  InFlight f = std::move(it->second);
+  inflight_.erase(it);
+  if (f.result) return *f.result;  // sync: already complete
+
+  for (const auto& e : f.done) e->Wait();
+  workers::StepResult step = optimizer_->AwaitStep(iteration);
+  book_->PruneBefore(iteration - 1);
+  if (absl::Status err = f.ctx->error(); !err.ok()) {
+    acts_.Discard(iteration);
+    return err;
+  }
+  if (!step.status.ok()) return step.status;
+  IterationStats st = FinishStats(iteration, f);
+  st.grad_norm = step.grad_norm;
+  st.skipped_step = step.skipped;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
+  return st;
+}
+
+absl::Status Controller::Flush() {
+  if (opt_.mode != planning::OptimizerMode::kAsync) return absl::OkStatus();
+  if (!inflight_.empty()) {
+    return absl::FailedPreconditionError("controller: await every submitted iteration before Flush");
+  }
+  // No iteration `iteration_` will upload before the optimizer finishes: release its uploads.
+  book_->ReleaseUploads(iteration_);
+  optimizer_->WaitIdle();
+  return absl::OkStatus();
 }
 
 }  // namespace rp::scheduler

@@ -1,28 +1,40 @@
 // controller.h — one per job: turns the DispatchPlan into stage tasks for the device workers,
 // splits each global batch into micro-batches, wires the per-micro-batch dependencies through
 // the ActivationStore's events, runs the synchronous optimizer step, and reports per-iteration
-// stats (paper §4.1; the asynchronous optimizer is the next issue).
+// stats (paper §4.1).
 //
-// Contract: RunIteration is called from one thread at a time. The controller does not own the
-// devices, the store or the timeline; they must outlive it. A failed iteration (bad input, a
-// kernel error) returns a Status, discards the iteration's gradients and leaves the controller
-// usable for the next batch.
+// Sync mode: the optimizer step runs after every stage of the iteration finished; the next
+// iteration starts afterwards (exact; the reference semantics).
+// Async mode (staleness 1, paper §3.2): SubmitIteration returns as soon as the iteration's
+// stages are enqueued, so iteration T+1 can be submitted before T is awaited and the dispatch
+// flows across the boundary without a flush (g0 continues); an OptimizerWorker steps T while
+// T+1 runs on the weights stepped with T-1's gradients, ordered by the layerwise consistency
+// protocol (workers/consistency.h). At most two iterations are in flight.
+//
+// Contract: Submit/Await/Flush are called from one thread at a time. The controller does not
+// own the devices, the store or the timeline; they must outlive it. A failed iteration (bad
+// input, a kernel error) returns a Status, discards its gradients and leaves the controller
+// usable. In async mode read the store only after Flush().
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "scheduler/planning/partition.h"
+#include "workers/consistency.h"
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
 #include "workers/device_worker.h"
 #include "workers/models/transformer_config.h"
 #include "workers/optim/adamw.h"
 #include "workers/optim/loss_scaler.h"
+#include "workers/optimizer_worker.h"
 #include "workers/store/activation_store.h"
 #include "workers/store/host_model_store.h"
 
@@ -36,6 +48,7 @@ struct ControllerOptions {
   workers::LrSchedule lr_schedule;
   workers::LossScalerOptions loss_scaler;  // enable for fp16 master copies
   int64_t head_chunk_tokens = 4096;
+  planning::OptimizerMode mode = planning::OptimizerMode::kSync;
 };
 
 struct IterationStats {
@@ -54,6 +67,7 @@ struct IterationStats {
 
 class Controller {
  public:
+  ~Controller();
   static absl::StatusOr<std::unique_ptr<Controller>> Create(ControllerOptions options, workers::HostModelStore* store,
                                                             std::vector<workers::Device*> devices,
                                                             workers::Timeline* timeline);
@@ -62,6 +76,16 @@ class Controller {
   // next-token shift of `tokens`). B must be divisible by the micro-batch count.
   absl::StatusOr<IterationStats> RunIteration(const at::Tensor& tokens,
                                               const std::optional<at::Tensor>& labels = std::nullopt);
+  // Enqueues one iteration and returns its number. Async: returns at once (FailedPrecondition
+  // when two iterations are already in flight); sync: runs it, including the step.
+  absl::StatusOr<int> SubmitIteration(const at::Tensor& tokens, const std::optional<at::Tensor>& labels = std::nullopt);
+  // Waits for a submitted iteration (async: its stages and its optimizer step) and returns its
+  // stats or its error.
+  absl::StatusOr<IterationStats> AwaitIteration(int iteration);
+  // Async: no further iteration follows for now — lets the optimizer finish every pending step
+  // (P_cp included) and waits for it; afterwards the store holds the fully updated weights and
+  // the next iteration starts from them (a drain point). Sync: nothing to do.
+  absl::Status Flush();
 
   // The checks RunIteration applies to a batch (shape, dtype, divisibility, id ranges), for
   // callers that accept batches before they run (Engine::FeedBatch).
@@ -83,6 +107,18 @@ class Controller {
   workers::ActivationStore acts_;
   workers::AdamW adamw_;
   workers::LossScaler scaler_;
+  struct InFlight {
+    std::shared_ptr<workers::RunContext> ctx;
+    std::vector<workers::EventPtr> done;
+    std::chrono::steady_clock::time_point start;
+    double timeline_start = 0;
+    double lr = 0, loss_scale = 1;
+    std::optional<absl::StatusOr<IterationStats>> result;  // sync mode: already complete
+  };
+  std::map<int, InFlight> inflight_;
+  std::unique_ptr<workers::ConsistencyBook> book_;       // async only
+  std::unique_ptr<workers::OptimizerWorker> optimizer_;  // async only
+  IterationStats FinishStats(int iteration, InFlight& f);
   std::vector<int> act_consumers_;
   int next_g0_ = 0;
   int iteration_ = 0;

@@ -34,13 +34,13 @@ ReferenceModel::ReferenceModel(const workers::HostModelStore& init, const worker
 
 ReferenceModel::~ReferenceModel() = default;
 
-double ReferenceModel::Step(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in) {
+at::Tensor ReferenceModel::Loss(const std::map<std::string, at::Tensor>& params, const at::Tensor& tokens_in,
+                                const std::optional<at::Tensor>& labels_in) {
   at::Tensor tokens = tokens_in.to(at::kLong);
   at::Tensor labels = labels_in ? labels_in->to(at::kLong) : workers::models::ShiftLabels(tokens);
-  optim_->adamw->zero_grad();
   auto w = [&](int layer) {
     std::vector<at::Tensor> out;
-    for (const auto& n : layer_names_[static_cast<size_t>(layer)]) out.push_back(params_.at(n));
+    for (const auto& n : layer_names_[static_cast<size_t>(layer)]) out.push_back(params.at(n));
     return out;
   };
   workers::models::Rope rope = workers::models::MakeRope(cfg_, tokens.size(1), c10::Device(c10::kCPU));
@@ -49,11 +49,36 @@ double ReferenceModel::Step(const at::Tensor& tokens_in, const std::optional<at:
   std::vector<at::Tensor> head = w(cfg_.head_layer());
   at::Tensor hn = workers::models::FinalNorm(cfg_, head[0], x);
   at::Tensor logits = at::matmul(hn.to(at::kFloat), head[1].to(at::kFloat).t());
-  at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab}), labels.reshape({-1}), {},
-                                           at::Reduction::Mean, workers::models::kIgnoreIndex);
+  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab}), labels.reshape({-1}), {}, at::Reduction::Mean,
+                                workers::models::kIgnoreIndex);
+}
+
+double ReferenceModel::Step(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) {
+  optim_->adamw->zero_grad();
+  at::Tensor loss = Loss(params_, tokens, labels);
   loss.backward();
   if (opt_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(optim_->list, opt_.max_grad_norm);
   optim_->adamw->step();
+  return loss.item<double>();
+}
+
+double ReferenceModel::StaleStep(const at::Tensor& tokens) {
+  if (prev_.empty()) {
+    for (const auto& [n, t] : params_) prev_[n] = t.detach().clone();
+  }
+  std::map<std::string, at::Tensor> eval;
+  for (const auto& [n, t] : prev_) eval[n] = t.clone().set_requires_grad(true);
+  at::Tensor loss = Loss(eval, tokens, std::nullopt);
+  loss.backward();
+  optim_->adamw->zero_grad();
+  std::map<std::string, at::Tensor> before;
+  for (auto& [n, t] : params_) {
+    t.mutable_grad() = eval[n].grad().clone();
+    before[n] = t.detach().clone();
+  }
+  if (opt_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(optim_->list, opt_.max_grad_norm);
+  optim_->adamw->step();
+  prev_ = std::move(before);
   return loss.item<double>();
 }
 

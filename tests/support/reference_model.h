@@ -25,6 +25,9 @@ class ReferenceModel {
   ~ReferenceModel();
   // One training step; returns the loss before the update.
   double Step(const at::Tensor& tokens, const std::optional<at::Tensor>& labels = std::nullopt);
+  // One staleness-1 step: u_{k+1} = AdamW(u_k, g_k) with g_k = grad of L_k at u_{k-1}
+  // (u_{-1} = u_0). Returns L_k(u_{k-1}).
+  double StaleStep(const at::Tensor& tokens);
   const at::Tensor& param(const std::string& name) const { return params_.at(name); }
   const std::map<std::string, at::Tensor>& params() const { return params_; }
 
@@ -32,6 +35,9 @@ class ReferenceModel {
   workers::models::TransformerConfig cfg_;
   std::vector<std::vector<std::string>> layer_names_;
   std::map<std::string, at::Tensor> params_;
+  std::map<std::string, at::Tensor> prev_;  // u_{k-1} for StaleStep
+  at::Tensor Loss(const std::map<std::string, at::Tensor>& w, const at::Tensor& tokens,
+                  const std::optional<at::Tensor>& labels);
   workers::AdamWOptions opt_;
   struct Optim;
   std::unique_ptr<Optim> optim_;

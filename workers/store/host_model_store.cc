@@ -30,7 +30,8 @@ HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarT
         p.fp32.normal_(0, init_std, gen);
       }
       p.grad = at::zeros(spec.shape, at::kFloat);
-      p.master = p.fp32.to(master_dtype_);
+      // Always a distinct tensor (to() would alias an fp32 master to the optimizer copy).
+      p.master = p.fp32.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
       const int idx = static_cast<int>(params_.size());
       by_name_[spec.name] = idx;
       layer_params_[static_cast<size_t>(l)].push_back(idx);

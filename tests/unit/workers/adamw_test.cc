@@ -60,6 +60,15 @@ TEST(AdamW, MatchesTorchAdamWWithClipping) {
   }
 }
 
+TEST(HostModelStore, MasterCopyNeverAliasesTheOptimizerCopy) {
+  // A regression: Tensor::to() returns the same tensor for an fp32 master, which let the async
+  // optimizer's step leak into weights an in-flight iteration was still uploading.
+  HostModelStore store(Tiny(), at::kFloat, 5);
+  for (int i = 0; i < store.num_params(); ++i) {
+    EXPECT_NE(store.param(i).master.data_ptr(), store.param(i).fp32.data_ptr()) << store.param(i).name;
+  }
+}
+
 TEST(AdamW, NonFiniteGradientsAreRejectedWithoutTouchingWeights) {
   HostModelStore store(Tiny(), at::kFloat, 5);
   at::Tensor before = store.param(0).fp32.clone();

@@ -1,0 +1,140 @@
+#include "workers/optimizer_worker.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "workers/device/test_hooks.h"
+
+namespace rp::workers {
+
+OptimizerWorker::OptimizerWorker(HostModelStore* store, ConsistencyBook* book, AdamWOptions adamw,
+                                 LossScalerOptions scaler)
+    : store_(store), book_(book), adamw_(adamw), scaler_(scaler), thread_([this] { Loop(); }) {}
+
+OptimizerWorker::~OptimizerWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void OptimizerWorker::Enqueue(StepRequest r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(r));
+  }
+  cv_.notify_all();
+}
+
+StepResult OptimizerWorker::AwaitStep(int iteration) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return results_.count(iteration) > 0; });
+  StepResult r = results_[iteration];
+  results_.erase(iteration);
+  return r;
+}
+
+void OptimizerWorker::WaitIdle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+}
+
+double OptimizerWorker::loss_scale() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scaler_.scale();
+}
+
+void OptimizerWorker::Loop() {
+  for (;;) {
+    StepRequest r;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      r = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+    }
+    Process(r);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+void OptimizerWorker::Process(const StepRequest& r) {
+  const OwnershipMap& own = book_->ownership();
+  const int L = static_cast<int>(own.owned_params.size());
+  auto ev = book_->Get(r.iteration);
+  auto next = book_->Get(r.iteration + 1);
+
+  // G_cp, deepest layer first (gradients land from the top of the model down).
+  double sq = 0;
+  for (int o = L - 1; o >= 0; --o) {
+    if (own.owned_params[static_cast<size_t>(o)].empty()) continue;
+    for (int l : own.user_layers[static_cast<size_t>(o)]) ev->grads[static_cast<size_t>(l)]->event()->Wait();
+    MaybeDelayForTest();
+    for (int i : own.owned_params[static_cast<size_t>(o)]) {
+      HostParam& p = store_->param(i);
+      if (!p.trainable) continue;
+      if (!p.opt_grad.defined()) p.opt_grad = at::zeros_like(p.grad);
+      p.opt_grad.copy_(p.grad);
+      p.grad.zero_();
+      sq += p.opt_grad.to(at::kDouble).pow(2).sum().item<double>();
+    }
+    ev->gcp[static_cast<size_t>(o)]->Set();
+  }
+
+  // The step.
+  StepResult res;
+  res.grad_norm = std::sqrt(sq) / r.loss_scale;
+  const bool finite = std::isfinite(res.grad_norm);
+  bool apply;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    apply = scaler_.enabled() ? scaler_.Update(finite) : finite;
+  }
+  if (r.ctx->failed()) apply = false;
+  if (!finite && !scaler_.enabled() && !r.ctx->failed()) {
+    res.status = absl::FailedPreconditionError(
+        absl::StrCat("optimizer: gradient norm of iteration ", r.iteration, " is ", res.grad_norm, "; step skipped"));
+  }
+  res.skipped = !apply;
+  if (apply) {
+    double mult = 1.0 / r.loss_scale;
+    const double max_norm = adamw_.options().max_grad_norm;
+    if (max_norm > 0 && res.grad_norm > max_norm) mult *= max_norm / (res.grad_norm + 1e-6);
+    adamw_.BeginStep();
+    for (int i = 0; i < store_->num_params(); ++i) {
+      HostParam& p = store_->param(i);
+      if (p.trainable) adamw_.StepParam(*store_, i, p.opt_grad, r.lr, mult);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_[r.iteration] = res;
+  }
+  cv_.notify_all();
+
+  // P_cp, shallowest layer first: the next-but-one iteration needs layer 0 first.
+  for (int o = 0; o < L; ++o) {
+    if (own.owned_params[static_cast<size_t>(o)].empty()) continue;
+    for (int l : own.user_layers[static_cast<size_t>(o)]) next->uploads[static_cast<size_t>(l)]->event()->Wait();
+    MaybeDelayForTest();
+    if (apply) {
+      for (int i : own.owned_params[static_cast<size_t>(o)]) {
+        HostParam& p = store_->param(i);
+        if (p.trainable) p.master.copy_(p.fp32);
+      }
+    }
+    ev->pcp[static_cast<size_t>(o)]->Set();
+  }
+}
+
+}  // namespace rp::workers

@@ -1,0 +1,78 @@
+// optimizer_worker.h — the asynchronous CPU optimizer (paper §3.2 "Supporting asynchronous
+// optimizer", §4.3): a host thread that owns the fp32 optimizer copy and, per iteration T, in
+// this order (constraint 5):
+//   G_cp  for each owner layer, deepest first: wait until every gradient download of its
+//         parameters in T landed (edge 3), move the master gradient buffer into the optimizer's
+//         own copy and zero the buffer, then signal gcp[T] (edge 4 lets T+1 write again);
+//   step  global-norm clipping over the whole model (the norm is exact: it is taken after all of
+//         T's gradients landed, which costs nothing because T+1 runs on older weights anyway),
+//         fp16 loss-scale check, AdamW on the fp32 copy;
+//   P_cp  for each owner layer, shallowest first: wait until iteration T+1 finished every upload
+//         of its parameters (edge 1), copy fp32 -> master, signal pcp[T] (edge 2 lets T+2 upload).
+// Staleness 1: iteration T+1 computes on the weights stepped with T-1's gradients while this
+// thread applies T's.
+//
+// Contract: Enqueue is called by the controller in iteration order; AwaitStep from any thread.
+// The loss scaler lives here (one-update lag: the scale used by T+1 was chosen before T's
+// overflow check — the same lag the paper's design implies). Destruction drains the queue
+// only after Finish released the uploads of the iteration that will never run.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "workers/consistency.h"
+#include "workers/optim/adamw.h"
+#include "workers/optim/loss_scaler.h"
+#include "workers/run_context.h"
+#include "workers/store/host_model_store.h"
+
+namespace rp::workers {
+
+struct StepRequest {
+  int iteration = 0;
+  std::shared_ptr<RunContext> ctx;  // to learn whether the iteration failed
+  double lr = 0;
+  double loss_scale = 1;  // the scale T's gradients were computed with
+};
+
+struct StepResult {
+  double grad_norm = 0;  // unscaled, before clipping
+  bool skipped = false;  // failed iteration or fp16 overflow: weights unchanged
+  absl::Status status;   // non-OK when the gradients were not finite without loss scaling
+};
+
+class OptimizerWorker {
+ public:
+  OptimizerWorker(HostModelStore* store, ConsistencyBook* book, AdamWOptions adamw, LossScalerOptions scaler);
+  ~OptimizerWorker();
+  void Enqueue(StepRequest r);
+  // Blocks until iteration T's step math ran (P_cp may still wait for T+1's uploads).
+  StepResult AwaitStep(int iteration);
+  // Blocks until every queued request finished, P_cp included.
+  void WaitIdle();
+  double loss_scale() const;
+
+ private:
+  void Loop();
+  void Process(const StepRequest& r);
+
+  HostModelStore* store_;
+  ConsistencyBook* book_;
+  AdamW adamw_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StepRequest> queue_;
+  std::map<int, StepResult> results_;
+  LossScaler scaler_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace rp::workers
