@@ -137,6 +137,7 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   o.adamw = spec.adamw;
   o.lr_schedule = spec.lr_schedule;
   o.loss_scaler.enabled = spec.master_dtype == at::kHalf;
+  o.mode = spec.optimizer_mode;
   std::vector<workers::Device*> raw;
   for (auto& d : devices_) raw.push_back(d.get());
   auto c = Controller::Create(o, job->store.get(), raw, &timeline_);
@@ -256,43 +257,81 @@ void Engine::RunJob(Job& job) {
     if (job.terminal()) return;  // cancelled while queued
     job.SetState(JobState::kRunning);
   }
+  Controller& c = *job.controller;
   int64_t steps = 0;
+  std::optional<int> pending;  // async: the submitted iteration not yet awaited
+  // Awaits the pending iteration and reports it; false when the job must stop (it failed).
+  auto finish_pending = [&]() -> bool {
+    if (!pending) return true;
+    absl::StatusOr<IterationStats> st;
+    {
+      std::lock_guard<std::mutex> run(job.run_mu);
+      st = c.AwaitIteration(*pending);
+    }
+    pending.reset();
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (!st.ok()) {
+      job.SetState(JobState::kFailed, std::string(st.status().message()));
+      return false;
+    }
+    ++steps;
+    job.Emit({JobEvent::Kind::kIteration, job.state, *st, ""});
+    return true;
+  };
+  auto end = [&](JobState s, std::string message) {
+    if (!finish_pending()) return;  // already FAILED
+    {
+      std::lock_guard<std::mutex> run(job.run_mu);
+      (void)c.Flush();  // the store now holds every step
+    }
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.SetState(s, std::move(message));
+  };
   for (;;) {
+    if (job.spec.max_steps > 0 && steps + (pending ? 1 : 0) >= job.spec.max_steps) {
+      end(JobState::kSucceeded, "");
+      return;
+    }
     Batch batch;
     {
       std::unique_lock<std::mutex> lock(job.mu);
-      job.cv.wait(lock, [&] { return job.cancel || job.input_closed || !job.batches.empty(); });
-      if (job.cancel) {
-        job.SetState(JobState::kCancelled, "cancelled");
-        return;
+      const bool idle = job.batches.empty() && !job.cancel && !job.input_closed;
+      if (idle && pending) {
+        // Nothing to overlap with: report the pending iteration now instead of holding it.
+        lock.unlock();
+        if (!finish_pending()) return;
+        continue;
       }
-      if (job.batches.empty()) {  // input closed and drained
-        job.SetState(JobState::kSucceeded);
+      job.cv.wait(lock, [&] { return job.cancel || job.input_closed || !job.batches.empty(); });
+      if (job.cancel || job.batches.empty()) {
+        const bool cancelled = job.cancel;
+        lock.unlock();
+        end(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "");
         return;
       }
       batch = std::move(job.batches.front());
       job.batches.pop_front();
       job.cv.notify_all();  // room for FeedBatch
     }
-    absl::StatusOr<IterationStats> st;
+    absl::StatusOr<int> it;
     {
       std::lock_guard<std::mutex> run(job.run_mu);
-      st = job.controller->RunIteration(batch.tokens, batch.labels);
+      it = c.SubmitIteration(batch.tokens, batch.labels);
     }
-    std::lock_guard<std::mutex> lock(job.mu);
-    if (!st.ok()) {
-      if (st.status().code() == absl::StatusCode::kInvalidArgument) {
-        job.Emit({JobEvent::Kind::kBatchRejected, job.state, {}, std::string(st.status().message())});
+    if (!it.ok()) {
+      std::lock_guard<std::mutex> lock(job.mu);
+      if (it.status().code() == absl::StatusCode::kInvalidArgument) {
+        job.Emit({JobEvent::Kind::kBatchRejected, job.state, {}, std::string(it.status().message())});
         continue;
       }
-      job.SetState(JobState::kFailed, std::string(st.status().message()));
+      job.SetState(JobState::kFailed, std::string(it.status().message()));
       return;
     }
-    job.Emit({JobEvent::Kind::kIteration, job.state, *st, ""});
-    if (job.spec.max_steps > 0 && ++steps >= job.spec.max_steps) {
-      job.SetState(JobState::kSucceeded);
-      return;
-    }
+    // Sync: the iteration is complete already. Async: keep it in flight while the next one is
+    // submitted, then report the older one.
+    if (!finish_pending()) return;
+    pending = *it;
+    if (job.spec.optimizer_mode == planning::OptimizerMode::kSync && !finish_pending()) return;
   }
 }
 

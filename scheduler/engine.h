@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/controller.h"
+#include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/planning/partition.h"
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
@@ -51,6 +52,8 @@ struct JobSpec {
   int microbatches_per_round = 0;
   workers::AdamWOptions adamw;
   workers::LrSchedule lr_schedule;
+  // kAsync: staleness-1 asynchronous optimizer; consecutive batches overlap (no flush).
+  planning::OptimizerMode optimizer_mode = planning::OptimizerMode::kSync;
   int64_t max_steps = 0;       // 0 = until the input is closed
   int max_queued_batches = 4;  // FeedBatch blocks while this many wait
 };

@@ -149,6 +149,37 @@ TEST(Engine, BackpressureCancelAndQueueing) {
   EXPECT_EQ(engine->Submit(spec).status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(Engine, AsyncJobMatchesTheStaleness1Reference) {
+  auto engine = *Engine::Create({"cpu:2"});
+  JobSpec spec = TinyJob();
+  spec.microbatches = 2;
+  spec.optimizer_mode = planning::OptimizerMode::kAsync;
+  spec.max_queued_batches = 8;
+  workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
+  rp::testing::ReferenceModel ref(init, spec.adamw);
+  auto id = *engine->Submit(spec);
+  std::vector<double> want;
+  for (int it = 0; it < 5; ++it) {
+    at::Tensor t = Tokens(4, 8, spec.model.vocab, 70 + it);
+    want.push_back(ref.StaleStep(t));
+    ASSERT_TRUE(engine->FeedBatch(id, {t}).ok());
+  }
+  ASSERT_TRUE(engine->CloseInput(id).ok());
+  std::vector<double> got;
+  for (const auto& e : DrainUntilEnded(*engine, id)) {
+    if (e.kind == JobEvent::Kind::kIteration) got.push_back(e.stats.loss);
+  }
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << i;
+  EXPECT_EQ(*engine->State(id), JobState::kSucceeded);
+  // After the job ended the store holds every step (the engine flushed the optimizer).
+  for (const auto& [name, w] : ref.params()) {
+    auto p = engine->Parameter(id, name);
+    ASSERT_TRUE(p.ok());
+    EXPECT_LT(rp::testing::RelativeError(*p, w), 1e-5) << name;
+  }
+}
+
 TEST(Engine, DefaultPartitionComesFromTheParameterSizes) {
   JobSpec spec = TinyJob();
   auto p = PlanFromParameterSizes(spec.model, 2, 4);
