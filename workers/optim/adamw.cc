@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "workers/optim/cpu_adamw.h"
 
 namespace rp::workers {
 
@@ -28,26 +29,47 @@ double AdamW::GradNorm(const HostModelStore& store) {
   return std::sqrt(sq);
 }
 
-void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, double lr, double grad_multiplier) {
+void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, double lr, double grad_multiplier,
+                      bool write_master) {
   if (static_cast<int>(m_.size()) != store.num_params()) {
     m_.resize(static_cast<size_t>(store.num_params()));
     v_.resize(static_cast<size_t>(store.num_params()));
+    vmax_.resize(static_cast<size_t>(store.num_params()));
   }
   HostParam& p = store.param(i);
-  const double bc1 = 1 - std::pow(opt_.beta1, static_cast<double>(step_));
-  const double bc2 = 1 - std::pow(opt_.beta2, static_cast<double>(step_));
-  at::Tensor g = grad_multiplier != 1.0 ? grad * grad_multiplier : grad;
   at::Tensor& m = m_[static_cast<size_t>(i)];
   at::Tensor& v = v_[static_cast<size_t>(i)];
+  at::Tensor& vmax = vmax_[static_cast<size_t>(i)];
   if (!m.defined()) {
     m = at::zeros_like(p.fp32);
     v = at::zeros_like(p.fp32);
+    if (opt_.amsgrad) vmax = at::zeros_like(p.fp32);
   }
-  p.fp32.mul_(1 - lr * opt_.weight_decay);
-  m.lerp_(g, 1 - opt_.beta1);
-  v.mul_(opt_.beta2).addcmul_(g, g, 1 - opt_.beta2);
-  at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(opt_.eps);
-  p.fp32.addcdiv_(m, denom, -lr / bc1);
+  const at::Tensor g =
+      grad.scalar_type() == at::kFloat && grad.is_contiguous() ? grad : grad.to(at::kFloat).contiguous();
+  AdamWBuffers b;
+  b.param = p.fp32.data_ptr<float>();
+  b.grad = g.data_ptr<float>();
+  b.exp_avg = m.data_ptr<float>();
+  b.exp_avg_sq = v.data_ptr<float>();
+  b.max_exp_avg_sq = opt_.amsgrad ? vmax.data_ptr<float>() : nullptr;
+  if (write_master) {
+    b.master = p.master.data_ptr();
+    b.master_dtype = p.master.scalar_type() == at::kBFloat16 ? MasterDtype::kBFloat16
+                     : p.master.scalar_type() == at::kHalf   ? MasterDtype::kFloat16
+                                                             : MasterDtype::kFloat32;
+  }
+  AdamWHyper h;
+  h.lr = static_cast<float>(lr);
+  h.beta1 = static_cast<float>(opt_.beta1);
+  h.beta2 = static_cast<float>(opt_.beta2);
+  h.eps = static_cast<float>(opt_.eps);
+  h.weight_decay = static_cast<float>(opt_.weight_decay);
+  h.step = step_;
+  h.grad_scale = static_cast<float>(grad_multiplier);
+  h.amsgrad = opt_.amsgrad;
+  h.maximize = opt_.maximize;
+  FusedAdamW(b, p.fp32.numel(), h);
 }
 
 absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad_divisor) {
@@ -64,9 +86,8 @@ absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad
   if (opt_.max_grad_norm > 0 && norm > opt_.max_grad_norm) clip *= opt_.max_grad_norm / (norm + 1e-6);
   BeginStep();
   for (int i = 0; i < n; ++i) {
-    if (store.param(i).trainable) StepParam(store, i, store.param(i).grad, lr, clip);
+    if (store.param(i).trainable) StepParam(store, i, store.param(i).grad, lr, clip, /*write_master=*/true);
   }
-  store.RefreshMaster();
   return norm;
 }
 

@@ -4,7 +4,8 @@
 // Contract: not thread-safe; the caller owns the HostModelStore exclusively while stepping
 // (sync mode: after every stage of the iteration finished). The update follows
 // torch.optim.AdamW (decoupled weight decay; bias-corrected moments; eps added after the
-// bias-corrected square root) so a plain LibTorch run is an exact reference.
+// bias-corrected square root; amsgrad, maximize) so a plain LibTorch run is an exact reference.
+// The arithmetic is the fused SIMD kernel of cpu_adamw.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,6 +25,8 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.01;
   double max_grad_norm = 0;  // 0 = no clipping
+  bool amsgrad = false;
+  bool maximize = false;
 };
 
 // Learning-rate schedules: constant, or linear warm-up then cosine decay to min_lr.
@@ -52,14 +55,17 @@ class AdamW {
   // optimizer step, then StepParam for each trainable parameter with its gradient multiplied by
   // `grad_multiplier` (unscale x clip).
   void BeginStep() { ++step_; }
-  void StepParam(HostModelStore& store, int index, const at::Tensor& grad, double lr, double grad_multiplier);
+  // With write_master the fused kernel also writes the master copy (P_cp in the same pass; sync
+  // mode); the asynchronous optimizer passes false and copies later, when the protocol allows.
+  void StepParam(HostModelStore& store, int index, const at::Tensor& grad, double lr, double grad_multiplier,
+                 bool write_master = false);
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return opt_; }
 
  private:
   AdamWOptions opt_;
   int64_t step_ = 0;
-  std::vector<at::Tensor> m_, v_;  // per parameter index
+  std::vector<at::Tensor> m_, v_, vmax_;  // per parameter index
 };
 
 }  // namespace rp::workers

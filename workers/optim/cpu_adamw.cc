@@ -1,0 +1,240 @@
+#include "workers/optim/cpu_adamw.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace rp::workers {
+namespace {
+
+// Per-call constants shared by every path.
+struct Consts {
+  float decay;     // 1 - lr * wd
+  float one_m_b1;  // 1 - beta1
+  float b2, one_m_b2;
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float step_size;     // lr / (1 - beta1^t)
+  float eps, gscale;
+};
+
+Consts MakeConsts(const AdamWHyper& h) {
+  const double bc1 = 1 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
+  const double bc2 = 1 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
+  return {1.0f - h.lr * h.weight_decay,
+          1.0f - h.beta1,
+          h.beta2,
+          1.0f - h.beta2,
+          static_cast<float>(1.0 / std::sqrt(bc2)),
+          static_cast<float>(h.lr / bc1),
+          h.eps,
+          h.maximize ? -h.grad_scale : h.grad_scale};
+}
+
+inline void StoreMaster(const AdamWBuffers& b, int64_t i, float p) {
+  switch (b.master_dtype) {
+    case MasterDtype::kFloat32:
+      static_cast<float*>(b.master)[i] = p;
+      break;
+    case MasterDtype::kBFloat16:
+      static_cast<c10::BFloat16*>(b.master)[i] = c10::BFloat16(p);  // round to nearest even
+      break;
+    case MasterDtype::kFloat16:
+      static_cast<c10::Half*>(b.master)[i] = c10::Half(p);
+      break;
+    case MasterDtype::kNone:
+      break;
+  }
+}
+
+void ScalarRange(const AdamWBuffers& b, int64_t begin, int64_t end, const Consts& c, bool amsgrad) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = b.grad[i] * c.gscale;
+    float p = b.param[i] * c.decay;
+    float m = b.exp_avg[i];
+    m = m + c.one_m_b1 * (g - m);
+    const float v = c.b2 * b.exp_avg_sq[i] + c.one_m_b2 * g * g;
+    float vu = v;
+    if (amsgrad) {
+      vu = std::max(b.max_exp_avg_sq[i], v);
+      b.max_exp_avg_sq[i] = vu;
+    }
+    const float denom = std::sqrt(vu) * c.inv_sqrt_bc2 + c.eps;
+    p = p - c.step_size * (m / denom);
+    b.exp_avg[i] = m;
+    b.exp_avg_sq[i] = v;
+    b.param[i] = p;
+    StoreMaster(b, i, p);
+  }
+}
+
+// bf16 round-to-nearest-even of 8 floats (NaN stays NaN).
+__attribute__((target("avx2,fma"))) inline __m128i Bf16x8(__m256 x) {
+  __m256i u = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+  r = _mm256_srli_epi32(r, 16);
+  __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+  return _mm_packus_epi32(lo, hi);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void Avx2Range(const AdamWBuffers& b, int64_t begin, int64_t end,
+                                                        const Consts& c, bool amsgrad) {
+  const __m256 decay = _mm256_set1_ps(c.decay), omb1 = _mm256_set1_ps(c.one_m_b1), b2 = _mm256_set1_ps(c.b2),
+               omb2 = _mm256_set1_ps(c.one_m_b2), isb = _mm256_set1_ps(c.inv_sqrt_bc2),
+               ss = _mm256_set1_ps(c.step_size), eps = _mm256_set1_ps(c.eps), gs = _mm256_set1_ps(c.gscale);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(b.grad + i), gs);
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(b.param + i), decay);
+    __m256 m = _mm256_loadu_ps(b.exp_avg + i);
+    m = _mm256_fmadd_ps(omb1, _mm256_sub_ps(g, m), m);
+    const __m256 v = _mm256_fmadd_ps(omb2, _mm256_mul_ps(g, g), _mm256_mul_ps(b2, _mm256_loadu_ps(b.exp_avg_sq + i)));
+    __m256 vu = v;
+    if (amsgrad) {
+      vu = _mm256_max_ps(_mm256_loadu_ps(b.max_exp_avg_sq + i), v);
+      _mm256_storeu_ps(b.max_exp_avg_sq + i, vu);
+    }
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vu), isb, eps);
+    p = _mm256_fnmadd_ps(ss, _mm256_div_ps(m, denom), p);
+    _mm256_storeu_ps(b.exp_avg + i, m);
+    _mm256_storeu_ps(b.exp_avg_sq + i, v);
+    _mm256_storeu_ps(b.param + i, p);
+    switch (b.master_dtype) {
+      case MasterDtype::kFloat32:
+        _mm256_storeu_ps(static_cast<float*>(b.master) + i, p);
+        break;
+      case MasterDtype::kBFloat16:
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(b.master) + i), Bf16x8(p));
+        break;
+      case MasterDtype::kFloat16:
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(b.master) + i),
+                         _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        break;
+      case MasterDtype::kNone:
+        break;
+    }
+  }
+  ScalarRange(b, i, end, c, amsgrad);  // the tail
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void Avx512Range(const AdamWBuffers& b, int64_t begin,
+                                                                           int64_t end, const Consts& c, bool amsgrad) {
+  const __m512 decay = _mm512_set1_ps(c.decay), omb1 = _mm512_set1_ps(c.one_m_b1), b2 = _mm512_set1_ps(c.b2),
+               omb2 = _mm512_set1_ps(c.one_m_b2), isb = _mm512_set1_ps(c.inv_sqrt_bc2),
+               ss = _mm512_set1_ps(c.step_size), eps = _mm512_set1_ps(c.eps), gs = _mm512_set1_ps(c.gscale);
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(b.grad + i), gs);
+    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(b.param + i), decay);
+    __m512 m = _mm512_loadu_ps(b.exp_avg + i);
+    m = _mm512_fmadd_ps(omb1, _mm512_sub_ps(g, m), m);
+    const __m512 v = _mm512_fmadd_ps(omb2, _mm512_mul_ps(g, g), _mm512_mul_ps(b2, _mm512_loadu_ps(b.exp_avg_sq + i)));
+    __m512 vu = v;
+    if (amsgrad) {
+      vu = _mm512_max_ps(_mm512_loadu_ps(b.max_exp_avg_sq + i), v);
+      _mm512_storeu_ps(b.max_exp_avg_sq + i, vu);
+    }
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vu), isb, eps);
+    p = _mm512_fnmadd_ps(ss, _mm512_div_ps(m, denom), p);
+    _mm512_storeu_ps(b.exp_avg + i, m);
+    _mm512_storeu_ps(b.exp_avg_sq + i, v);
+    _mm512_storeu_ps(b.param + i, p);
+    switch (b.master_dtype) {
+      case MasterDtype::kFloat32:
+        _mm512_storeu_ps(static_cast<float*>(b.master) + i, p);
+        break;
+      case MasterDtype::kBFloat16: {
+        uint16_t* out = static_cast<uint16_t*>(b.master) + i;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), Bf16x8(_mm512_castps512_ps256(p)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8),
+                         Bf16x8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
+        break;
+      }
+      case MasterDtype::kFloat16:
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.master) + i),
+                            _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        break;
+      case MasterDtype::kNone:
+        break;
+    }
+  }
+  ScalarRange(b, i, end, c, amsgrad);
+}
+
+SimdPath Resolve(SimdPath p) {
+  if (p != SimdPath::kAuto) return p;
+  if (SimdPathSupported(SimdPath::kAvx512)) return SimdPath::kAvx512;
+  if (SimdPathSupported(SimdPath::kAvx2)) return SimdPath::kAvx2;
+  return SimdPath::kScalar;
+}
+
+}  // namespace
+
+bool SimdPathSupported(SimdPath p) {
+  __builtin_cpu_init();
+  switch (p) {
+    case SimdPath::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case SimdPath::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case SimdPath::kScalar:
+    case SimdPath::kAuto:
+      return true;
+  }
+  return false;
+}
+
+std::string BestSimdPathName() {
+  switch (Resolve(SimdPath::kAuto)) {
+    case SimdPath::kAvx512:
+      return "avx512";
+    case SimdPath::kAvx2:
+      return "avx2";
+    default:
+      return "scalar";
+  }
+}
+
+void FusedAdamW(const AdamWBuffers& b, int64_t n, const AdamWHyper& h, SimdPath path, int threads) {
+  if (n <= 0) return;
+  const Consts c = MakeConsts(h);
+  SimdPath use = Resolve(path);
+  if (!SimdPathSupported(use)) use = SimdPath::kScalar;
+  auto range = [&](int64_t begin, int64_t end) {
+    switch (use) {
+      case SimdPath::kAvx512:
+        Avx512Range(b, begin, end, c, h.amsgrad);
+        break;
+      case SimdPath::kAvx2:
+        Avx2Range(b, begin, end, c, h.amsgrad);
+        break;
+      default:
+        ScalarRange(b, begin, end, c, h.amsgrad);
+    }
+  };
+  const int nt = threads > 0 ? threads : at::get_num_threads();
+  // Balanced slices, rounded to 64 elements so every slice but the last is vector-aligned.
+  constexpr int64_t kMinPerThread = 1 << 14;
+  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(nt, n / kMinPerThread));
+  if (slices == 1) {
+    range(0, n);
+    return;
+  }
+  const int64_t chunk = ((n + slices - 1) / slices + 63) / 64 * 64;
+  at::parallel_for(0, slices, 1, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t begin = s * chunk, end = std::min(n, begin + chunk);
+      if (begin < end) range(begin, end);
+    }
+  });
+}
+
+}  // namespace rp::workers

@@ -1,0 +1,51 @@
+// cpu_adamw.h — the fused CPU AdamW kernel: one pass over (param, grad, exp_avg, exp_avg_sq
+// [, max_exp_avg_sq]) that also writes the low-precision master copy (P_cp fused into the step).
+// Vectorised with AVX-512 or AVX2+FMA (chosen at run time from the CPU's features), with a
+// scalar fallback; multi-threaded over balanced slices of the tensor.
+//
+// Contract: pure function over raw buffers the caller owns; the buffers must not overlap and
+// must hold `n` elements. Thread-safe for distinct buffers. Semantics of torch.optim.AdamW
+// (decoupled weight decay, bias correction, eps after the bias-corrected square root,
+// optional amsgrad and maximize).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace rp::workers {
+
+enum class MasterDtype { kNone, kFloat32, kBFloat16, kFloat16 };
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;         // 1-based, for the bias corrections
+  float grad_scale = 1.0f;  // multiplies the gradient first (loss-scale removal x clipping)
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+struct AdamWBuffers {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  float* max_exp_avg_sq = nullptr;  // amsgrad only
+  void* master = nullptr;           // written when master_dtype != kNone
+  MasterDtype master_dtype = MasterDtype::kNone;
+};
+
+enum class SimdPath { kAuto, kScalar, kAvx2, kAvx512 };
+
+// Updates n elements. `threads` <= 0: use the ATen intra-op thread count.
+void FusedAdamW(const AdamWBuffers& b, int64_t n, const AdamWHyper& h, SimdPath path = SimdPath::kAuto,
+                int threads = 0);
+
+// The path kAuto picks on this CPU ("avx512", "avx2" or "scalar").
+std::string BestSimdPathName();
+bool SimdPathSupported(SimdPath p);
+
+}  // namespace rp::workers
