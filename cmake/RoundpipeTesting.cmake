@@ -14,5 +14,5 @@ function(rp_add_test)
   rp_set_warnings(${ARG_NAME})
   gtest_discover_tests(${ARG_NAME}
     DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS "${ARG_LABELS}")
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300)
 endfunction()

@@ -28,7 +28,15 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(ControllerOptions
   d.num_workers = static_cast<int>(devices.size());
   d.microbatches_per_iteration = options.microbatches;
   d.microbatches_per_round = options.microbatches_per_round;
-  auto plan = planning::BuildDispatchPlan(options.partition, L, d);
+  planning::Partition check = options.partition;
+  if (options.auto_partition) {  // starts with one layer per stage slot
+    check = planning::Partition{std::vector<int>(static_cast<size_t>(L - 1), 1), 1,
+                                std::vector<int>(static_cast<size_t>(L - 1), 1)};
+    if (options.profile_iterations < 2) {
+      return absl::InvalidArgumentError("controller: automatic partitioning needs profile_iterations >= 2");
+    }
+  }
+  auto plan = planning::BuildDispatchPlan(check, L, d);
   if (!plan.ok()) return plan.status();
   if (options.head_chunk_tokens < 1) return absl::InvalidArgumentError("controller: head chunk must be >= 1 token");
   return std::unique_ptr<Controller>(new Controller(std::move(options), store, std::move(devices), timeline));
@@ -44,21 +52,17 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
       scaler_(opt_.loss_scaler) {
   for (workers::Device* d : devices_) workers_.push_back(std::make_unique<workers::DeviceWorker>(d));
   const int L = store_->config().num_layers();
-  act_consumers_.assign(static_cast<size_t>(L + 1), 0);
-  const planning::Partition& p = opt_.partition;
-  int first = 0;
-  for (int n : p.forward) {
-    ++act_consumers_[static_cast<size_t>(first)];
-    first += n;
-  }
-  ++act_consumers_[static_cast<size_t>(L - p.fused)];
-  int top = L - p.fused;
-  for (int n : p.backward) {
-    top -= n;
-    ++act_consumers_[static_cast<size_t>(top)];
+  if (opt_.auto_partition) {
+    // Profiling partition: one layer per stage slot (the head alone in B_1).
+    planning::Partition prof;
+    prof.fused = 1;
+    prof.forward.assign(static_cast<size_t>(L - 1), 1);
+    prof.backward.assign(static_cast<size_t>(L - 1), 1);
+    opt_.partition = prof;
+    profile_ = std::make_unique<planning::MeasuredProfile>(L, 0.9, /*skip_first=*/1);
   }
   if (opt_.mode == planning::OptimizerMode::kAsync) {
-    // Parameter ownership (lowest using layer) and per-layer upload / gradient counts.
+    // Parameter ownership (lowest using layer).
     workers::OwnershipMap own;
     own.owned_params.resize(static_cast<size_t>(L));
     own.owners_used.resize(static_cast<size_t>(L));
@@ -77,6 +81,30 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
         if (std::find(users.begin(), users.end(), l) == users.end()) users.push_back(l);
       }
     }
+    book_ = std::make_unique<workers::ConsistencyBook>(std::move(own), std::vector<int>(static_cast<size_t>(L), 0),
+                                                       std::vector<int>(static_cast<size_t>(L), 0));
+    optimizer_ = std::make_unique<workers::OptimizerWorker>(store_, book_.get(), opt_.adamw, opt_.loss_scaler);
+  }
+  ApplyPartition(opt_.partition);
+}
+
+void Controller::ApplyPartition(const planning::Partition& p) {
+  opt_.partition = p;
+  const int L = store_->config().num_layers();
+  act_consumers_.assign(static_cast<size_t>(L + 1), 0);
+  int first = 0;
+  for (int n : p.forward) {
+    ++act_consumers_[static_cast<size_t>(first)];
+    first += n;
+  }
+  ++act_consumers_[static_cast<size_t>(L - p.fused)];
+  int top = L - p.fused;
+  for (int n : p.backward) {
+    top -= n;
+    ++act_consumers_[static_cast<size_t>(top)];
+  }
+  if (book_) {
+    // Per-layer upload / gradient-download counts of one iteration.
     const int M = opt_.microbatches;
     const int R = M / (opt_.microbatches_per_round > 0 ? opt_.microbatches_per_round : M);
     std::vector<int> uploads(static_cast<size_t>(L), 0), grads(static_cast<size_t>(L), 0);
@@ -87,9 +115,42 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
         if (st.kind != planning::StageShape::Kind::kForward) grads[static_cast<size_t>(l)] += R;
       }
     }
-    book_ = std::make_unique<workers::ConsistencyBook>(std::move(own), uploads, grads);
-    optimizer_ = std::make_unique<workers::OptimizerWorker>(store_, book_.get(), opt_.adamw, opt_.loss_scaler);
+    book_->SetCounts(uploads, grads, iteration_);
   }
+}
+
+// Feeds the compute times of a profiling iteration (one layer per slot) into the profile and,
+// once enough iterations were measured, plans the partition used from the next iteration on.
+void Controller::RecordProfile(int iteration, const InFlight& f) {
+  if (!profile_ || !timeline_ || planned_) return;
+  for (const workers::TimelineEntry& e : timeline_->Entries()) {
+    if (e.iteration != iteration || e.stream != "compute" || e.slot < 0 || e.slot >= static_cast<int>(f.slots.size())) {
+      continue;
+    }
+    const planning::StageSlot& sl = f.slots[static_cast<size_t>(e.slot)];
+    if (sl.num_layers != 1) continue;
+    const auto kind = sl.kind == SlotKind::kForward ? planning::MeasuredProfile::Kind::kForward
+                      : sl.kind == SlotKind::kFused ? planning::MeasuredProfile::Kind::kFused
+                                                    : planning::MeasuredProfile::Kind::kBackward;
+    profile_->Record(sl.first_layer, kind, e.end_s - e.start_s);
+  }
+  if (++profiled_iterations_ < opt_.profile_iterations || !profile_->Complete()) return;
+  // Memory from the real parameter sizes (master copy + device gradient), times measured.
+  const int L = store_->config().num_layers();
+  planning::CostModel base;
+  for (int l = 0; l < L; ++l) {
+    planning::LayerCost c;
+    for (int id : store_->layer_params(l)) {
+      const workers::HostParam& p = store_->param(id);
+      c.param_bytes += static_cast<int64_t>(p.master.nbytes());
+      if (p.trainable) c.trainable_bytes += static_cast<int64_t>(p.master.nbytes());
+    }
+    base.layers.push_back(c);
+  }
+  planning::CostModel measured = profile_->Apply(base);
+  auto r =
+      planning::AutoPartition({&measured, static_cast<int>(workers_.size()), opt_.microbatches, opt_.stage_memory_cap});
+  if (r.ok()) planned_ = *r;
 }
 
 Controller::~Controller() {
@@ -159,6 +220,20 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
   const int64_t valid = labels.ne(workers::models::kIgnoreIndex).sum().item<int64_t>();
   if (valid == 0) return absl::InvalidArgumentError("batch: no token has a label to train on");
 
+  if (planned_ && !(planned_->partition == opt_.partition)) {
+    if (async) {
+      // A new partition changes the per-layer event counts: drain once (a Flush-like point), so
+      // no optimizer step still waits on an event set built with the old counts.
+      for (auto& [it, g] : inflight_) {
+        for (const auto& e : g.done) e->Wait();
+        workers::StepResult step = optimizer_->AwaitStep(it);
+        g.drained_step = step;
+      }
+      book_->ReleaseUploads(iteration_);
+      optimizer_->WaitIdle();
+    }
+    ApplyPartition(planned_->partition);
+  }
   const int T = iteration_++;
   InFlight f;
   f.start = std::chrono::steady_clock::now();
@@ -194,6 +269,8 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
   auto plan = planning::BuildDispatchPlan(opt_.partition, L, d);
   if (!plan.ok()) return plan.status();
   next_g0_ = plan->next_g0;
+  f.slots = plan->slots;
+  f.partition = opt_.partition;
 
   if (async) {
     book_->Get(T);
@@ -264,6 +341,8 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
   st.lr = f.lr;
   st.loss_scale = f.loss_scale;
   st.activation_peak_bytes = acts_.peak_bytes();
+  st.partition = f.partition.ToString();
+  if (planned_ && planned_->partition == f.partition) st.predicted_bubble = planned_->predicted_bubble;
   st.worker_busy_s.assign(workers_.size(), 0);
   if (timeline_) {
     double first = 1e300, last = 0;
@@ -277,6 +356,7 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
     for (double b : st.worker_busy_s) busy += b;
     if (last > first) st.bubble_ratio = 1 - busy / (static_cast<double>(workers_.size()) * (last - first));
   }
+  RecordProfile(iteration, f);
   return st;
 }
 
@@ -290,7 +370,7 @@ absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {
   if (f.result) return *f.result;  // sync: already complete
 
   for (const auto& e : f.done) e->Wait();
-  workers::StepResult step = optimizer_->AwaitStep(iteration);
+  workers::StepResult step = f.drained_step ? *f.drained_step : optimizer_->AwaitStep(iteration);
   book_->PruneBefore(iteration - 1);
   if (absl::Status err = f.ctx->error(); !err.ok()) {
     acts_.Discard(iteration);

@@ -23,9 +23,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/partition.h"
 #include "workers/consistency.h"
 #include "workers/device/device.h"
@@ -49,6 +51,14 @@ struct ControllerOptions {
   workers::LossScalerOptions loss_scaler;  // enable for fp16 master copies
   int64_t head_chunk_tokens = 4096;
   planning::OptimizerMode mode = planning::OptimizerMode::kSync;
+  // Automatic partitioning (paper §4.4): the first iterations run one layer per stage slot and
+  // measure every layer's forward / recompute+backward / fused time; after `profile_iterations`
+  // measured iterations (the first is dropped as warm-up) AutoPartition on the smoothed
+  // estimates picks the partition used from the next iteration boundary on. `partition` is
+  // ignored then. In async mode the switch drains the pipeline once.
+  bool auto_partition = false;
+  int profile_iterations = 3;
+  int64_t stage_memory_cap = 0;  // per stage, for the automatic partition (0 = none)
 };
 
 struct IterationStats {
@@ -61,8 +71,10 @@ struct IterationStats {
   std::vector<double> worker_busy_s;  // compute-stream busy time per worker
   double bubble_ratio = 0;            // 1 - sum(busy) / (N x pipeline span)
   int64_t activation_peak_bytes = 0;
-  double loss_scale = 1;      // dynamic loss scale used for this iteration's gradients
-  bool skipped_step = false;  // fp16: gradients overflowed, the step was skipped
+  std::string partition;        // the partition this iteration ran with
+  double predicted_bubble = 0;  // the planner's estimate for it (automatic partitions only)
+  double loss_scale = 1;        // dynamic loss scale used for this iteration's gradients
+  bool skipped_step = false;    // fp16: gradients overflowed, the step was skipped
 };
 
 class Controller {
@@ -92,6 +104,7 @@ class Controller {
   absl::Status ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) const;
 
   int next_g0() const { return next_g0_; }
+  const planning::Partition& partition() const { return opt_.partition; }
   int iterations_done() const { return iteration_; }
   const workers::ActivationStore& activations() const { return acts_; }
 
@@ -114,7 +127,15 @@ class Controller {
     double timeline_start = 0;
     double lr = 0, loss_scale = 1;
     std::optional<absl::StatusOr<IterationStats>> result;  // sync mode: already complete
+    std::optional<workers::StepResult> drained_step;       // async: collected by a drain
+    std::vector<planning::StageSlot> slots;                // the iteration's dispatch plan
+    planning::Partition partition;
   };
+  void ApplyPartition(const planning::Partition& p);
+  void RecordProfile(int iteration, const InFlight& f);
+  std::unique_ptr<planning::MeasuredProfile> profile_;
+  int profiled_iterations_ = 0;
+  std::optional<planning::PartitionResult> planned_;
   std::map<int, InFlight> inflight_;
   std::unique_ptr<workers::ConsistencyBook> book_;       // async only
   std::unique_ptr<workers::OptimizerWorker> optimizer_;  // async only

@@ -31,6 +31,13 @@ void ConsistencyBook::ReleaseUploads(int iteration) {
   for (auto& u : ev->uploads) u->Release();
 }
 
+void ConsistencyBook::SetCounts(std::vector<int> uploads_per_layer, std::vector<int> grads_per_layer, int reset_from) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uploads_ = std::move(uploads_per_layer);
+  grads_ = std::move(grads_per_layer);
+  by_iteration_.erase(by_iteration_.lower_bound(reset_from), by_iteration_.end());
+}
+
 void ConsistencyBook::PruneBefore(int iteration) {
   std::lock_guard<std::mutex> lock(mu_);
   by_iteration_.erase(by_iteration_.begin(), by_iteration_.lower_bound(iteration));

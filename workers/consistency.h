@@ -68,6 +68,9 @@ class ConsistencyBook {
   // Releases uploads[iteration][*]: no such iteration will run (end of training / drain).
   void ReleaseUploads(int iteration);
   void PruneBefore(int iteration);
+  // New per-layer counts (a new partition), used by event sets created from now on; `reset_from`
+  // drops already created sets of that iteration and later (nobody may wait on them yet).
+  void SetCounts(std::vector<int> uploads_per_layer, std::vector<int> grads_per_layer, int reset_from);
   const OwnershipMap& ownership() const { return own_; }
 
  private:

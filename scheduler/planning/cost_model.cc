@@ -185,8 +185,11 @@ std::optional<double> MeasuredProfile::Estimate(int layer, Kind kind) const {
 
 bool MeasuredProfile::Complete() const {
   for (int l = 0; l < num_layers_; ++l) {
-    if (!Estimate(l, Kind::kForward)) return false;
-    if (!Estimate(l, Kind::kBackward) && !Estimate(l, Kind::kFused)) return false;
+    // A layer measured only inside the fused stage (the head) needs no separate forward time:
+    // it never runs in a forward stage.
+    const bool fused = Estimate(l, Kind::kFused).has_value();
+    if (!Estimate(l, Kind::kForward) && !fused) return false;
+    if (!Estimate(l, Kind::kBackward) && !fused) return false;
   }
   return true;
 }

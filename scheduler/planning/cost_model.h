@@ -72,7 +72,7 @@ class MeasuredProfile {
   void Record(int layer, Kind kind, double seconds);
   // Number of samples that entered the average (after skipping) for one layer and kind.
   int Samples(int layer, Kind kind) const;
-  // True when every layer has at least one forward and one backward-or-fused estimate.
+  // True when every layer has a forward and a backward estimate, or a fused one (the head).
   bool Complete() const;
   // `base` with every measured time replaced by its estimate. Missing fused estimates fall back
   // to the measured backward (and vice versa).

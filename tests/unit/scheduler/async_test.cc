@@ -218,3 +218,58 @@ TEST(AsyncErrors, TooManyInFlightAndFlushOrder) {
 
 }  // namespace
 }  // namespace rp::scheduler
+
+namespace rp::scheduler {
+namespace {
+
+// Automatic partitioning: profile one layer per slot, then switch at an iteration boundary.
+// A big vocabulary makes the head the heaviest layer, so the plan must differ from the
+// profiling partition; sync training stays exactly the reference across the switch.
+TEST(AutoPartition, ProfilesThenSwitchesAndStaysExact) {
+  TransformerConfig cfg = Llama();
+  cfg.vocab = 3000;
+  cfg.num_blocks = 5;
+  for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
+    SCOPED_TRACE(planning::OptimizerModeName(mode));
+    workers::Timeline tl;
+    auto devs = *workers::CreateDevices("cpu:2", &tl);
+    workers::HostModelStore store(cfg, at::kFloat, 8);
+    workers::AdamWOptions adamw;
+    adamw.eps = 1e-6;
+    rp::testing::ReferenceModel ref(store, adamw);
+    ControllerOptions o;
+    o.auto_partition = true;
+    o.profile_iterations = 3;
+    o.microbatches = 2;
+    o.adamw = adamw;
+    o.mode = mode;
+    auto c = Controller::Create(o, &store, {devs[0].get(), devs[1].get()}, &tl);
+    ASSERT_TRUE(c.ok()) << c.status();
+    const std::string profiling = (*c)->partition().ToString();
+    EXPECT_EQ((*c)->partition().num_stages(), 2 * cfg.num_layers() - 1);
+    std::vector<std::string> seen;
+    for (int k = 0; k < 6; ++k) {
+      at::Tensor t = Tokens(4, 16, cfg.vocab, 500 + k);
+      auto st = (*c)->RunIteration(t);  // submit + await: no overlap, so even async is exact here
+      ASSERT_TRUE(st.ok()) << st.status();
+      seen.push_back(st->partition);
+      if (mode == planning::OptimizerMode::kSync) {
+        EXPECT_NEAR(st->loss, ref.Step(t), 1e-5 * st->loss) << k;
+      }
+    }
+    EXPECT_EQ(seen[0], profiling);
+    EXPECT_EQ(seen[2], profiling);
+    EXPECT_NE(seen[3], profiling) << "the measured plan never took effect";
+    EXPECT_EQ(seen[5], seen[3]);
+    EXPECT_LT((*c)->partition().num_stages(), 2 * cfg.num_layers() - 1);
+    ASSERT_TRUE((*c)->Flush().ok());
+    if (mode == planning::OptimizerMode::kSync) {
+      for (const auto& [name, w] : ref.params()) {
+        EXPECT_LT(rp::testing::RelativeError(store.param(store.FindParam(name)).fp32, w), 1e-5) << name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rp::scheduler
