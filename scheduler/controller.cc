@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/planning/partition.h"
+#include "workers/device/test_hooks.h"
 #include "workers/models/layers.h"
 
 namespace rp::scheduler {
@@ -315,6 +316,7 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
       }
     }
     if (step) {
+      workers::MaybeDelayOptimizerForTest();
       auto norm = adamw_.Step(*store_, f.lr, f.loss_scale);
       if (norm.ok()) {
         st.grad_norm = *norm;

@@ -105,6 +105,8 @@ class Controller {
 
   int next_g0() const { return next_g0_; }
   const planning::Partition& partition() const { return opt_.partition; }
+  // Automatic partitioning: the smoothed measured per-layer costs, once complete.
+  std::optional<planning::CostModel> measured_costs() const { return measured_; }
   int iterations_done() const { return iteration_; }
   const workers::ActivationStore& activations() const { return acts_; }
 
@@ -136,6 +138,7 @@ class Controller {
   std::unique_ptr<planning::MeasuredProfile> profile_;
   int profiled_iterations_ = 0;
   std::optional<planning::PartitionResult> planned_;
+  std::optional<planning::CostModel> measured_;
   std::map<int, InFlight> inflight_;
   std::unique_ptr<workers::ConsistencyBook> book_;       // async only
   std::unique_ptr<workers::OptimizerWorker> optimizer_;  // async only

@@ -107,6 +107,7 @@ void OptimizerWorker::Process(const StepRequest& r) {
   }
   res.skipped = !apply;
   if (apply) {
+    MaybeDelayOptimizerForTest();
     double mult = 1.0 / r.loss_scale;
     const double max_norm = adamw_.options().max_grad_norm;
     if (max_norm > 0 && res.grad_norm > max_norm) mult *= max_norm / (res.grad_norm + 1e-6);

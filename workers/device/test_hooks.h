@@ -22,4 +22,15 @@ inline void MaybeDelayForTest() {
   if (const OpDelayHook* h = OpDelayHookSlot().load(std::memory_order_relaxed)) (*h)();
 }
 
+// A second hook, called once per optimizer step (sync and async alike), for benchmarks that
+// need a deliberately slow optimizer.
+inline std::atomic<const OpDelayHook*>& OptimizerDelayHookSlot() {
+  static std::atomic<const OpDelayHook*> slot{nullptr};
+  return slot;
+}
+inline void SetOptimizerDelayHook(const OpDelayHook* hook) { OptimizerDelayHookSlot().store(hook); }
+inline void MaybeDelayOptimizerForTest() {
+  if (const OpDelayHook* h = OptimizerDelayHookSlot().load(std::memory_order_relaxed)) (*h)();
+}
+
 }  // namespace rp::workers
