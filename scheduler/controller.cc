@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/planning/comparison.h"
 #include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/planning/partition.h"
 #include "workers/device/test_hooks.h"
@@ -149,6 +150,7 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
     base.layers.push_back(c);
   }
   planning::CostModel measured = profile_->Apply(base);
+  measured_ = measured;
   auto r =
       planning::AutoPartition({&measured, static_cast<int>(workers_.size()), opt_.microbatches, opt_.stage_memory_cap});
   if (r.ok()) planned_ = *r;

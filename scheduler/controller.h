@@ -59,6 +59,9 @@ struct ControllerOptions {
   bool auto_partition = false;
   int profile_iterations = 3;
   int64_t stage_memory_cap = 0;  // per stage, for the automatic partition (0 = none)
+  // Choose among the paper objective's best candidates by simulating them on the measured
+  // times (planning::SimulatedBestPartition); false = the paper's objective alone.
+  bool partition_by_simulation = true;
 };
 
 struct IterationStats {

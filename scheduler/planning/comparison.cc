@@ -118,6 +118,35 @@ absl::StatusOr<ComparisonRow> RunLooped(const CostModel& costs, const Comparison
 
 }  // namespace
 
+absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& pr, int microbatches_per_round,
+                                                       OptimizerMode mode, int max_candidates) {
+  std::vector<PartitionResult> cands = CandidatePartitions(pr, max_candidates);
+  if (cands.empty()) return AutoPartition(pr);  // for its error message
+  std::optional<PartitionResult> best;
+  double best_period = 0;
+  for (const PartitionResult& c : cands) {
+    ScheduleBuilder build = [&](int iterations, bool with_opt) -> absl::StatusOr<SimSchedule> {
+      DispatchOptions d;
+      d.num_workers = pr.num_workers;
+      d.microbatches_per_iteration = pr.num_microbatches;
+      d.microbatches_per_round = microbatches_per_round;
+      d.iterations = iterations;
+      d.mode = mode;
+      auto plan = BuildDispatchPlan(c.partition, pr.costs->num_layers(), d);
+      if (!plan.ok()) return plan.status();
+      return RoundPipeSchedule(*plan, *pr.costs, SimOptions{});
+    };
+    auto st = MeasureSteadyState(build, mode == OptimizerMode::kAsync ? 2 * pr.num_workers : 1, false, false);
+    if (!st.ok()) continue;
+    if (!best || st->period_s < best_period * (1 - 1e-9)) {
+      best = c;
+      best_period = st->period_s;
+    }
+  }
+  if (!best) return AutoPartition(pr);
+  return *best;
+}
+
 absl::StatusOr<std::vector<ComparisonRow>> CompareSchedules(const CostModel& costs, const ComparisonOptions& o) {
   std::vector<ComparisonRow> rows;
   for (const std::string& id : o.schedules) {

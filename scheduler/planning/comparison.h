@@ -51,4 +51,11 @@ struct ComparisonRow {
 
 absl::StatusOr<std::vector<ComparisonRow>> CompareSchedules(const CostModel& costs, const ComparisonOptions& options);
 
+// Beyond the paper: the paper's objective charges every slot t_max, so when one layer (an LM
+// head) dominates and N, M are small it can prefer few long slots that lengthen the critical
+// path. This simulates the `max_candidates` best candidates of CandidatePartitions (RoundPipe,
+// the given mode and round size, steady state) and returns the one with the shortest iteration.
+absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& problem, int microbatches_per_round,
+                                                       OptimizerMode mode, int max_candidates = 16);
+
 }  // namespace rp::planning

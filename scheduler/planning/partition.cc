@@ -266,10 +266,51 @@ absl::StatusOr<PartitionResult> EvaluatePartition(const PartitionProblem& pr, co
     work += s.time_s;
   }
   const double M = pr.num_microbatches, N = pr.num_workers;
-  const double span = (M * p.num_stages() + N * (N - 1)) * r.t_max;
+  // With fewer stage slots than workers some workers get no slot at all: count S as at least N
+  // (the reference implementation's min_stages), or the formula would reward S < N.
+  const double S = std::max<double>(p.num_stages(), N);
+  const double span = (M * S + N * (N - 1)) * r.t_max;
   r.objective = span;
   r.predicted_bubble = span > 0 ? 1 - M * work / span : 0;
   return r;
+}
+
+namespace {
+
+// The greedy partition for a candidate t_max (largest B_1, then minimal forward and backward
+// stage counts), or nullopt when some layer does not fit.
+std::optional<Partition> GreedyAt(const LayerArrays& a, int L, double T, int64_t cap) {
+  const int fused = MaxFused(a, L, T, cap);
+  if (fused == 0) return std::nullopt;
+  const int n = L - fused;
+  auto fwd = GreedyPack(a.f, a.fm, n, T, cap, /*from_end=*/true);
+  if (!fwd) return std::nullopt;
+  auto bwd = GreedyPack(a.b, a.bm, n, T, cap, /*from_end=*/false);
+  if (!bwd) return std::nullopt;
+  return MakePartition(*fwd, fused, *bwd);
+}
+
+}  // namespace
+
+std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& pr, int max_candidates) {
+  std::vector<PartitionResult> out;
+  if (!CheckProblem(pr).ok()) return out;
+  const int L = pr.costs->num_layers();
+  const LayerArrays a = Arrays(*pr.costs);
+  for (double T : Candidates(a, L)) {
+    auto p = GreedyAt(a, L, T, pr.stage_memory_cap);
+    if (!p) continue;
+    auto r = EvaluatePartition(pr, *p);
+    if (!r.ok()) continue;
+    if (std::none_of(out.begin(), out.end(), [&](const PartitionResult& x) { return x.partition == r->partition; })) {
+      out.push_back(*r);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const PartitionResult& x, const PartitionResult& y) { return x.objective < y.objective; });
+  if (max_candidates > 0 && static_cast<int>(out.size()) > max_candidates)
+    out.resize(static_cast<size_t>(max_candidates));
+  return out;
 }
 
 absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& pr) {
@@ -279,17 +320,12 @@ absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& pr) {
   const double M = pr.num_microbatches, N = pr.num_workers;
   std::optional<PartitionResult> best;
   for (double T : Candidates(a, L)) {
-    // Every partition has S >= 1, so once (M + N(N-1)) * T reaches the best value no larger
-    // candidate can win (candidates ascend).
-    if (best && (M + N * (N - 1)) * T > best->objective * (1 + kRelEps)) break;
-    const int fused = MaxFused(a, L, T, pr.stage_memory_cap);
-    if (fused == 0) continue;
-    const int n = L - fused;
-    auto fwd = GreedyPack(a.f, a.fm, n, T, pr.stage_memory_cap, /*from_end=*/true);
-    if (!fwd) continue;
-    auto bwd = GreedyPack(a.b, a.bm, n, T, pr.stage_memory_cap, /*from_end=*/false);
-    if (!bwd) continue;
-    auto r = EvaluatePartition(pr, MakePartition(*fwd, fused, *bwd));
+    // Every partition counts at least N slots, so once (M*N + N(N-1)) * T exceeds the best value
+    // no larger candidate can win (candidates ascend).
+    if (best && (M * N + N * (N - 1)) * T > best->objective * (1 + kRelEps)) break;
+    auto p = GreedyAt(a, L, T, pr.stage_memory_cap);
+    if (!p) continue;
+    auto r = EvaluatePartition(pr, *p);
     if (!r.ok()) continue;
     if (!best || r->objective < best->objective * (1 - kRelEps) ||
         (r->objective <= best->objective * (1 + kRelEps) &&

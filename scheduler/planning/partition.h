@@ -51,17 +51,25 @@ struct PartitionProblem {
 
 struct PartitionResult {
   Partition partition;
-  double t_max = 0;      // slowest stage time per micro-batch
-  double objective = 0;  // (M*S + N(N-1)) * t_max
+  double t_max = 0;  // slowest stage time per micro-batch
+  // (M*max(S, N) + N(N-1)) * t_max: the paper's objective, with S counted as at least N (with
+  // fewer slots than workers some workers idle every round; the reference implementation's
+  // min_stages does the same).
+  double objective = 0;
   // Model-predicted bubble ratio when every slot is paced by t_max:
-  // 1 - M*sum(stage times) / ((M*S + N(N-1)) * t_max).
+  // 1 - M*sum(stage times) / objective.
   double predicted_bubble = 0;
 };
 
-// Optimal partition for the objective (M*S + N(N-1)) * t_max under the memory cap; among optima
+// Optimal partition for the objective (M*max(S,N) + N(N-1)) * t_max under the memory cap; among optima
 // the one with the largest B_1. O(L^3): candidate t_max values are contiguous sums of the layer
 // times, each checked by an O(L) greedy packing.
 absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& problem);
+
+// The distinct greedy partitions of every candidate t_max, best objective first (at most
+// `max_candidates`, 0 = all): the search space a simulation-guided choice ranks (see
+// SimulatedBestPartition in comparison.h).
+std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& problem, int max_candidates = 0);
 
 // Minimal t_max with exactly `num_stages` stage slots (3 <= ... <= 2L-1, or 1 when L==1... see
 // errors); B_1 as large as allowed.
