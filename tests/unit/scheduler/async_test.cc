@@ -12,6 +12,7 @@
 
 #include "scheduler/controller.h"
 #include "tests/support/reference_model.h"
+#include "tests/support/tokens.h"
 #include "workers/device/test_hooks.h"
 
 namespace rp::scheduler {
@@ -40,10 +41,7 @@ TransformerConfig Qwen3Tied() {
   return c;
 }
 
-at::Tensor Tokens(int64_t B, int64_t S, int64_t V, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randint(V, {B, S}, gen, at::TensorOptions().dtype(at::kLong));
-}
+using rp::testing::RandomTokens;
 
 // Runs K pipelined async iterations and compares with the staleness-1 reference.
 void ExpectStaleness1(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR, int K,
@@ -70,7 +68,7 @@ void ExpectStaleness1(const TransformerConfig& cfg, int N, const planning::Parti
   std::vector<double> want, got;
   int pending = -1;
   for (int k = 0; k < K; ++k) {
-    at::Tensor t = Tokens(2 * M, 8, cfg.vocab, 300 + k);
+    at::Tensor t = RandomTokens(2 * M, 8, cfg.vocab, 300 + k);
     want.push_back(ref.StaleStep(t));
     auto it = (*c)->SubmitIteration(t);
     ASSERT_TRUE(it.ok()) << it.status();
@@ -120,7 +118,7 @@ TEST(AsyncEquivalence, SyncModeStillMatchesPlainTraining) {
   o.adamw = adamw;
   auto c = *Controller::Create(o, &store, {devs[0].get(), devs[1].get()}, &tl);
   for (int k = 0; k < 4; ++k) {
-    at::Tensor t = Tokens(4, 8, cfg.vocab, 400 + k);
+    at::Tensor t = RandomTokens(4, 8, cfg.vocab, 400 + k);
     const double want = ref.Step(t);
     auto st = c->RunIteration(t);
     ASSERT_TRUE(st.ok());
@@ -164,7 +162,7 @@ TEST(AsyncSchedule, DispatchFlowsAcrossTheIterationBoundary) {
   const int K = 4;
   int pending = -1;
   for (int k = 0; k < K; ++k) {
-    auto it = c->SubmitIteration(Tokens(6, 16, cfg.vocab, k));
+    auto it = c->SubmitIteration(RandomTokens(6, 16, cfg.vocab, k));
     ASSERT_TRUE(it.ok());
     if (pending >= 0) ASSERT_TRUE(c->AwaitIteration(pending).ok());
     pending = *it;
@@ -200,10 +198,11 @@ TEST(AsyncErrors, TooManyInFlightAndFlushOrder) {
   o.microbatches = 1;
   o.mode = planning::OptimizerMode::kAsync;
   auto c = *Controller::Create(o, &store, {devs[0].get()}, &tl);
-  auto a = c->SubmitIteration(Tokens(2, 8, cfg.vocab, 1));
-  auto b = c->SubmitIteration(Tokens(2, 8, cfg.vocab, 2));
+  auto a = c->SubmitIteration(RandomTokens(2, 8, cfg.vocab, 1));
+  auto b = c->SubmitIteration(RandomTokens(2, 8, cfg.vocab, 2));
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(c->SubmitIteration(Tokens(2, 8, cfg.vocab, 3)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c->SubmitIteration(RandomTokens(2, 8, cfg.vocab, 3)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(c->Flush().code(), absl::StatusCode::kFailedPrecondition);  // iterations still in flight
   EXPECT_EQ(c->AwaitIteration(99).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(c->AwaitIteration(*a).ok());
@@ -211,7 +210,7 @@ TEST(AsyncErrors, TooManyInFlightAndFlushOrder) {
   EXPECT_TRUE(c->Flush().ok());
   // Bad input is rejected before anything is enqueued; the controller goes on.
   EXPECT_EQ(c->SubmitIteration(at::zeros({2, 8}, at::kFloat)).status().code(), absl::StatusCode::kInvalidArgument);
-  auto d = c->SubmitIteration(Tokens(2, 8, cfg.vocab, 4));
+  auto d = c->SubmitIteration(RandomTokens(2, 8, cfg.vocab, 4));
   ASSERT_TRUE(d.ok());
   EXPECT_TRUE(c->AwaitIteration(*d).ok());
 }
@@ -249,7 +248,7 @@ TEST(AutoPartition, ProfilesThenSwitchesAndStaysExact) {
     EXPECT_EQ((*c)->partition().num_stages(), 2 * cfg.num_layers() - 1);
     std::vector<std::string> seen;
     for (int k = 0; k < 6; ++k) {
-      at::Tensor t = Tokens(4, 16, cfg.vocab, 500 + k);
+      at::Tensor t = RandomTokens(4, 16, cfg.vocab, 500 + k);
       auto st = (*c)->RunIteration(t);  // submit + await: no overlap, so even async is exact here
       ASSERT_TRUE(st.ok()) << st.status();
       seen.push_back(st->partition);

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tests/support/reference_model.h"
+#include "tests/support/tokens.h"
 #include "workers/device/device.h"
 
 namespace rp::scheduler {
@@ -77,10 +78,7 @@ std::unique_ptr<Engine> MakeEngine(const TransformerConfig& cfg, int N, const pl
   return e;
 }
 
-at::Tensor RandomTokens(int64_t B, int64_t S, int64_t V, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randint(V, {B, S}, gen, at::TensorOptions().dtype(at::kLong));
-}
+using rp::testing::RandomTokens;
 
 void ExpectMatchesReference(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR) {
   SCOPED_TRACE(::testing::Message() << cfg.family << " N=" << N << " M=" << M << " M_R=" << MR << " " << p.ToString());

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "tests/support/reference_model.h"
+#include "tests/support/tokens.h"
 
 namespace rp::scheduler {
 namespace {
@@ -30,10 +31,7 @@ JobSpec TinyJob() {
   return s;
 }
 
-at::Tensor Tokens(int64_t B, int64_t S, int64_t V, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randint(V, {B, S}, gen, at::TensorOptions().dtype(at::kLong));
-}
+using rp::testing::RandomTokens;
 
 std::vector<JobEvent> DrainUntilEnded(Engine& e, JobId id) {
   std::vector<JobEvent> all;
@@ -64,7 +62,7 @@ TEST(Engine, TrainsAJobAndMatchesTheReference) {
   rp::testing::ReferenceModel ref(init, spec.adamw);
   std::vector<double> want;
   for (int it = 0; it < 3; ++it) {
-    at::Tensor t = Tokens(6, 8, spec.model.vocab, 50 + it);
+    at::Tensor t = RandomTokens(6, 8, spec.model.vocab, 50 + it);
     want.push_back(ref.Step(t));
     ASSERT_TRUE((*engine)->FeedBatch(*id, {t}).ok());
   }
@@ -108,15 +106,15 @@ TEST(Engine, BadInputGetsClearErrorsAndTheJobKeepsRunning) {
   EXPECT_EQ(fb(at::full({4, 8}, V, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fb(at::zeros({3, 8}, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fb(at::zeros({0, 8}, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine->FeedBatch(999, {Tokens(4, 8, V, 1)}).code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(fb(Tokens(4, 8, V, 1)).ok());
-  ASSERT_TRUE(fb(Tokens(4, 8, V, 2)).ok());
+  EXPECT_EQ(engine->FeedBatch(999, {RandomTokens(4, 8, V, 1)}).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(fb(RandomTokens(4, 8, V, 1)).ok());
+  ASSERT_TRUE(fb(RandomTokens(4, 8, V, 2)).ok());
   auto events = DrainUntilEnded(*engine, id);
   int iterations = 0;
   for (const auto& e : events) iterations += e.kind == JobEvent::Kind::kIteration;
   EXPECT_EQ(iterations, 2);
   EXPECT_EQ(*engine->State(id), JobState::kSucceeded);  // max_steps reached
-  EXPECT_EQ(fb(Tokens(4, 8, V, 3)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fb(RandomTokens(4, 8, V, 3)).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(Engine, BackpressureCancelAndQueueing) {
@@ -131,7 +129,7 @@ TEST(Engine, BackpressureCancelAndQueueing) {
   const int64_t V = spec.model.vocab;
   int deadline_hits = 0;
   for (int i = 0; i < 20 && deadline_hits == 0; ++i) {
-    absl::Status st = engine->FeedBatch(first, {Tokens(64, 64, V, i)}, 0ms);
+    absl::Status st = engine->FeedBatch(first, {RandomTokens(64, 64, V, i)}, 0ms);
     if (st.code() == absl::StatusCode::kDeadlineExceeded)
       ++deadline_hits;
     else
@@ -160,7 +158,7 @@ TEST(Engine, AsyncJobMatchesTheStaleness1Reference) {
   auto id = *engine->Submit(spec);
   std::vector<double> want;
   for (int it = 0; it < 5; ++it) {
-    at::Tensor t = Tokens(4, 8, spec.model.vocab, 70 + it);
+    at::Tensor t = RandomTokens(4, 8, spec.model.vocab, 70 + it);
     want.push_back(ref.StaleStep(t));
     ASSERT_TRUE(engine->FeedBatch(id, {t}).ok());
   }
