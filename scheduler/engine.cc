@@ -122,7 +122,7 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   if (spec.max_steps < 0) return absl::InvalidArgumentError("job: max_steps must be >= 0");
   const int N = static_cast<int>(devices_.size());
   if (spec.microbatches == 0) spec.microbatches = N;
-  if (!spec.partition) {
+  if (!spec.partition && !spec.auto_partition) {
     auto p = PlanFromParameterSizes(spec.model, N, spec.microbatches);
     if (!p.ok()) return p.status();
     spec.partition = *p;
@@ -131,13 +131,14 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   job->spec = spec;
   job->store = std::make_unique<workers::HostModelStore>(spec.model, spec.master_dtype, spec.seed);
   ControllerOptions o;
-  o.partition = *spec.partition;
+  if (spec.partition) o.partition = *spec.partition;
   o.microbatches = spec.microbatches;
   o.microbatches_per_round = spec.microbatches_per_round;
   o.adamw = spec.adamw;
   o.lr_schedule = spec.lr_schedule;
   o.loss_scaler.enabled = spec.master_dtype == at::kHalf;
   o.mode = spec.optimizer_mode;
+  o.auto_partition = spec.auto_partition;
   std::vector<workers::Device*> raw;
   for (auto& d : devices_) raw.push_back(d.get());
   auto c = Controller::Create(o, job->store.get(), raw, &timeline_);

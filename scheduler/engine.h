@@ -48,6 +48,7 @@ struct JobSpec {
   at::ScalarType master_dtype = at::kFloat;      // kFloat, kBFloat16 or kHalf
   uint64_t seed = 0;                             // weight initialisation
   std::optional<planning::Partition> partition;  // default: planned from parameter sizes
+  bool auto_partition = false;                   // profile one layer per slot, then plan from measured times
   int microbatches = 0;                          // 0 = number of devices
   int microbatches_per_round = 0;
   workers::AdamWOptions adamw;

@@ -178,6 +178,25 @@ TEST(Engine, AsyncJobMatchesTheStaleness1Reference) {
   }
 }
 
+TEST(Engine, AutoPartitionedJobSwitchesPartitionAndReportsIt) {
+  auto engine = *Engine::Create({"cpu:2"});
+  JobSpec spec = TinyJob();
+  spec.model.vocab = 2000;  // a heavy head
+  spec.microbatches = 2;
+  spec.auto_partition = true;
+  spec.max_steps = 6;
+  auto id = engine->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (int it = 0; it < 6; ++it) ASSERT_TRUE(engine->FeedBatch(*id, {RandomTokens(4, 8, spec.model.vocab, it)}).ok());
+  std::vector<std::string> partitions;
+  for (const auto& e : DrainUntilEnded(*engine, *id)) {
+    if (e.kind == JobEvent::Kind::kIteration) partitions.push_back(e.stats.partition);
+  }
+  ASSERT_EQ(partitions.size(), 6u);
+  EXPECT_EQ(partitions[0], "F[1,1,1,1] B1=1 B[1,1,1,1]");  // profiling: one layer per slot
+  EXPECT_NE(partitions[5], partitions[0]);
+}
+
 TEST(Engine, DefaultPartitionComesFromTheParameterSizes) {
   JobSpec spec = TinyJob();
   auto p = PlanFromParameterSizes(spec.model, 2, 4);
