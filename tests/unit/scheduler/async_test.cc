@@ -188,6 +188,25 @@ TEST(AsyncSchedule, DispatchFlowsAcrossTheIterationBoundary) {
   }
 }
 
+TEST(AsyncErrors, DestroyingAControllerWithIterationsInFlightDoesNotHang) {
+  const TransformerConfig cfg = Llama();
+  workers::Timeline tl;
+  auto devs = *workers::CreateDevices("cpu:2", &tl);
+  workers::HostModelStore store(cfg, at::kFloat, 1);
+  ControllerOptions o;
+  o.partition = {{2, 2}, 2, {1, 1, 2}};
+  o.microbatches = 2;
+  o.mode = planning::OptimizerMode::kAsync;
+  {
+    auto c = *Controller::Create(o, &store, {devs[0].get(), devs[1].get()}, &tl);
+    ASSERT_TRUE(c->SubmitIteration(RandomTokens(4, 8, cfg.vocab, 1)).ok());
+    ASSERT_TRUE(c->SubmitIteration(RandomTokens(4, 8, cfg.vocab, 2)).ok());
+  }  // destroyed with two iterations never awaited
+  for (int i = 0; i < store.num_params(); ++i) {
+    EXPECT_TRUE(at::isfinite(store.param(i).fp32).all().item<bool>());
+  }
+}
+
 TEST(AsyncErrors, TooManyInFlightAndFlushOrder) {
   const TransformerConfig cfg = Llama();
   workers::Timeline tl;

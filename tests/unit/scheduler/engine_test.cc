@@ -197,6 +197,27 @@ TEST(Engine, AutoPartitionedJobSwitchesPartitionAndReportsIt) {
   EXPECT_NE(partitions[5], partitions[0]);
 }
 
+TEST(Engine, ShutdownWithARunningAsyncJobCancelsItCleanly) {
+  auto engine = *Engine::Create({"cpu:2"});
+  JobSpec spec = TinyJob();
+  spec.microbatches = 2;
+  spec.optimizer_mode = planning::OptimizerMode::kAsync;
+  spec.max_queued_batches = 16;
+  auto id = *engine->Submit(spec);
+  for (int it = 0; it < 10; ++it) ASSERT_TRUE(engine->FeedBatch(id, {RandomTokens(64, 32, spec.model.vocab, it)}).ok());
+  // Wait (on events, not a sleep) until the first iteration has run.
+  bool ran = false;
+  for (int i = 0; i < 100 && !ran; ++i) {
+    for (const auto& e : *engine->AwaitEvents(id, 100ms)) ran |= e.kind == JobEvent::Kind::kIteration;
+  }
+  ASSERT_TRUE(ran);
+  engine->Shutdown();
+  const JobState s = *engine->State(id);
+  EXPECT_TRUE(s == JobState::kCancelled || s == JobState::kSucceeded) << JobStateName(s);
+  EXPECT_EQ(engine->FeedBatch(id, {RandomTokens(4, 8, spec.model.vocab, 1)}).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(Engine, DefaultPartitionComesFromTheParameterSizes) {
   JobSpec spec = TinyJob();
   auto p = PlanFromParameterSizes(spec.model, 2, 4);
