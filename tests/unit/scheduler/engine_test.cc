@@ -208,7 +208,9 @@ TEST(Engine, ShutdownWithARunningAsyncJobCancelsItCleanly) {
   // Wait (on events, not a sleep) until the first iteration has run.
   bool ran = false;
   for (int i = 0; i < 100 && !ran; ++i) {
-    for (const auto& e : *engine->AwaitEvents(id, 100ms)) ran |= e.kind == JobEvent::Kind::kIteration;
+    auto events = engine->AwaitEvents(id, 100ms);  // keep the StatusOr alive while iterating
+    ASSERT_TRUE(events.ok());
+    for (const auto& e : *events) ran |= e.kind == JobEvent::Kind::kIteration;
   }
   ASSERT_TRUE(ran);
   engine->Shutdown();
