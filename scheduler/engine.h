@@ -96,7 +96,9 @@ class Engine {
   absl::StatusOr<std::vector<JobEvent>> AwaitEvents(JobId id, std::chrono::milliseconds timeout);
   absl::Status Cancel(JobId id);
   absl::StatusOr<JobState> State(JobId id) const;
-  // The fp32 value of a parameter of a job (for tests, export and inspection).
+  // The fp32 value of a parameter of a job (for tests, export and inspection). Consistent once
+  // the job has ended (the engine flushes the optimizer then) or, in sync mode, between
+  // iterations; during an async job it may show a step in progress.
   absl::StatusOr<at::Tensor> Parameter(JobId id, const std::string& name) const;
   EngineStats Stats() const;
   workers::Timeline& timeline() { return timeline_; }
