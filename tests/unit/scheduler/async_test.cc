@@ -12,6 +12,7 @@
 
 #include "scheduler/controller.h"
 #include "tests/support/reference_model.h"
+#include "tests/support/rig.h"
 #include "tests/support/tokens.h"
 #include "workers/device/test_hooks.h"
 
@@ -47,42 +48,39 @@ using rp::testing::RandomTokens;
 void ExpectStaleness1(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR, int K,
                       double tol = 1e-5) {
   SCOPED_TRACE(::testing::Message() << cfg.family << " N=" << N << " M=" << M << " M_R=" << MR << " " << p.ToString());
-  workers::Timeline tl;
-  auto devs = *workers::CreateDevices("cpu:" + std::to_string(N), &tl);
-  std::vector<workers::Device*> raw;
-  for (auto& d : devs) raw.push_back(d.get());
-  workers::HostModelStore store(cfg, at::kFloat, 21);
   workers::AdamWOptions adamw;
   adamw.lr = 2e-3;
   adamw.eps = 1e-6;  // see controller_test.cc
   adamw.max_grad_norm = 0.7;
-  rp::testing::ReferenceModel ref(store, adamw);
   ControllerOptions o;
   o.partition = p;
   o.microbatches = M;
   o.microbatches_per_round = MR;
   o.adamw = adamw;
   o.mode = planning::OptimizerMode::kAsync;
-  auto c = Controller::Create(o, &store, raw, &tl);
-  ASSERT_TRUE(c.ok()) << c.status();
+  auto rig = rp::testing::MakeRig(cfg, N, o, at::kFloat, 21);
+  ASSERT_TRUE(rig->controller);
+  workers::HostModelStore& store = *rig->store;
+  Controller* c = rig->controller.get();
+  rp::testing::ReferenceModel ref(store, adamw);
   std::vector<double> want, got;
   int pending = -1;
   for (int k = 0; k < K; ++k) {
     at::Tensor t = RandomTokens(2 * M, 8, cfg.vocab, 300 + k);
     want.push_back(ref.StaleStep(t));
-    auto it = (*c)->SubmitIteration(t);
+    auto it = c->SubmitIteration(t);
     ASSERT_TRUE(it.ok()) << it.status();
     if (pending >= 0) {
-      auto st = (*c)->AwaitIteration(pending);
+      auto st = c->AwaitIteration(pending);
       ASSERT_TRUE(st.ok()) << st.status();
       got.push_back(st->loss);
     }
     pending = *it;
   }
-  auto st = (*c)->AwaitIteration(pending);
+  auto st = c->AwaitIteration(pending);
   ASSERT_TRUE(st.ok()) << st.status();
   got.push_back(st->loss);
-  ASSERT_TRUE((*c)->Flush().ok());
+  ASSERT_TRUE(c->Flush().ok());
   for (int k = 0; k < K; ++k) EXPECT_NEAR(got[k], want[k], tol * want[k]) << "iteration " << k;
   for (const auto& [name, w] : ref.params()) {
     const workers::HostParam& hp = store.param(store.FindParam(name));
@@ -106,17 +104,17 @@ TEST(AsyncEquivalence, MatchesTheStaleness1Reference) {
 TEST(AsyncEquivalence, SyncModeStillMatchesPlainTraining) {
   // The same controller code in sync mode keeps the ordinary (non-stale) semantics.
   const TransformerConfig cfg = Llama();
-  workers::Timeline tl;
-  auto devs = *workers::CreateDevices("cpu:2", &tl);
-  workers::HostModelStore store(cfg, at::kFloat, 21);
   workers::AdamWOptions adamw;
   adamw.eps = 1e-6;
-  rp::testing::ReferenceModel ref(store, adamw);
   ControllerOptions o;
   o.partition = {{2, 2}, 2, {1, 1, 2}};
   o.microbatches = 2;
   o.adamw = adamw;
-  auto c = *Controller::Create(o, &store, {devs[0].get(), devs[1].get()}, &tl);
+  auto rig = rp::testing::MakeRig(cfg, 2, o, at::kFloat, 21);
+  ASSERT_TRUE(rig->controller);
+  workers::HostModelStore& store = *rig->store;
+  Controller* c = rig->controller.get();
+  rp::testing::ReferenceModel ref(store, adamw);
   for (int k = 0; k < 4; ++k) {
     at::Tensor t = RandomTokens(4, 8, cfg.vocab, 400 + k);
     const double want = ref.Step(t);
@@ -151,14 +149,14 @@ TEST(AsyncStress, RandomDelaysDoNotChangeTheResult) {
 
 TEST(AsyncSchedule, DispatchFlowsAcrossTheIterationBoundary) {
   const TransformerConfig cfg = Llama();
-  workers::Timeline tl;
-  auto devs = *workers::CreateDevices("cpu:3", &tl);
-  workers::HostModelStore store(cfg, at::kFloat, 2);
   ControllerOptions o;
   o.partition = {{2, 2}, 2, {1, 1, 2}};  // S = 6
   o.microbatches = 3;
   o.mode = planning::OptimizerMode::kAsync;
-  auto c = *Controller::Create(o, &store, {devs[0].get(), devs[1].get(), devs[2].get()}, &tl);
+  auto rig = rp::testing::MakeRig(cfg, 3, o, at::kFloat, 2);
+  ASSERT_TRUE(rig->controller);
+  Controller* c = rig->controller.get();
+  workers::Timeline& tl = rig->timeline;
   const int K = 4;
   int pending = -1;
   for (int k = 0; k < K; ++k) {
@@ -191,18 +189,16 @@ TEST(AsyncSchedule, DispatchFlowsAcrossTheIterationBoundary) {
 
 TEST(AsyncErrors, DestroyingAControllerWithIterationsInFlightDoesNotHang) {
   const TransformerConfig cfg = Llama();
-  workers::Timeline tl;
-  auto devs = *workers::CreateDevices("cpu:2", &tl);
-  workers::HostModelStore store(cfg, at::kFloat, 1);
   ControllerOptions o;
   o.partition = {{2, 2}, 2, {1, 1, 2}};
   o.microbatches = 2;
   o.mode = planning::OptimizerMode::kAsync;
-  {
-    auto c = *Controller::Create(o, &store, {devs[0].get(), devs[1].get()}, &tl);
-    ASSERT_TRUE(c->SubmitIteration(RandomTokens(4, 8, cfg.vocab, 1)).ok());
-    ASSERT_TRUE(c->SubmitIteration(RandomTokens(4, 8, cfg.vocab, 2)).ok());
-  }  // destroyed with two iterations never awaited
+  auto rig = rp::testing::MakeRig(cfg, 2, o);
+  ASSERT_TRUE(rig->controller);
+  ASSERT_TRUE(rig->controller->SubmitIteration(RandomTokens(4, 8, cfg.vocab, 1)).ok());
+  ASSERT_TRUE(rig->controller->SubmitIteration(RandomTokens(4, 8, cfg.vocab, 2)).ok());
+  rig->controller.reset();  // destroyed with two iterations never awaited
+  const workers::HostModelStore& store = *rig->store;
   for (int i = 0; i < store.num_params(); ++i) {
     EXPECT_TRUE(at::isfinite(store.param(i).fp32).all().item<bool>());
   }
@@ -210,14 +206,13 @@ TEST(AsyncErrors, DestroyingAControllerWithIterationsInFlightDoesNotHang) {
 
 TEST(AsyncErrors, TooManyInFlightAndFlushOrder) {
   const TransformerConfig cfg = Llama();
-  workers::Timeline tl;
-  auto devs = *workers::CreateDevices("cpu:1", &tl);
-  workers::HostModelStore store(cfg, at::kFloat, 1);
   ControllerOptions o;
   o.partition = {{2, 2}, 2, {1, 1, 2}};
   o.microbatches = 1;
   o.mode = planning::OptimizerMode::kAsync;
-  auto c = *Controller::Create(o, &store, {devs[0].get()}, &tl);
+  auto rig = rp::testing::MakeRig(cfg, 1, o);
+  ASSERT_TRUE(rig->controller);
+  Controller* c = rig->controller.get();
   auto a = c->SubmitIteration(RandomTokens(2, 8, cfg.vocab, 1));
   auto b = c->SubmitIteration(RandomTokens(2, 8, cfg.vocab, 2));
   ASSERT_TRUE(a.ok() && b.ok());

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tests/support/reference_model.h"
+#include "tests/support/rig.h"
 #include "tests/support/tokens.h"
 #include "workers/device/device.h"
 
@@ -50,35 +51,18 @@ TransformerConfig TinyQwen3() {
   return c;
 }
 
-struct Engine {
-  workers::Timeline timeline;
-  std::vector<std::unique_ptr<workers::Device>> devices;
-  std::unique_ptr<workers::HostModelStore> store;
-  std::unique_ptr<Controller> controller;
-};
+using rp::testing::RandomTokens;
 
-std::unique_ptr<Engine> MakeEngine(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR,
-                                   const workers::AdamWOptions& adamw, int64_t chunk = 5) {
-  auto e = std::make_unique<Engine>();
-  auto devs = workers::CreateDevices("cpu:" + std::to_string(N), &e->timeline);
-  EXPECT_TRUE(devs.ok()) << devs.status();
-  e->devices = std::move(*devs);
-  e->store = std::make_unique<workers::HostModelStore>(cfg, at::kFloat, /*seed=*/7);
+std::unique_ptr<rp::testing::Rig> MakeEngine(const TransformerConfig& cfg, int N, const planning::Partition& p, int M,
+                                             int MR, const workers::AdamWOptions& adamw, int64_t chunk = 5) {
   ControllerOptions o;
   o.partition = p;
   o.microbatches = M;
   o.microbatches_per_round = MR;
   o.adamw = adamw;
   o.head_chunk_tokens = chunk;  // several chunks per micro-batch
-  std::vector<workers::Device*> raw;
-  for (auto& d : e->devices) raw.push_back(d.get());
-  auto c = Controller::Create(o, e->store.get(), raw, &e->timeline);
-  EXPECT_TRUE(c.ok()) << c.status();
-  e->controller = std::move(*c);
-  return e;
+  return rp::testing::MakeRig(cfg, N, o, at::kFloat, /*seed=*/7);
 }
-
-using rp::testing::RandomTokens;
 
 void ExpectMatchesReference(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR) {
   SCOPED_TRACE(::testing::Message() << cfg.family << " N=" << N << " M=" << M << " M_R=" << MR << " " << p.ToString());
