@@ -125,7 +125,7 @@ void Controller::ApplyPartition(const planning::Partition& p) {
 // once enough iterations were measured, plans the partition used from the next iteration on.
 void Controller::RecordProfile(int iteration, const InFlight& f) {
   if (!profile_ || !timeline_ || planned_) return;
-  for (const workers::TimelineEntry& e : timeline_->Entries()) {
+  for (const workers::TimelineEntry& e : timeline_->EntriesEndingSince(f.timeline_start)) {
     if (e.iteration != iteration || e.stream != "compute" || e.slot < 0 || e.slot >= static_cast<int>(f.slots.size())) {
       continue;
     }
@@ -350,7 +350,7 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
   st.worker_busy_s.assign(workers_.size(), 0);
   if (timeline_) {
     double first = 1e300, last = 0;
-    for (const workers::TimelineEntry& e : timeline_->Entries()) {
+    for (const workers::TimelineEntry& e : timeline_->EntriesEndingSince(f.timeline_start)) {
       if (e.iteration != iteration || e.start_s < f.timeline_start || e.stream != "compute") continue;
       st.worker_busy_s[static_cast<size_t>(e.worker)] += e.end_s - e.start_s;
       first = std::min(first, e.start_s);

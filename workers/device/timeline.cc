@@ -7,11 +7,29 @@ namespace rp::workers {
 void Timeline::Add(TimelineEntry e) {
   std::lock_guard<std::mutex> lock(mu_);
   entries_.push_back(std::move(e));
+  while (entries_.size() > max_entries_) entries_.pop_front();
 }
 
 std::vector<TimelineEntry> Timeline::Entries() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return entries_;
+  return {entries_.begin(), entries_.end()};
+}
+
+std::vector<TimelineEntry> Timeline::EntriesEndingSince(double t) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.end();
+  // Appends from several threads are only roughly ordered by end time: keep scanning past a
+  // small disorder window.
+  int older_in_a_row = 0;
+  while (it != entries_.begin() && older_in_a_row < 64) {
+    --it;
+    older_in_a_row = it->end_s < t ? older_in_a_row + 1 : 0;
+  }
+  std::vector<TimelineEntry> out;
+  for (; it != entries_.end(); ++it) {
+    if (it->end_s >= t) out.push_back(*it);
+  }
+  return out;
 }
 
 void Timeline::Clear() {

@@ -2,10 +2,12 @@
 // exports a Chrome/Perfetto trace of a real run.
 //
 // Contract: thread-safe (one mutex); streams append from their own threads. Times are seconds
-// since the Timeline was created (steady clock).
+// since the Timeline was created (steady clock). Bounded: beyond `max_entries` the oldest entries
+// are dropped, so a long-running engine does not grow without limit.
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -24,10 +26,14 @@ struct TimelineEntry {
 
 class Timeline {
  public:
-  Timeline() : origin_(std::chrono::steady_clock::now()) {}
+  explicit Timeline(size_t max_entries = size_t{1} << 18)
+      : origin_(std::chrono::steady_clock::now()), max_entries_(max_entries) {}
   double Now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin_).count(); }
   void Add(TimelineEntry e);
   std::vector<TimelineEntry> Entries() const;
+  // Entries that ended at or after `t` (entries are appended when they end, so this scans only
+  // the recent tail).
+  std::vector<TimelineEntry> EntriesEndingSince(double t) const;
   void Clear();
   // Chrome trace-event JSON: one process per worker, one track per stream.
   std::string ChromeTrace() const;
@@ -35,7 +41,8 @@ class Timeline {
  private:
   const std::chrono::steady_clock::time_point origin_;
   mutable std::mutex mu_;
-  std::vector<TimelineEntry> entries_;
+  const size_t max_entries_;
+  std::deque<TimelineEntry> entries_;
 };
 
 }  // namespace rp::workers

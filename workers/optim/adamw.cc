@@ -24,7 +24,7 @@ double AdamW::GradNorm(const HostModelStore& store) {
   double sq = 0;
   for (int i = 0; i < store.num_params(); ++i) {
     const HostParam& p = store.param(i);
-    if (p.trainable) sq += p.grad.to(at::kDouble).pow(2).sum().item<double>();
+    if (p.trainable) sq += std::pow(at::norm(p.grad, 2, at::kDouble).item<double>(), 2);
   }
   return std::sqrt(sq);
 }

@@ -45,6 +45,18 @@ TEST(CpuStream, RunsInOrderAndEventsOrderStreams) {
   EXPECT_NE(tl.ChromeTrace().find("\"traceEvents\""), std::string::npos);
 }
 
+TEST(Timeline, IsBoundedAndScansOnlyTheRecentTail) {
+  Timeline tl(/*max_entries=*/100);
+  for (int i = 0; i < 250; ++i) tl.Add({0, "compute", "op", 0, i, 0, i * 1.0, i + 0.5});
+  auto all = tl.Entries();
+  ASSERT_EQ(all.size(), 100u);  // the oldest 150 were dropped
+  EXPECT_EQ(all.front().slot, 150);
+  auto recent = tl.EntriesEndingSince(240.0);
+  ASSERT_EQ(recent.size(), 10u);  // ends 240.5 .. 249.5
+  EXPECT_EQ(recent.front().slot, 240);
+  EXPECT_TRUE(tl.EntriesEndingSince(1e9).empty());
+}
+
 TEST(CpuStream, AnEscapedExceptionDoesNotKillTheStream) {
   auto devs = *CreateDevices("cpu:1", nullptr);
   Stream& s = devs[0]->stream(StreamKind::kCompute);
