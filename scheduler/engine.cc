@@ -14,6 +14,8 @@ const char* JobStateName(JobState s) {
       return "QUEUED";
     case JobState::kRunning:
       return "RUNNING";
+    case JobState::kPaused:
+      return "PAUSED";
     case JobState::kSucceeded:
       return "SUCCEEDED";
     case JobState::kFailed:
@@ -22,6 +24,10 @@ const char* JobStateName(JobState s) {
       return "CANCELLED";
   }
   return "?";
+}
+
+bool IsTerminal(JobState s) {
+  return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
 }
 
 struct Engine::Job {
@@ -36,12 +42,12 @@ struct Engine::Job {
   std::deque<Batch> batches;
   bool input_closed = false;
   bool cancel = false;
+  bool pause = false;  // requested; honoured between iterations
+  bool controller_started = false;  // the runner took the job (guarded by mu)
   JobState state = JobState::kQueued;
   std::vector<JobEvent> events;
 
-  bool terminal() const {
-    return state == JobState::kSucceeded || state == JobState::kFailed || state == JobState::kCancelled;
-  }
+  bool terminal() const { return IsTerminal(state); }
   void Emit(JobEvent e) {  // caller holds mu
     events.push_back(std::move(e));
     cv.notify_all();
@@ -194,9 +200,54 @@ absl::Status Engine::Cancel(JobId id) {
   std::lock_guard<std::mutex> lock(job->mu);
   if (job->terminal()) return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
   job->cancel = true;
-  if (job->state == JobState::kQueued) job->SetState(JobState::kCancelled, "cancelled before it started");
+  if (job->state == JobState::kQueued || (job->state == JobState::kPaused && !job->controller_started)) {
+    job->SetState(JobState::kCancelled, "cancelled before it started");
+  }
   job->cv.notify_all();
   return absl::OkStatus();
+}
+
+absl::Status Engine::Pause(JobId id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::lock_guard<std::mutex> lock(job->mu);
+  if (job->terminal() || job->cancel) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
+  }
+  job->pause = true;
+  if (job->state == JobState::kQueued) job->SetState(JobState::kPaused, "paused before it started");
+  job->cv.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Resume(JobId id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->terminal() || job->cancel) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
+    }
+    job->pause = false;
+    if (job->state == JobState::kPaused && !job->controller_started) job->SetState(JobState::kQueued);
+    job->cv.notify_all();
+  }
+  cv_.notify_all();  // a job paused while queued may start now
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> Engine::ParameterNames(JobId id) const {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::vector<std::string> names;
+  for (int i = 0; i < job->store->num_params(); ++i) names.push_back(job->store->param(i).name);
+  return names;
+}
+
+absl::StatusOr<workers::models::TransformerConfig> Engine::ModelConfig(JobId id) const {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return job->store->config();
 }
 
 absl::StatusOr<JobState> Engine::State(JobId id) const {
@@ -243,13 +294,35 @@ void Engine::RunnerLoop() {
     std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return shutdown_ || !pending_.empty(); });
+      cv_.wait(lock, [&] { return shutdown_ || (job = TakeRunnableLocked()) != nullptr; });
       if (shutdown_) return;
-      job = jobs_[pending_.front()];
-      pending_.pop_front();
     }
     RunJob(*job);
   }
+}
+
+std::shared_ptr<Engine::Job> Engine::TakeRunnableLocked() {
+  std::shared_ptr<Job> best;
+  size_t best_at = 0;
+  for (size_t i = 0; i < pending_.size();) {
+    auto& job = jobs_[pending_[i]];
+    std::lock_guard<std::mutex> jl(job->mu);
+    if (job->terminal()) {  // cancelled while queued
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    if (!job->pause && (!best || job->spec.priority > best->spec.priority)) {
+      best = job;
+      best_at = i;
+    }
+    ++i;
+  }
+  if (best) {
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(best_at));
+    std::lock_guard<std::mutex> jl(best->mu);
+    best->controller_started = true;
+  }
+  return best;
 }
 
 void Engine::RunJob(Job& job) {
@@ -288,7 +361,26 @@ void Engine::RunJob(Job& job) {
     std::lock_guard<std::mutex> lock(job.mu);
     job.SetState(s, std::move(message));
   };
+  // Pause point (between iterations): report the pending iteration, flush the optimizer so the
+  // store is consistent, then wait for Resume or Cancel.
+  auto maybe_pause = [&]() -> bool {
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      if (!job.pause || job.cancel) return true;
+    }
+    if (!finish_pending()) return false;
+    {
+      std::lock_guard<std::mutex> run(job.run_mu);
+      (void)c.Flush();
+    }
+    std::unique_lock<std::mutex> lock(job.mu);
+    job.SetState(JobState::kPaused);
+    job.cv.wait(lock, [&] { return !job.pause || job.cancel; });
+    if (!job.cancel) job.SetState(JobState::kRunning);
+    return true;
+  };
   for (;;) {
+    if (!maybe_pause()) return;
     if (job.spec.max_steps > 0 && steps + (pending ? 1 : 0) >= job.spec.max_steps) {
       end(JobState::kSucceeded, "");
       return;
@@ -303,7 +395,8 @@ void Engine::RunJob(Job& job) {
         if (!finish_pending()) return;
         continue;
       }
-      job.cv.wait(lock, [&] { return job.cancel || job.input_closed || !job.batches.empty(); });
+      job.cv.wait(lock, [&] { return job.cancel || job.pause || job.input_closed || !job.batches.empty(); });
+      if (job.pause && !job.cancel) continue;
       if (job.cancel || job.batches.empty()) {
         const bool cancelled = job.cancel;
         lock.unlock();

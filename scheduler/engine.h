@@ -57,9 +57,11 @@ struct JobSpec {
   planning::OptimizerMode optimizer_mode = planning::OptimizerMode::kSync;
   int64_t max_steps = 0;       // 0 = until the input is closed
   int max_queued_batches = 4;  // FeedBatch blocks while this many wait
+  int priority = 0;            // higher runs first; FIFO (submission order) among equals
 };
 
-enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+enum class JobState { kQueued, kRunning, kPaused, kSucceeded, kFailed, kCancelled };
+bool IsTerminal(JobState s);
 const char* JobStateName(JobState s);
 
 struct JobEvent {
@@ -95,6 +97,14 @@ class Engine {
   // Events since the previous call; waits up to `timeout` for at least one.
   absl::StatusOr<std::vector<JobEvent>> AwaitEvents(JobId id, std::chrono::milliseconds timeout);
   absl::Status Cancel(JobId id);
+  // Pause: a queued job is held back (others may start); a running job stops at the next
+  // iteration boundary with its optimizer flushed and keeps the workers until resumed (one
+  // running job at a time). Resume undoes either. FailedPrecondition for ended jobs.
+  absl::Status Pause(JobId id);
+  absl::Status Resume(JobId id);
+  // Names of the job's parameters in engine order (export walks them with Parameter()).
+  absl::StatusOr<std::vector<std::string>> ParameterNames(JobId id) const;
+  absl::StatusOr<workers::models::TransformerConfig> ModelConfig(JobId id) const;
   absl::StatusOr<JobState> State(JobId id) const;
   // The fp32 value of a parameter of a job (for tests, export and inspection). Consistent once
   // the job has ended (the engine flushes the optimizer then) or, in sync mode, between
@@ -110,13 +120,14 @@ class Engine {
   void RunnerLoop();
   void RunJob(Job& job);
   std::shared_ptr<Job> Find(JobId id) const;
+  std::shared_ptr<Job> TakeRunnableLocked();  // highest priority queued job, or null (mu_ held)
 
   workers::Timeline timeline_;
   std::vector<std::unique_ptr<workers::Device>> devices_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<JobId, std::shared_ptr<Job>> jobs_;
-  std::deque<JobId> pending_;
+  std::vector<JobId> pending_;  // not started yet (queued or paused while queued)
   JobId next_id_ = 1;
   bool shutdown_ = false;
   std::thread runner_;
