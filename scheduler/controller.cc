@@ -319,7 +319,9 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
     }
     if (step) {
       workers::MaybeDelayOptimizerForTest();
+      const auto t0 = std::chrono::steady_clock::now();
       auto norm = adamw_.Step(*store_, f.lr, f.loss_scale);
+      st.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (norm.ok()) {
         st.grad_norm = *norm;
         f.result = st;
@@ -384,6 +386,7 @@ absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {
   IterationStats st = FinishStats(iteration, f);
   st.grad_norm = step.grad_norm;
   st.skipped_step = step.skipped;
+  st.optimizer_seconds = step.seconds;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
   return st;
 }

@@ -74,10 +74,11 @@ struct IterationStats {
   std::vector<double> worker_busy_s;  // compute-stream busy time per worker
   double bubble_ratio = 0;            // 1 - sum(busy) / (N x pipeline span)
   int64_t activation_peak_bytes = 0;
-  std::string partition;        // the partition this iteration ran with
-  double predicted_bubble = 0;  // the planner's estimate for it (automatic partitions only)
-  double loss_scale = 1;        // dynamic loss scale used for this iteration's gradients
-  bool skipped_step = false;    // fp16: gradients overflowed, the step was skipped
+  std::string partition;         // the partition this iteration ran with
+  double predicted_bubble = 0;   // the planner's estimate for it (automatic partitions only)
+  double loss_scale = 1;         // dynamic loss scale used for this iteration's gradients
+  bool skipped_step = false;     // fp16: gradients overflowed, the step was skipped
+  double optimizer_seconds = 0;  // wall time of this iteration's optimizer step
 };
 
 class Controller {

@@ -26,9 +26,7 @@ const char* JobStateName(JobState s) {
   return "?";
 }
 
-bool IsTerminal(JobState s) {
-  return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
-}
+bool IsTerminal(JobState s) { return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled; }
 
 struct Engine::Job {
   JobId id = 0;
@@ -42,7 +40,7 @@ struct Engine::Job {
   std::deque<Batch> batches;
   bool input_closed = false;
   bool cancel = false;
-  bool pause = false;  // requested; honoured between iterations
+  bool pause = false;               // requested; honoured between iterations
   bool controller_started = false;  // the runner took the job (guarded by mu)
   JobState state = JobState::kQueued;
   std::vector<JobEvent> events;
@@ -236,12 +234,14 @@ absl::Status Engine::Resume(JobId id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::string>> Engine::ParameterNames(JobId id) const {
+absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> Engine::ParameterShapes(JobId id) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::vector<std::string> names;
-  for (int i = 0; i < job->store->num_params(); ++i) names.push_back(job->store->param(i).name);
-  return names;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (int i = 0; i < job->store->num_params(); ++i) {
+    out.emplace_back(job->store->param(i).name, job->store->param(i).fp32.sizes().vec());
+  }
+  return out;
 }
 
 absl::StatusOr<workers::models::TransformerConfig> Engine::ModelConfig(JobId id) const {
@@ -278,7 +278,11 @@ absl::StatusOr<at::Tensor> Engine::Parameter(JobId id, const std::string& name) 
 
 EngineStats Engine::Stats() const {
   EngineStats s;
-  for (const auto& d : devices_) s.devices.push_back(d->name());
+  for (const auto& d : devices_) {
+    s.devices.push_back(d->name());
+    auto& bytes = s.transfer_bytes.emplace_back();
+    for (int k = 0; k < workers::kNumStreamKinds; ++k) bytes[k] = d->TransferBytes(static_cast<workers::StreamKind>(k));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   s.jobs_total = static_cast<int>(jobs_.size());
   for (const auto& [id, job] : jobs_) {

@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -24,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -81,6 +83,8 @@ struct EngineStats {
   int jobs_total = 0;
   int jobs_active = 0;
   int64_t host_model_bytes = 0;  // of the running job
+  // Bytes copied host<->device per device, indexed by workers::StreamKind.
+  std::vector<std::array<int64_t, workers::kNumStreamKinds>> transfer_bytes;
 };
 
 class Engine {
@@ -102,8 +106,8 @@ class Engine {
   // running job at a time). Resume undoes either. FailedPrecondition for ended jobs.
   absl::Status Pause(JobId id);
   absl::Status Resume(JobId id);
-  // Names of the job's parameters in engine order (export walks them with Parameter()).
-  absl::StatusOr<std::vector<std::string>> ParameterNames(JobId id) const;
+  // Names and shapes of the job's parameters in engine order (export walks them with Parameter()).
+  absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> ParameterShapes(JobId id) const;
   absl::StatusOr<workers::models::TransformerConfig> ModelConfig(JobId id) const;
   absl::StatusOr<JobState> State(JobId id) const;
   // The fp32 value of a parameter of a job (for tests, export and inspection). Consistent once

@@ -1,5 +1,7 @@
 #include "workers/optimizer_worker.h"
 
+#include <chrono>
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -108,6 +110,7 @@ void OptimizerWorker::Process(const StepRequest& r) {
   res.skipped = !apply;
   if (apply) {
     MaybeDelayOptimizerForTest();
+    const auto t0 = std::chrono::steady_clock::now();
     double mult = 1.0 / r.loss_scale;
     const double max_norm = adamw_.options().max_grad_norm;
     if (max_norm > 0 && res.grad_norm > max_norm) mult *= max_norm / (res.grad_norm + 1e-6);
@@ -116,6 +119,7 @@ void OptimizerWorker::Process(const StepRequest& r) {
       HostParam& p = store_->param(i);
       if (p.trainable) adamw_.StepParam(*store_, i, p.opt_grad, r.lr, mult);
     }
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

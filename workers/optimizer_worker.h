@@ -44,6 +44,7 @@ struct StepRequest {
 struct StepResult {
   double grad_norm = 0;  // unscaled, before clipping
   bool skipped = false;  // failed iteration or fp16 overflow: weights unchanged
+  double seconds = 0;    // wall time of the step math (AdamW over every parameter)
   absl::Status status;   // non-OK when the gradients were not finite without loss scaling
 };
 

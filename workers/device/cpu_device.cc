@@ -27,6 +27,12 @@ const char* StreamKindName(StreamKind k) {
   return "?";
 }
 
+namespace {
+// The stream whose thread is running (each CPU stream has its own thread): Upload/Download
+// attribute their bytes to it.
+thread_local int current_stream_kind = static_cast<int>(StreamKind::kParamUp);
+}  // namespace
+
 CpuStream::CpuStream(int worker, StreamKind kind, Timeline* timeline)
     : worker_(worker), kind_(kind), timeline_(timeline), thread_([this] { Loop(); }) {}
 
@@ -62,6 +68,7 @@ void CpuStream::Synchronize() {
 }
 
 void CpuStream::Loop() {
+  current_stream_kind = static_cast<int>(kind_);
   for (;;) {
     Op op;
     {
@@ -97,10 +104,12 @@ at::Tensor CpuDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {
 }
 
 at::Tensor CpuDevice::Upload(const at::Tensor& host) {
+  CountTransfer(static_cast<StreamKind>(current_stream_kind), static_cast<int64_t>(host.nbytes()));
   return host.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
 at::Tensor CpuDevice::Download(const at::Tensor& on_device) {
+  CountTransfer(static_cast<StreamKind>(current_stream_kind), static_cast<int64_t>(on_device.nbytes()));
   return on_device.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 

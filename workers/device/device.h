@@ -14,6 +14,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -71,6 +73,20 @@ class Device {
   void SynchronizeAll() {
     for (int k = 0; k < kNumStreamKinds; ++k) stream(static_cast<StreamKind>(k)).Synchronize();
   }
+
+  // Bytes copied by Upload/Download since the device was created, by the stream that issued the
+  // copy (activation up/down, parameter up, gradient down). Any thread may read them.
+  int64_t TransferBytes(StreamKind kind) const {
+    return transfer_bytes_[static_cast<int>(kind)].load(std::memory_order_relaxed);
+  }
+
+ protected:
+  void CountTransfer(StreamKind kind, int64_t bytes) {
+    transfer_bytes_[static_cast<int>(kind)].fetch_add(bytes, std::memory_order_relaxed);
+  }
+
+ private:
+  std::array<std::atomic<int64_t>, kNumStreamKinds> transfer_bytes_{};
 };
 
 // "cpu:N" -> N CPU devices. (The CUDA backend adds "cuda", "cuda:0,1", ... later.)

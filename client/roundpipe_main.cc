@@ -1,0 +1,304 @@
+// roundpipe — the command-line client of roundpiped. See `roundpipe --help`.
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, address, "",
+          "daemon address host:port or unix:PATH (default $ROUNDPIPE_ADDRESS or 127.0.0.1:50151)");
+ABSL_FLAG(std::string, token_file, "", "file holding a bearer token (default: $ROUNDPIPE_TOKEN if set)");
+ABSL_FLAG(std::string, tls_ca, "", "CA certificate: connect with TLS and verify the daemon against it");
+ABSL_FLAG(std::string, tls_cert, "", "client certificate (daemons that require one)");
+ABSL_FLAG(std::string, tls_key, "", "client certificate key");
+ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
+ABSL_FLAG(bool, keep_open, false, "stream: leave the job's input open after this stream");
+ABSL_FLAG(int, batch, 0, "stream: sequences per batch (default: the job's global_batch)");
+ABSL_FLAG(int, seq, 0, "stream: tokens per sequence (default: the job's sequence_length)");
+ABSL_FLAG(std::string, out, "", "export: output directory (inside the daemon's allowed roots); tokenize: output file");
+ABSL_FLAG(std::string, state, "",
+          "ls: only jobs in this state (queued, running, paused, succeeded, failed, cancelled)");
+ABSL_FLAG(bool, json, false, "get/ls/info: print JSON");
+
+namespace v1 = roundpipe::v1;
+
+namespace {
+
+// Exit codes scripts can rely on.
+constexpr int kOk = 0;           // done (watch: the job SUCCEEDED)
+constexpr int kJobNotOk = 1;     // watch/submit --watch: the job FAILED or was CANCELLED
+constexpr int kUsage = 2;        // bad command line or local input
+constexpr int kRejected = 3;     // the daemon refused the request (message on stderr)
+constexpr int kUnreachable = 4;  // no daemon at the address, or it went away
+
+const char kUsageText[] =
+    "roundpipe: command-line client of the roundpiped training daemon.\n"
+    "\n"
+    "usage: roundpipe [flags] COMMAND [ARGS]\n"
+    "  submit SPEC.json [--watch]    submit a job (JSON mapped onto roundpipe.v1.JobSpec); prints its id\n"
+    "  stream JOB FILE...            stream byte-level tokens of FILEs (text) to a job with streamed data\n"
+    "                                [--batch B --seq S] [--keep_open]\n"
+    "  watch JOB                     live progress (step, loss, tokens/s, ETA) until the job ends\n"
+    "  ls [--state S]                list jobs\n"
+    "  get JOB                       one job (--json for everything)\n"
+    "  cancel|pause|resume JOB       control a job\n"
+    "  checkpoint JOB                take a training checkpoint\n"
+    "  export JOB [--out DIR]        write the job's weights as a Hugging Face model directory\n"
+    "  info                          devices, memory and versions of the daemon\n"
+    "  drain                         stop admitting jobs and pause running ones\n"
+    "  tokenize --out F.bin FILE...  (local) byte-level uint16 tokens of FILEs, for a token_file job\n"
+    "\n"
+    "exit codes: 0 ok; 1 the watched job failed or was cancelled; 2 usage error; 3 the daemon refused\n"
+    "the request; 4 the daemon is unreachable.\n"
+    "environment: ROUNDPIPE_ADDRESS, ROUNDPIPE_TOKEN.";
+
+int Report(const absl::Status& st) {
+  std::fprintf(stderr, "roundpipe: %s: %s\n", absl::StatusCodeToString(st.code()).c_str(),
+               std::string(st.message()).c_str());
+  return st.code() == absl::StatusCode::kUnavailable || st.code() == absl::StatusCode::kDeadlineExceeded ? kUnreachable
+                                                                                                         : kRejected;
+}
+
+int Usage(const std::string& msg) {
+  std::fprintf(stderr, "roundpipe: %s\n(see roundpipe --help)\n", msg.c_str());
+  return kUsage;
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+std::string StateName(v1::JobState s) {
+  std::string n = v1::JobState_Name(s);
+  return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+}
+
+std::string Duration(double s) {
+  if (s < 0 || !std::isfinite(s)) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%dh%02dm", t / 3600, t / 60 % 60);
+  if (t >= 60) return absl::StrFormat("%dm%02ds", t / 60, t % 60);
+  return absl::StrFormat("%ds", t);
+}
+
+absl::StatusOr<std::vector<int32_t>> ByteTokens(const std::vector<std::string>& files) {
+  std::vector<int32_t> tokens;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", f, "'"));
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (unsigned char c : bytes) tokens.push_back(c);
+  }
+  return tokens;
+}
+
+// Prints progress until the job ends; returns the exit code.
+int WatchJob(rp::client::Client& c, const std::string& id) {
+  const bool tty = isatty(fileno(stdout));
+  v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
+  std::string final_message;
+  int64_t total = 0;
+  if (auto j = c.Get(id); j.ok()) total = j->total_steps();
+  bool dirty = false;
+  absl::Status st = c.Watch(id, [&](const v1::JobEvent& e) {
+    if (e.has_step()) {
+      const auto& m = e.step();
+      std::string line =
+          absl::StrFormat("[%s] step %d%s  loss %.4f  tokens/s %.0f  lr %.2e  bubble %.1f%%  ETA %s", id, m.step(),
+                          total > 0 ? absl::StrCat("/", total) : "", m.loss(), m.tokens_per_second(), m.learning_rate(),
+                          100 * m.bubble_ratio(), Duration(m.eta_seconds()));
+      if (tty) {
+        std::printf("\r%-100s", line.c_str());
+        dirty = true;
+      } else if (m.step() == 1 || m.step() % 10 == 0 || (total > 0 && m.step() == total)) {
+        std::printf("%s\n", line.c_str());
+      }
+      std::fflush(stdout);
+    } else if (e.event_case() == v1::JobEvent::kState) {
+      if (dirty) std::printf("\n");
+      dirty = false;
+      std::printf("[%s] %s%s%s\n", id.c_str(), StateName(e.state()).c_str(), e.message().empty() ? "" : ": ",
+                  e.message().c_str());
+      std::fflush(stdout);
+      final_state = e.state();
+      final_message = e.message();
+    } else if (e.event_case() == v1::JobEvent::kBatchRejected) {
+      std::printf("\n[%s] batch rejected: %s\n", id.c_str(), e.batch_rejected().c_str());
+    }
+  });
+  if (dirty) std::printf("\n");
+  if (!st.ok()) return Report(st);
+  return final_state == v1::JOB_STATE_SUCCEEDED ? kOk : kJobNotOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsageText);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args(rest.begin() + 1, rest.end());
+  if (args.empty()) return Usage("no command given");
+  const std::string cmd = args[0];
+
+  if (cmd == "tokenize") {
+    if (absl::GetFlag(FLAGS_out).empty() || args.size() < 2) return Usage("tokenize: --out FILE.bin and input files");
+    auto tokens = ByteTokens({args.begin() + 1, args.end()});
+    if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
+    std::ofstream out(absl::GetFlag(FLAGS_out), std::ios::binary);
+    for (int32_t t : *tokens) {
+      const unsigned char le[2] = {static_cast<unsigned char>(t & 0xff), static_cast<unsigned char>(t >> 8)};
+      out.write(reinterpret_cast<const char*>(le), 2);
+    }
+    if (!out) return Usage(absl::StrCat("cannot write ", absl::GetFlag(FLAGS_out)));
+    std::printf("%zu tokens -> %s\n", tokens->size(), absl::GetFlag(FLAGS_out).c_str());
+    return kOk;
+  }
+
+  rp::client::ClientOptions o;
+  o.address = absl::GetFlag(FLAGS_address);
+  if (o.address.empty())
+    o.address = std::getenv("ROUNDPIPE_ADDRESS") ? std::getenv("ROUNDPIPE_ADDRESS") : "127.0.0.1:50151";
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_token_file));
+    if (!in || !std::getline(in, o.token)) return Usage("cannot read --token_file");
+  } else if (std::getenv("ROUNDPIPE_TOKEN")) {
+    o.token = std::getenv("ROUNDPIPE_TOKEN");
+  }
+  o.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  auto client = rp::client::Client::Connect(o);
+  if (!client.ok()) return Usage(std::string(client.status().message()));
+  rp::client::Client& c = **client;
+  auto need = [&](size_t n, const char* what) { return args.size() == n + 1 ? "" : what; };
+
+  if (cmd == "submit") {
+    if (*need(1, "x")) return Usage("submit: one job spec file");
+    auto spec = rp::client::LoadJobSpecFile(args[1]);
+    if (!spec.ok()) return Usage(std::string(spec.status().message()));
+    auto job = c.Submit(*spec);
+    if (!job.ok()) return Report(job.status());
+    std::printf("%s\n", job->id().c_str());
+    std::fflush(stdout);
+    return absl::GetFlag(FLAGS_watch) ? WatchJob(c, job->id()) : kOk;
+  }
+  if (cmd == "stream") {
+    if (args.size() < 3) return Usage("stream: JOB and at least one file");
+    auto job = c.Get(args[1]);
+    if (!job.ok()) return Report(job.status());
+    int batch = absl::GetFlag(FLAGS_batch), seq = absl::GetFlag(FLAGS_seq);
+    if (batch == 0) batch = job->spec().batching().global_batch();
+    if (seq == 0) seq = job->spec().batching().sequence_length();
+    if (batch <= 0 || seq <= 0) return Usage("stream: give --batch and --seq (the job spec leaves them to defaults)");
+    auto tokens = ByteTokens({args.begin() + 2, args.end()});
+    if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
+    auto summary = c.StreamTokens(args[1], *tokens, batch, seq, absl::GetFlag(FLAGS_keep_open));
+    if (!summary.ok()) return Report(summary.status());
+    std::printf("%lld batches accepted (%s)\n", static_cast<long long>(summary->accepted()),
+                summary->message().c_str());
+    return kOk;
+  }
+  if (cmd == "watch") {
+    if (*need(1, "x")) return Usage("watch: one job id");
+    return WatchJob(c, args[1]);
+  }
+  if (cmd == "ls") {
+    std::vector<v1::JobState> states;
+    if (!absl::GetFlag(FLAGS_state).empty()) {
+      std::string s = "JOB_STATE_" + absl::GetFlag(FLAGS_state);
+      for (auto& ch : s) ch = static_cast<char>(std::toupper(ch));
+      v1::JobState st;
+      if (!v1::JobState_Parse(s, &st)) return Usage("--state: queued, running, paused, succeeded, failed or cancelled");
+      states.push_back(st);
+    }
+    auto jobs = c.List(states);
+    if (!jobs.ok()) return Report(jobs.status());
+    if (absl::GetFlag(FLAGS_json)) {
+      for (const auto& j : *jobs) std::printf("%s", Json(j).c_str());
+      return kOk;
+    }
+    std::printf("%-12s %-10s %-20s %8s %10s  %s\n", "ID", "STATE", "NAME", "STEP", "LOSS", "DETAIL");
+    for (const auto& j : *jobs) {
+      std::printf("%-12s %-10s %-20s %8lld %10.4f  %s\n", j.id().c_str(), StateName(j.state()).c_str(),
+                  j.spec().name().substr(0, 20).c_str(), static_cast<long long>(j.progress().step()),
+                  j.progress().last_loss(), (j.error().empty() ? j.message() : j.error()).c_str());
+    }
+    return kOk;
+  }
+  if (cmd == "get") {
+    if (*need(1, "x")) return Usage("get: one job id");
+    auto j = c.Get(args[1]);
+    if (!j.ok()) return Report(j.status());
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s", Json(*j).c_str());
+    } else {
+      std::printf("%s  %s  step %lld/%lld  loss %.4f  tokens %lld  partition %s%s%s\n", j->id().c_str(),
+                  StateName(j->state()).c_str(), static_cast<long long>(j->progress().step()),
+                  static_cast<long long>(j->total_steps()), j->progress().last_loss(),
+                  static_cast<long long>(j->progress().tokens()), j->partition().c_str(),
+                  j->error().empty() && j->message().empty() ? "" : "  ",
+                  (j->error().empty() ? j->message() : j->error()).c_str());
+    }
+    return kOk;
+  }
+  if (cmd == "cancel" || cmd == "pause" || cmd == "resume") {
+    if (*need(1, "x")) return Usage(cmd + ": one job id");
+    auto j = cmd == "cancel" ? c.Cancel(args[1]) : cmd == "pause" ? c.Pause(args[1]) : c.Resume(args[1]);
+    if (!j.ok()) return Report(j.status());
+    std::printf("%s: %s requested (now %s)\n", j->id().c_str(), cmd.c_str(), StateName(j->state()).c_str());
+    return kOk;
+  }
+  if (cmd == "checkpoint") {
+    if (*need(1, "x")) return Usage("checkpoint: one job id");
+    auto r = c.Checkpoint(args[1]);
+    if (!r.ok()) return Report(r.status());
+    std::printf("checkpoint at step %lld: %s\n", static_cast<long long>(r->step()), r->path().c_str());
+    return kOk;
+  }
+  if (cmd == "export") {
+    if (*need(1, "x")) return Usage("export: one job id");
+    auto path = c.Export(args[1], absl::GetFlag(FLAGS_out));
+    if (!path.ok()) return Report(path.status());
+    std::printf("%s\n", path->c_str());
+    return kOk;
+  }
+  if (cmd == "info") {
+    auto info = c.Info();
+    if (!info.ok()) return Report(info.status());
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s", Json(*info).c_str());
+      return kOk;
+    }
+    std::printf("roundpiped %s (torch %s, grpc %s), cpu AdamW path %s, %d active job(s)%s\n",
+                info->build().roundpipe_version().c_str(), info->build().torch_version().c_str(),
+                info->build().grpc_version().c_str(), info->cpu_adamw_path().c_str(), info->jobs_active(),
+                info->draining() ? ", draining" : "");
+    std::printf("host memory %.1f GiB\n", static_cast<double>(info->host_memory_bytes()) / (1 << 30));
+    for (const auto& d : info->devices()) std::printf("  %-8s %s\n", d.name().c_str(), d.description().c_str());
+    return kOk;
+  }
+  if (cmd == "drain") {
+    auto n = c.Drain();
+    if (!n.ok()) return Report(n.status());
+    std::printf("draining: %d job(s) paused\n", *n);
+    return kOk;
+  }
+  return Usage(absl::StrCat("unknown command '", cmd, "'"));
+}

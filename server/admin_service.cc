@@ -1,0 +1,78 @@
+#include "server/admin_service.h"
+
+#include <dlfcn.h>
+#include <google/protobuf/stubs/common.h>
+#include <grpcpp/grpcpp.h>
+#include <spdlog/version.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "workers/optim/cpu_adamw.h"
+
+#ifndef RP_VERSION
+#define RP_VERSION "dev"
+#endif
+
+namespace rp::server {
+
+namespace v1 = roundpipe::v1;
+
+v1::BuildInfo CollectBuildInfo() {
+  v1::BuildInfo info;
+  info.set_roundpipe_version(RP_VERSION);
+  info.set_torch_version(TORCH_VERSION);
+  info.set_torch_cuda_built(dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD) != nullptr);
+  info.set_cuda_device_count(static_cast<int>(torch::cuda::device_count()));
+  info.set_grpc_version(grpc::Version());
+  info.set_protobuf_version(GOOGLE_PROTOBUF_VERSION);
+  info.set_spdlog_version(SPDLOG_VERSION);
+  return info;
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                          const v1::GetServerInfoRequest*, v1::ServerInfo* resp) {
+  auto* r = ctx->DefaultReactor();
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) {
+    r->Finish(st);
+    return r;
+  }
+  const scheduler::EngineStats s = engine_->Stats();
+  for (const auto& name : s.devices) {
+    v1::DeviceInfo* d = resp->add_devices();
+    d->set_name(name);
+    d->set_description(name.rfind("cpu", 0) == 0 ? "CPU worker (LibTorch CPU backend)" : "CUDA device");
+  }
+  resp->set_host_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+  resp->set_pinned_memory_bytes(0);
+  *resp->mutable_build() = CollectBuildInfo();
+  resp->set_cpu_adamw_path(workers::BestSimdPathName());
+  resp->set_jobs_active(manager_->active_jobs());
+  resp->set_draining(manager_->draining());
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::Drain(grpc::CallbackServerContext* ctx, const v1::DrainRequest* req,
+                                                  v1::DrainResponse* resp) {
+  auto* r = ctx->DefaultReactor();
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) {
+    r->Finish(st);
+    return r;
+  }
+  if (req->deadline_seconds() < 0) {
+    r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "deadline_seconds must not be negative"));
+    return r;
+  }
+  const int64_t secs = req->deadline_seconds() > 0 ? req->deadline_seconds() : default_drain_seconds_;
+  // Waiting for running jobs to reach their pause point happens off the callback thread.
+  std::thread([this, r, resp, secs] {
+    resp->set_jobs_paused(manager_->Drain(std::chrono::seconds(secs)));
+    r->Finish(grpc::Status::OK);
+  }).detach();
+  return r;
+}
+
+}  // namespace rp::server

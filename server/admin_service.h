@@ -1,0 +1,36 @@
+// admin_service.h — roundpipe.v1.AdminService: server info (devices, memory, versions, build
+// options) and Drain.
+//
+// Contract: the service and what it points to outlive the grpc::Server.
+#pragma once
+
+#include "roundpipe/v1/admin.grpc.pb.h"
+#include "scheduler/engine.h"
+#include "server/auth.h"
+#include "server/job_manager.h"
+
+namespace rp::server {
+
+// Versions and build options of this binary.
+roundpipe::v1::BuildInfo CollectBuildInfo();
+
+class AdminServiceImpl final : public roundpipe::v1::AdminService::CallbackService {
+ public:
+  AdminServiceImpl(scheduler::Engine* engine, JobManager* manager, const Authenticator* auth,
+                   int64_t default_drain_seconds)
+      : engine_(engine), manager_(manager), auth_(auth), default_drain_seconds_(default_drain_seconds) {}
+
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
+                                          const roundpipe::v1::GetServerInfoRequest* req,
+                                          roundpipe::v1::ServerInfo* resp) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const roundpipe::v1::DrainRequest* req,
+                                  roundpipe::v1::DrainResponse* resp) override;
+
+ private:
+  scheduler::Engine* engine_;
+  JobManager* manager_;
+  const Authenticator* auth_;
+  int64_t default_drain_seconds_;
+};
+
+}  // namespace rp::server

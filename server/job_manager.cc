@@ -1,0 +1,792 @@
+#include "server/job_manager.h"
+
+#include <ATen/ATen.h>
+#include <google/protobuf/util/time_util.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <deque>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/paths.h"
+#include "server/token_dataset.h"
+#include "workers/io/hf_export.h"
+#include "workers/models/layers.h"
+
+namespace rp::server {
+
+namespace v1 = roundpipe::v1;
+using google::protobuf::util::TimeUtil;
+using scheduler::JobState;
+
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto l = spdlog::get("jobs");
+    if (l) return l;
+    l = spdlog::default_logger()->clone("jobs");
+    spdlog::register_logger(l);
+    return l;
+  }();
+  return logger;
+}
+
+v1::JobState ToProto(JobState s) {
+  switch (s) {
+    case JobState::kQueued:
+      return v1::JOB_STATE_QUEUED;
+    case JobState::kRunning:
+      return v1::JOB_STATE_RUNNING;
+    case JobState::kPaused:
+      return v1::JOB_STATE_PAUSED;
+    case JobState::kSucceeded:
+      return v1::JOB_STATE_SUCCEEDED;
+    case JobState::kFailed:
+      return v1::JOB_STATE_FAILED;
+    case JobState::kCancelled:
+      return v1::JOB_STATE_CANCELLED;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
+}
+
+bool Terminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+google::protobuf::Timestamp Now() { return TimeUtil::GetCurrentTime(); }
+
+TokenFileFormat ToFormat(v1::DataSource::TokenFile::Format f) {
+  switch (f) {
+    case v1::DataSource::TokenFile::FORMAT_BIN_UINT16:
+      return TokenFileFormat::kBinUint16;
+    case v1::DataSource::TokenFile::FORMAT_BIN_UINT32:
+      return TokenFileFormat::kBinUint32;
+    case v1::DataSource::TokenFile::FORMAT_NPY:
+      return TokenFileFormat::kNpy;
+    default:
+      return TokenFileFormat::kAuto;
+  }
+}
+
+struct FeedItem {
+  scheduler::Batch batch;
+  std::function<void(absl::Status)> done;
+};
+
+}  // namespace
+
+struct JobManager::Managed {
+  std::string id;
+  int64_t seq = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  v1::Job record;
+  std::optional<scheduler::JobId> engine_id;  // absent: listed from a previous daemon run
+  ResolvedJob resolved;
+  std::unique_ptr<TokenDataset> dataset;
+  std::deque<FeedItem> feed;
+  bool input_end = false;   // no more streamed batches: close the engine's input after `feed`
+  bool stop = false;        // daemon shutdown: threads leave without touching the record
+  std::string fail_reason;  // the feeder cancelled the job because its data was bad
+  std::vector<std::shared_ptr<JobSubscriber>> subscribers;
+  std::thread pump, feeder;
+  std::chrono::steady_clock::time_point last_step_at{}, last_persist{};
+  double ema_step_s = 0;
+};
+
+JobManager::JobManager(scheduler::Engine* engine, JobStore* store, DaemonMetrics* metrics, JobManagerOptions options)
+    : engine_(engine), store_(store), metrics_(metrics), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(scheduler::Engine* engine, JobStore* store,
+                                                               DaemonMetrics* metrics, JobManagerOptions options) {
+  std::unique_ptr<JobManager> m(new JobManager(engine, store, metrics, std::move(options)));
+  if (absl::Status st = m->Recover(); !st.ok()) return st;
+  return m;
+}
+
+JobManager::~JobManager() { Shutdown(); }
+
+absl::Status JobManager::Recover() {
+  auto all = store_->LoadAll();
+  if (!all.ok()) return all.status();
+  for (auto& [seq, record] : *all) {
+    auto job = std::make_shared<Managed>();
+    job->id = record.id();
+    job->seq = seq;
+    job->record = record;
+    next_seq_ = std::max(next_seq_, seq + 1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_[job->id] = job;
+      order_.push_back(job);
+    }
+    const v1::JobState s = record.state();
+    if (s == v1::JOB_STATE_QUEUED) {
+      // Never started: admit it again from its stored spec.
+      JobSpecContext ctx = options_.spec;
+      ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
+      auto resolved = ResolveJobSpec(record.spec(), ctx);
+      absl::Status st = resolved.ok() ? absl::OkStatus() : resolved.status();
+      if (st.ok()) {
+        job->resolved = *resolved;
+        st = Admit(job);
+      }
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(job->mu);
+        job->record.set_state(v1::JOB_STATE_FAILED);
+        job->record.set_error(absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
+        Persist(*job);
+      }
+      Log()->info("[{}] re-admitted after restart", job->id);
+    } else if (!Terminal(s)) {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->record.set_state(v1::JOB_STATE_PAUSED);
+      job->record.set_message(
+          "interrupted by a daemon restart at step " + std::to_string(record.progress().step()) +
+          "; its training state was not checkpointed (checkpoint/resume is not available yet), submit it again");
+      *job->record.mutable_updated() = Now();
+      Persist(*job);
+      Log()->warn("[{}] was {} when the daemon stopped; listed as PAUSED", job->id, v1::JobState_Name(s));
+    }
+  }
+  UpdateJobGauges();
+  return absl::OkStatus();
+}
+
+std::shared_ptr<JobManager::Managed> JobManager::Find(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
+void JobManager::Persist(Managed& job) {
+  job.last_persist = std::chrono::steady_clock::now();
+  if (absl::Status st = store_->Put(job.seq, job.record); !st.ok()) {
+    Log()->error("[{}] job store: {}", job.id, std::string(st.message()));
+  }
+}
+
+void JobManager::Publish(Managed& job, v1::JobEvent event, bool last) {
+  event.set_job_id(job.id);
+  *event.mutable_time() = Now();
+  auto& subs = job.subscribers;
+  subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const auto& s) { return !s->OnEvent(event, last); }),
+             subs.end());
+  if (last) subs.clear();
+}
+
+absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
+  const ResolvedJob& r = job->resolved;
+  if (!r.streamed) {
+    auto ds = TokenDataset::Open(r.token_file, ToFormat(r.token_format), r.global_batch, r.sequence_length);
+    if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
+    job->dataset = std::move(*ds);
+  }
+  auto eid = engine_->Submit(r.engine);
+  if (!eid.ok()) return eid.status();
+  int64_t total = r.engine.max_steps;
+  if (job->dataset) {
+    const int64_t data_steps = job->dataset->batches_per_epoch() * r.max_epochs;
+    total = total > 0 ? std::min(total, data_steps) : data_steps;
+  }
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->engine_id = *eid;
+    job->record.set_total_steps(total);
+  }
+  job->pump = std::thread([this, job] { PumpLoop(job); });
+  job->feeder = std::thread([this, job] { FeederLoop(job); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ || shutdown_) return absl::UnavailableError("the daemon is draining and admits no new jobs");
+    seq = next_seq_++;
+  }
+  auto job = std::make_shared<Managed>();
+  job->seq = seq;
+  char id[32];
+  std::snprintf(id, sizeof(id), "job-%06lld", static_cast<long long>(seq));
+  job->id = id;
+  JobSpecContext ctx = options_.spec;
+  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
+  auto resolved = ResolveJobSpec(spec, ctx);
+  if (!resolved.ok()) return resolved.status();
+  job->resolved = *resolved;
+  job->record.set_id(job->id);
+  *job->record.mutable_spec() = spec;
+  job->record.set_state(v1::JOB_STATE_QUEUED);
+  *job->record.mutable_created() = Now();
+  *job->record.mutable_updated() = Now();
+  if (absl::Status st = Admit(job); !st.ok()) return st;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    Persist(*job);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_[job->id] = job;
+    order_.push_back(job);
+  }
+  UpdateJobGauges();
+  Log()->info("[{}] submitted: name '{}', {} blocks x {} hidden, batch {} x {}, {}", job->id, spec.name(),
+              job->resolved.engine.model.num_blocks, job->resolved.engine.model.hidden, job->resolved.global_batch,
+              job->resolved.sequence_length,
+              job->resolved.streamed ? std::string("streamed data") : "token file " + job->resolved.token_file);
+  return Snapshot(job);
+}
+
+absl::StatusOr<v1::Job> JobManager::Snapshot(const std::shared_ptr<Managed>& job) {
+  std::lock_guard<std::mutex> lock(job->mu);
+  return job->record;
+}
+
+absl::StatusOr<v1::Job> JobManager::Get(const std::string& id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return Snapshot(job);
+}
+
+absl::StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest& req) {
+  if (req.page_size() < 0) return absl::InvalidArgumentError("page_size must not be negative");
+  const int page = req.page_size() > 0 ? std::min(req.page_size(), 1000) : 100;
+  int64_t after = 0;
+  if (!req.page_token().empty() && !absl::SimpleAtoi(req.page_token(), &after)) {
+    return absl::InvalidArgumentError("page_token: not a token this daemon issued");
+  }
+  std::vector<std::shared_ptr<Managed>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs = order_;
+  }
+  v1::ListJobsResponse out;
+  for (const auto& job : jobs) {
+    if (job->seq <= after) continue;
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (!req.states().empty() &&
+        std::find(req.states().begin(), req.states().end(), job->record.state()) == req.states().end()) {
+      continue;
+    }
+    if (out.jobs_size() == page) {
+      out.set_next_page_token(std::to_string(after));
+      break;
+    }
+    *out.add_jobs() = job->record;
+    after = job->seq;
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  std::optional<scheduler::JobId> eid;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (Terminal(job->record.state())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " already ended (", v1::JobState_Name(job->record.state()), ")"));
+    }
+    eid = job->engine_id;
+    if (!eid) {  // listed from a previous run: nothing runs, just record it
+      job->record.set_state(v1::JOB_STATE_CANCELLED);
+      job->record.set_message("cancelled");
+      *job->record.mutable_updated() = Now();
+      Persist(*job);
+    }
+  }
+  if (eid) {
+    if (absl::Status st = engine_->Cancel(*eid); !st.ok()) return st;
+  }
+  UpdateJobGauges();
+  Log()->info("[{}] cancel requested", id);
+  return Snapshot(job);
+}
+
+absl::StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  std::optional<scheduler::JobId> eid;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (Terminal(job->record.state())) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
+    }
+    eid = job->engine_id;
+    if (!eid) return absl::FailedPreconditionError(absl::StrCat("job ", id, ": ", job->record.message()));
+  }
+  if (absl::Status st = engine_->Pause(*eid); !st.ok()) return st;
+  Log()->info("[{}] pause requested", id);
+  return Snapshot(job);
+}
+
+absl::StatusOr<v1::Job> JobManager::Resume(const std::string& id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  std::optional<scheduler::JobId> eid;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (Terminal(job->record.state())) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
+    }
+    eid = job->engine_id;
+    if (!eid) return absl::FailedPreconditionError(absl::StrCat("job ", id, " cannot resume: ", job->record.message()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) return absl::UnavailableError("the daemon is draining; jobs resume after it restarts");
+  }
+  if (absl::Status st = engine_->Resume(*eid); !st.ok()) return st;
+  Log()->info("[{}] resume requested", id);
+  return Snapshot(job);
+}
+
+absl::Status JobManager::OpenStream(const std::string& id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("StreamBatches: no job '", id, "'"));
+  std::lock_guard<std::mutex> lock(job->mu);
+  if (!job->engine_id) return absl::FailedPreconditionError(absl::StrCat("job ", id, ": ", job->record.message()));
+  if (!job->resolved.streamed) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " reads a token file; it takes no streamed batches"));
+  }
+  if (Terminal(job->record.state()) || job->input_end) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " accepts no more batches (",
+                                                      v1::JobState_Name(job->record.state()),
+                                                      job->input_end ? ", input closed" : "", ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::FeedAsync(const std::string& id, const v1::Batch& b, std::function<void(absl::Status)> done) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("StreamBatches: no job '", id, "'"));
+  const ResolvedJob& r = job->resolved;  // immutable once admitted
+  auto bad = [&](std::string msg) {
+    metrics_->batches_rejected.Increment();
+    return absl::InvalidArgumentError(std::move(msg));
+  };
+  if (b.batch() != r.global_batch || b.sequence() != r.sequence_length) {
+    return bad(absl::StrCat("batch: shape ", b.batch(), " x ", b.sequence(),
+                            " does not match the job's global_batch x ", "sequence_length = ", r.global_batch, " x ",
+                            r.sequence_length));
+  }
+  const int64_t n = r.global_batch * r.sequence_length;
+  if (b.tokens_size() != n) {
+    return bad(absl::StrCat("batch: ", b.tokens_size(), " token ids for a ", b.batch(), " x ", b.sequence(),
+                            " batch (expected ", n, ")"));
+  }
+  if (b.loss_mask_size() != 0 && b.loss_mask_size() != n) {
+    return bad(absl::StrCat("batch: loss_mask has ", b.loss_mask_size(), " entries, expected 0 or ", n));
+  }
+  const int64_t V = r.engine.model.vocab;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = b.tokens(static_cast<int>(i));
+    if (t < 0 || t >= V) {
+      return bad(absl::StrCat("batch: token id ", t, " at position ", i, " is outside the vocabulary [0, ", V, ")"));
+    }
+  }
+  FeedItem item;
+  at::Tensor tokens = at::empty({b.batch(), b.sequence()}, at::kLong);
+  std::copy(b.tokens().begin(), b.tokens().end(), tokens.data_ptr<int64_t>());
+  item.batch.tokens = tokens;
+  if (b.loss_mask_size() > 0) {
+    at::Tensor labels = workers::models::ShiftLabels(tokens);
+    int64_t* l = labels.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (!b.loss_mask(static_cast<int>(i))) l[i] = workers::models::kIgnoreIndex;
+    }
+    item.batch.labels = labels;
+  }
+  item.done = std::move(done);
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->stop) return absl::UnavailableError("the daemon is shutting down");
+    if (Terminal(job->record.state()) || job->input_end) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " accepts no more batches"));
+    }
+    job->feed.push_back(std::move(item));
+  }
+  job->cv.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::EndStream(const std::string& id, bool keep_open) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (keep_open) return absl::OkStatus();
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->input_end = true;
+  }
+  job->cv.notify_all();
+  return absl::OkStatus();
+}
+
+void JobManager::FeederLoop(const std::shared_ptr<Managed>& job) {
+  const scheduler::JobId eid = *job->engine_id;
+  // Blocks on the engine's bounded queue in short slices so shutdown is never held up.
+  auto feed = [&](scheduler::Batch batch) -> absl::Status {
+    for (;;) {
+      absl::Status st = engine_->FeedBatch(eid, batch, std::chrono::milliseconds(500));
+      if (st.code() != absl::StatusCode::kDeadlineExceeded) return st;
+      std::lock_guard<std::mutex> lock(job->mu);
+      if (job->stop) return absl::UnavailableError("the daemon is shutting down");
+    }
+  };
+  if (job->dataset) {
+    const int64_t total = job->dataset->batches_per_epoch() * job->resolved.max_epochs;
+    for (int64_t i = 0; i < total; ++i) {
+      auto [tokens, labels] = job->dataset->Batch(i);
+      absl::Status st = feed({tokens, labels});
+      if (st.code() == absl::StatusCode::kInvalidArgument) {
+        {
+          std::lock_guard<std::mutex> lock(job->mu);
+          job->fail_reason = absl::StrCat("token file batch ", i, ": ", st.message());
+        }
+        (void)engine_->Cancel(eid);
+        return;
+      }
+      if (!st.ok()) return;  // the job ended (max_steps, cancel) or the daemon stops
+      metrics_->batches_received.Increment();
+    }
+    (void)engine_->CloseInput(eid);
+    return;
+  }
+  for (;;) {
+    FeedItem item;
+    {
+      std::unique_lock<std::mutex> lock(job->mu);
+      job->cv.wait(lock, [&] { return job->stop || !job->feed.empty() || job->input_end; });
+      if (job->stop) {
+        for (auto& f : job->feed) f.done(absl::UnavailableError("the daemon is shutting down"));
+        job->feed.clear();
+        return;
+      }
+      if (job->feed.empty()) {  // input_end and nothing left
+        lock.unlock();
+        (void)engine_->CloseInput(eid);
+        return;
+      }
+      item = std::move(job->feed.front());
+      job->feed.pop_front();
+    }
+    absl::Status st = feed(std::move(item.batch));
+    if (st.ok()) {
+      metrics_->batches_received.Increment();
+    } else if (st.code() == absl::StatusCode::kInvalidArgument) {
+      metrics_->batches_rejected.Increment();
+    }
+    item.done(st);
+  }
+}
+
+void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
+  const scheduler::JobId eid = *job->engine_id;
+  for (;;) {
+    auto events = engine_->AwaitEvents(eid, std::chrono::milliseconds(250));
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      if (job->stop || !events.ok()) return;
+    }
+    bool ended = false, state_changed = false;
+    for (const scheduler::JobEvent& e : *events) {
+      if (e.kind == scheduler::JobEvent::Kind::kIteration) RecordIterationMetrics(e.stats);
+      std::lock_guard<std::mutex> lock(job->mu);
+      v1::Job& rec = job->record;
+      v1::JobEvent out;
+      switch (e.kind) {
+        case scheduler::JobEvent::Kind::kState: {
+          v1::JobState s = ToProto(e.state);
+          std::string message = e.message;
+          if (s == v1::JOB_STATE_CANCELLED && !job->fail_reason.empty()) {
+            s = v1::JOB_STATE_FAILED;
+            message = job->fail_reason;
+          }
+          if (s == v1::JOB_STATE_FAILED) rec.set_error(message);
+          rec.set_state(s);
+          if (s != v1::JOB_STATE_PAUSED || message.empty()) rec.set_message(message);
+          if (s == v1::JOB_STATE_PAUSED && message.empty() && rec.message().empty()) rec.set_message("paused");
+          if (s == v1::JOB_STATE_RUNNING) rec.clear_message();
+          *rec.mutable_updated() = Now();
+          out.set_state(s);
+          out.set_message(message);
+          ended = Terminal(s);
+          state_changed = true;
+          Persist(*job);
+          Publish(*job, out, ended);
+          job->cv.notify_all();
+          Log()->info("[{}] {}{}{}", job->id, v1::JobState_Name(s), message.empty() ? "" : ": ", message);
+          break;
+        }
+        case scheduler::JobEvent::Kind::kIteration: {
+          const auto now = std::chrono::steady_clock::now();
+          const scheduler::IterationStats& st = e.stats;
+          v1::JobProgress* p = rec.mutable_progress();
+          p->set_step(p->step() + 1);
+          p->set_tokens(p->tokens() + st.tokens);
+          p->set_last_loss(st.loss);
+          const double tps = st.seconds > 0 ? static_cast<double>(st.tokens) / st.seconds : 0;
+          p->set_tokens_per_second(tps);
+          if (job->last_step_at != std::chrono::steady_clock::time_point{}) {
+            const double dt = std::chrono::duration<double>(now - job->last_step_at).count();
+            job->ema_step_s = job->ema_step_s == 0 ? dt : 0.8 * job->ema_step_s + 0.2 * dt;
+          } else {
+            job->ema_step_s = st.seconds;
+          }
+          job->last_step_at = now;
+          if (!st.partition.empty()) rec.set_partition(st.partition);
+          v1::StepMetrics* m = out.mutable_step();
+          m->set_step(p->step());
+          m->set_loss(st.loss);
+          m->set_tokens_per_second(tps);
+          m->set_learning_rate(st.lr);
+          m->set_grad_norm(st.grad_norm);
+          m->set_bubble_ratio(st.bubble_ratio);
+          m->set_skipped(st.skipped_step);
+          m->set_eta_seconds(rec.total_steps() > 0
+                                 ? std::max<double>(0, static_cast<double>(rec.total_steps() - p->step())) *
+                                       job->ema_step_s
+                                 : -1);
+          if (now - job->last_persist > std::chrono::seconds(1)) {
+            *rec.mutable_updated() = Now();
+            Persist(*job);
+          }
+          Publish(*job, out, false);
+          if (p->step() % 50 == 1) {
+            Log()->info("[{}] step {} loss {:.4f} tokens/s {:.0f}", job->id, p->step(), st.loss, tps);
+          }
+          break;
+        }
+        case scheduler::JobEvent::Kind::kBatchRejected:
+          metrics_->batches_rejected.Increment();
+          out.set_batch_rejected(e.message);
+          Publish(*job, out, false);
+          Log()->warn("[{}] batch rejected: {}", job->id, e.message);
+          break;
+      }
+    }
+    if (state_changed) UpdateJobGauges();
+    if (ended) return;
+  }
+}
+
+void JobManager::RecordIterationMetrics(const scheduler::IterationStats& st) {
+  metrics_->iterations.Increment();
+  metrics_->tokens_trained.Increment(static_cast<double>(st.tokens));
+  metrics_->iteration_duration.Observe(st.seconds);
+  if (st.optimizer_seconds > 0) metrics_->optimizer_step.Observe(st.optimizer_seconds);
+  metrics_->loss.Set(st.loss);
+  metrics_->learning_rate.Set(st.lr);
+  metrics_->grad_norm.Set(st.grad_norm);
+  metrics_->bubble_ratio.Set(st.bubble_ratio);
+  const scheduler::EngineStats es = engine_->Stats();
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  double latest = timeline_seen_s_;
+  for (const auto& e : engine_->timeline().EntriesEndingSince(timeline_seen_s_)) {
+    if (e.end_s <= timeline_seen_s_) continue;
+    metrics_->worker_busy.Add({{"worker", std::to_string(e.worker)}, {"stream", e.stream}})
+        .Increment(e.end_s - e.start_s);
+    latest = std::max(latest, e.end_s);
+  }
+  timeline_seen_s_ = latest;
+  transfer_seen_.resize(es.transfer_bytes.size());
+  static const struct {
+    workers::StreamKind kind;
+    const char* direction;
+    const char* what;
+  } kTransfers[] = {{workers::StreamKind::kActivationUp, "host_to_device", "activation"},
+                    {workers::StreamKind::kActivationDown, "device_to_host", "activation"},
+                    {workers::StreamKind::kParamUp, "host_to_device", "parameter"},
+                    {workers::StreamKind::kGradDown, "device_to_host", "gradient"}};
+  for (size_t d = 0; d < es.transfer_bytes.size(); ++d) {
+    for (const auto& t : kTransfers) {
+      const int k = static_cast<int>(t.kind);
+      const int64_t delta = es.transfer_bytes[d][k] - transfer_seen_[d][k];
+      if (delta > 0) {
+        metrics_->transfer_bytes.Add({{"direction", t.direction}, {"kind", t.what}})
+            .Increment(static_cast<double>(delta));
+      }
+      transfer_seen_[d][k] = es.transfer_bytes[d][k];
+    }
+  }
+  metrics_->host_memory.Add({{"pool", "model_states"}}).Set(static_cast<double>(es.host_model_bytes));
+  metrics_->host_memory.Add({{"pool", "pinned"}}).Set(0);
+  for (const auto& name : es.devices) metrics_->device_memory.Add({{"device", name}}).Set(0);
+}
+
+void JobManager::UpdateJobGauges() {
+  std::map<v1::JobState, int> counts;
+  std::vector<std::shared_ptr<Managed>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs = order_;
+  }
+  for (const auto& j : jobs) {
+    std::lock_guard<std::mutex> lock(j->mu);
+    ++counts[j->record.state()];
+  }
+  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_PAUSED, v1::JOB_STATE_SUCCEEDED,
+                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+    std::string name = v1::JobState_Name(s).substr(std::string("JOB_STATE_").size());
+    for (auto& c : name) c = static_cast<char>(std::tolower(c));
+    metrics_->jobs.Add({{"state", name}}).Set(counts[s]);
+  }
+}
+
+absl::Status JobManager::Subscribe(const std::string& id, std::shared_ptr<JobSubscriber> subscriber) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  std::lock_guard<std::mutex> lock(job->mu);
+  v1::JobEvent now;
+  now.set_state(job->record.state());
+  now.set_message(job->record.state() == v1::JOB_STATE_FAILED ? job->record.error() : job->record.message());
+  const bool last = Terminal(job->record.state());
+  now.set_job_id(job->id);
+  *now.mutable_time() = Now();
+  if (subscriber->OnEvent(now, last) && !last) job->subscribers.push_back(std::move(subscriber));
+  return absl::OkStatus();
+}
+
+void JobManager::Unsubscribe(const std::string& id, JobSubscriber* subscriber) {
+  auto job = Find(id);
+  if (!job) return;
+  std::lock_guard<std::mutex> lock(job->mu);
+  auto& subs = job->subscribers;
+  subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const auto& s) { return s.get() == subscriber; }),
+             subs.end());
+}
+
+absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  scheduler::JobId eid;
+  int64_t step;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (!job->engine_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " has no weights in this daemon: ", job->record.message()));
+    }
+    const v1::JobState s = job->record.state();
+    if (s != v1::JOB_STATE_SUCCEEDED && s != v1::JOB_STATE_CANCELLED && s != v1::JOB_STATE_PAUSED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", v1::JobState_Name(s), "; export a job that is PAUSED or has finished (pause it first)"));
+    }
+    eid = *job->engine_id;
+    step = job->record.progress().step();
+  }
+  std::string dir;
+  if (dir_in.empty()) {
+    dir = (std::filesystem::path(job->resolved.output_dir) / absl::StrCat("export-step", step)).string();
+  } else {
+    auto resolved = ResolveInsideRoots(dir_in, options_.spec.allowed_roots, "output_dir");
+    if (!resolved.ok()) return resolved.status();
+    dir = *resolved;
+  }
+  auto shapes = engine_->ParameterShapes(eid);
+  if (!shapes.ok()) return shapes.status();
+  auto config = engine_->ModelConfig(eid);
+  if (!config.ok()) return config.status();
+  workers::io::HfExportOptions o;
+  o.dtype = job->resolved.engine.master_dtype == at::kFloat ? at::kFloat : job->resolved.engine.master_dtype;
+  auto bytes = workers::io::ExportHfModel(
+      dir, *config, *shapes, [&](const std::string& name) { return engine_->Parameter(eid, name); }, o);
+  if (!bytes.ok()) return bytes.status();
+  Log()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);
+  return dir;
+}
+
+absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string& id) {
+  if (!Find(id)) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return absl::UnimplementedError(
+      "Checkpoint: training checkpoints are not available in this version (pause the job and ExportModel to keep "
+      "its weights)");
+}
+
+int JobManager::Drain(std::chrono::seconds deadline) {
+  std::vector<std::shared_ptr<Managed>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+    jobs = order_;
+  }
+  int paused = 0;
+  std::vector<std::shared_ptr<Managed>> waiting;
+  for (const auto& j : jobs) {
+    std::optional<scheduler::JobId> eid;
+    {
+      std::lock_guard<std::mutex> lock(j->mu);
+      const v1::JobState s = j->record.state();
+      if (!j->engine_id || (s != v1::JOB_STATE_RUNNING && s != v1::JOB_STATE_QUEUED)) continue;
+      eid = j->engine_id;
+    }
+    if (engine_->Pause(*eid).ok()) {
+      ++paused;
+      waiting.push_back(j);
+    }
+  }
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  for (const auto& j : waiting) {
+    std::unique_lock<std::mutex> lock(j->mu);
+    j->cv.wait_until(lock, until,
+                     [&] { return j->record.state() == v1::JOB_STATE_PAUSED || Terminal(j->record.state()); });
+    if (j->record.state() == v1::JOB_STATE_PAUSED) {
+      j->record.set_message("paused by a daemon drain");
+      Persist(*j);
+    }
+  }
+  Log()->info("drain: paused {} job(s)", paused);
+  return paused;
+}
+
+bool JobManager::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
+}
+
+int JobManager::active_jobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& j : order_) {
+    std::lock_guard<std::mutex> jl(j->mu);
+    if (!Terminal(j->record.state())) ++n;
+  }
+  return n;
+}
+
+void JobManager::Shutdown() {
+  std::vector<std::shared_ptr<Managed>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    jobs = order_;
+  }
+  for (const auto& j : jobs) {
+    std::lock_guard<std::mutex> lock(j->mu);
+    j->stop = true;
+    j->cv.notify_all();
+    // Watchers learn that the daemon is going away (their stream ends with UNAVAILABLE).
+    for (auto& s : j->subscribers) {
+      v1::JobEvent e;
+      e.set_job_id(j->id);
+      e.set_message("daemon shutting down");
+      s->OnEvent(e, true);
+    }
+    j->subscribers.clear();
+  }
+  for (const auto& j : jobs) {
+    if (j->feeder.joinable()) j->feeder.join();
+    if (j->pump.joinable()) j->pump.join();
+  }
+}
+
+}  // namespace rp::server

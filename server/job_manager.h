@@ -1,0 +1,114 @@
+// job_manager.h — the daemon's jobs: admission (spec -> engine), the SQLite job store, data
+// feeding (streamed batches through a bounded queue, or a server-side token file), progress and
+// events for watchers, metrics, pause/resume/cancel, export, drain and restart recovery.
+// Proto messages stop here: the engine below only sees engine types (DESIGN §1).
+//
+// Contract: every public method is thread-safe and returns quickly (never waits for training);
+// gRPC handlers call it from callback threads. Per job, a pump thread turns engine events into
+// JobEvents/metrics/store updates and a feeder thread moves batches into the engine (the only
+// place that blocks on the engine's bounded queue). Subscribers are called with the job's lock
+// held and must only enqueue.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "roundpipe/v1/jobs.pb.h"
+#include "scheduler/engine.h"
+#include "server/job_spec.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+
+namespace rp::server {
+
+class JobSubscriber {
+ public:
+  virtual ~JobSubscriber() = default;
+  // `last`: the job ended; no further events follow.
+  // Returns false once the subscriber is gone (the manager then drops it).
+  virtual bool OnEvent(const roundpipe::v1::JobEvent& event, bool last) = 0;
+};
+
+struct JobManagerOptions {
+  JobSpecContext spec;   // default_output_dir is replaced per job by <jobs_dir>/<id>
+  std::string jobs_dir;  // <state_dir>/jobs
+};
+
+class JobManager {
+ public:
+  // Loads the store: finished jobs are listed as they were; QUEUED jobs are admitted again;
+  // RUNNING/PAUSED ones are listed as PAUSED (their training state needs a checkpoint to resume).
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(scheduler::Engine* engine, JobStore* store,
+                                                            DaemonMetrics* metrics, JobManagerOptions options);
+  ~JobManager();
+
+  absl::StatusOr<roundpipe::v1::Job> Submit(const roundpipe::v1::JobSpec& spec);
+  absl::StatusOr<roundpipe::v1::Job> Get(const std::string& id);
+  absl::StatusOr<roundpipe::v1::ListJobsResponse> List(const roundpipe::v1::ListJobsRequest& request);
+  absl::StatusOr<roundpipe::v1::Job> Cancel(const std::string& id);
+  absl::StatusOr<roundpipe::v1::Job> Pause(const std::string& id);
+  absl::StatusOr<roundpipe::v1::Job> Resume(const std::string& id);
+
+  // Streaming: OpenStream checks the job takes streamed batches; FeedAsync validates the batch
+  // at once (the returned Status) and otherwise runs `done` on the feeder thread once the batch
+  // is queued in the engine (or could not be). EndStream closes the job's input unless keep_open.
+  absl::Status OpenStream(const std::string& id);
+  absl::Status FeedAsync(const std::string& id, const roundpipe::v1::Batch& batch,
+                         std::function<void(absl::Status)> done);
+  absl::Status EndStream(const std::string& id, bool keep_open);
+
+  // Sends the job's current state at once, then every event; `last` on the terminal state.
+  absl::Status Subscribe(const std::string& id, std::shared_ptr<JobSubscriber> subscriber);
+  void Unsubscribe(const std::string& id, JobSubscriber* subscriber);
+
+  // Writes the job's weights as a Hugging Face directory; `dir` empty = <output_dir>/export-step<N>.
+  absl::StatusOr<std::string> Export(const std::string& id, const std::string& dir);
+  absl::StatusOr<roundpipe::v1::CheckpointResponse> Checkpoint(const std::string& id);
+
+  // Stops admitting jobs and pauses running/queued ones; waits up to `deadline` for the running
+  // ones to reach their pause point. Returns how many jobs it paused.
+  int Drain(std::chrono::seconds deadline);
+  bool draining() const;
+  int active_jobs() const;
+  // Stops feeders and pumps (the engine's Shutdown cancels what still runs).
+  void Shutdown();
+
+ private:
+  struct Managed;
+  JobManager(scheduler::Engine* engine, JobStore* store, DaemonMetrics* metrics, JobManagerOptions options);
+  absl::Status Recover();
+  absl::Status Admit(const std::shared_ptr<Managed>& job);
+  std::shared_ptr<Managed> Find(const std::string& id) const;
+  void PumpLoop(const std::shared_ptr<Managed>& job);
+  void FeederLoop(const std::shared_ptr<Managed>& job);
+  void Publish(Managed& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
+  void Persist(Managed& job);                                            // job.mu held
+  void UpdateJobGauges();
+  void RecordIterationMetrics(const scheduler::IterationStats& st);
+  absl::StatusOr<roundpipe::v1::Job> Snapshot(const std::shared_ptr<Managed>& job);
+
+  scheduler::Engine* engine_;
+  JobStore* store_;
+  DaemonMetrics* metrics_;
+  JobManagerOptions options_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Managed>> jobs_;  // by id
+  std::vector<std::shared_ptr<Managed>> order_;           // by seq
+  int64_t next_seq_ = 1;
+  bool draining_ = false;
+  bool shutdown_ = false;
+
+  std::mutex metrics_mu_;  // the last engine counters seen (deltas become counter increments)
+  double timeline_seen_s_ = 0;
+  std::vector<std::array<int64_t, workers::kNumStreamKinds>> transfer_seen_;
+};
+
+}  // namespace rp::server

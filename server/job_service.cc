@@ -1,0 +1,271 @@
+#include "server/job_service.h"
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "server/status_util.h"
+
+namespace rp::server {
+
+namespace v1 = roundpipe::v1;
+
+namespace {
+
+// Finishes a unary call with `result` (copied into *out when OK).
+template <typename T>
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const absl::StatusOr<T>& result, T* out) {
+  auto* r = ctx->DefaultReactor();
+  if (result.ok()) *out = *result;
+  r->Finish(ToGrpcStatus(result.status()));
+  return r;
+}
+
+grpc::ServerUnaryReactor* Deny(grpc::CallbackServerContext* ctx, const grpc::Status& st) {
+  auto* r = ctx->DefaultReactor();
+  r->Finish(st);
+  return r;
+}
+
+// StreamBatches: one outstanding read; the next read starts when the manager has queued the
+// previous batch in the engine.
+class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
+ public:
+  BatchReader(grpc::CallbackServerContext* ctx, JobManager* manager, const Authenticator* auth,
+              v1::StreamSummary* summary)
+      : ctx_(ctx), manager_(manager), summary_(summary) {
+    if (grpc::Status st = auth->Check(*ctx); !st.ok()) {
+      Finish(st);
+      return;
+    }
+    StartRead(&batch_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client half-closed, or the call broke
+      if (job_id_.empty()) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "StreamBatches: the stream carried no batch"));
+        return;
+      }
+      // A broken stream keeps the job's input open: the client may reconnect and go on.
+      if (!ctx_->IsCancelled()) (void)manager_->EndStream(job_id_, keep_open_);
+      summary_->set_accepted(accepted_);
+      summary_->set_rejected(0);
+      summary_->set_message(keep_open_ || ctx_->IsCancelled() ? "input left open" : "input closed");
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (job_id_.empty()) {
+      if (batch_.job_id().empty()) {
+        Finish(
+            grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "StreamBatches: job_id is required on the first batch"));
+        return;
+      }
+      if (absl::Status st = manager_->OpenStream(batch_.job_id()); !st.ok()) {
+        Finish(ToGrpcStatus(st));
+        return;
+      }
+      job_id_ = batch_.job_id();
+      keep_open_ = batch_.keep_open();
+    } else if (!batch_.job_id().empty() && batch_.job_id() != job_id_) {
+      Finish(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("StreamBatches: one stream feeds one job (", job_id_, "), got a batch for ", batch_.job_id())));
+      return;
+    }
+    absl::Status st = manager_->FeedAsync(job_id_, batch_, [this](absl::Status fed) { OnFed(fed); });
+    if (!st.ok()) Finish(Rejected(st));
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::Status Rejected(const absl::Status& st) {
+    absl::Status with_index(st.code(), absl::StrCat("batch #", accepted_ + 1, " of this stream: ", st.message(), " (",
+                                                    accepted_, " earlier batches were accepted)"));
+    return ToGrpcStatus(with_index);
+  }
+  void OnFed(const absl::Status& st) {  // feeder thread
+    if (!st.ok()) {
+      Finish(Rejected(st));
+      return;
+    }
+    ++accepted_;
+    StartRead(&batch_);
+  }
+
+  grpc::CallbackServerContext* ctx_;
+  JobManager* manager_;
+  v1::StreamSummary* summary_;
+  v1::Batch batch_;
+  std::string job_id_;
+  bool keep_open_ = false;
+  int64_t accepted_ = 0;
+};
+
+// WatchJob: events queue in a channel the manager pushes into; the reactor writes them one at a
+// time and finishes after the terminal state (or when the client goes away).
+class EventWriter;
+struct WatchChannel final : JobSubscriber {
+  std::mutex mu;
+  EventWriter* writer = nullptr;  // null once the RPC is done
+  std::deque<v1::JobEvent> queue;
+  bool writing = false, last = false, finished = false;
+  bool OnEvent(const v1::JobEvent& e, bool is_last) override;
+  void WriteDone(bool ok);
+};
+
+class EventWriter final : public grpc::ServerWriteReactor<v1::JobEvent> {
+ public:
+  EventWriter(grpc::CallbackServerContext* ctx, JobManager* manager, const Authenticator* auth,
+              const v1::WatchJobRequest& req)
+      : channel_(std::make_shared<WatchChannel>()) {
+    if (grpc::Status st = auth->Check(*ctx); !st.ok()) {
+      channel_->finished = true;
+      Finish(st);
+      return;
+    }
+    channel_->writer = this;
+    if (absl::Status st = manager->Subscribe(req.job_id(), channel_); !st.ok()) {
+      std::lock_guard<std::mutex> lock(channel_->mu);
+      channel_->finished = true;
+      Finish(ToGrpcStatus(st));
+    }
+  }
+  void OnWriteDone(bool ok) override { channel_->WriteDone(ok); }
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(channel_->mu);
+    if (!channel_->finished) {
+      channel_->finished = true;
+      Finish(grpc::Status::CANCELLED);
+    }
+  }
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(channel_->mu);
+      channel_->writer = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<WatchChannel> channel_;
+};
+
+bool WatchChannel::OnEvent(const v1::JobEvent& e, bool is_last) {
+  std::unique_lock<std::mutex> lock(mu);
+  if (!writer || finished) return false;
+  if (e.event_case() == v1::JobEvent::EVENT_NOT_SET) {  // the daemon is going away
+    finished = true;
+    writer->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, e.message()));
+    return false;
+  }
+  queue.push_back(e);
+  last = last || is_last;
+  if (!writing) {
+    writing = true;
+    const v1::JobEvent* front = &queue.front();
+    EventWriter* w = writer;
+    lock.unlock();
+    w->StartWrite(front);
+  }
+  return true;
+}
+
+void WatchChannel::WriteDone(bool ok) {
+  std::unique_lock<std::mutex> lock(mu);
+  queue.pop_front();
+  if (finished || !writer) return;
+  if (!ok) {  // the client went away
+    finished = true;
+    writer->Finish(grpc::Status::CANCELLED);
+    return;
+  }
+  if (!queue.empty()) {
+    const v1::JobEvent* front = &queue.front();
+    EventWriter* w = writer;
+    lock.unlock();
+    w->StartWrite(front);
+    return;
+  }
+  writing = false;
+  if (last) {
+    finished = true;
+    writer->Finish(grpc::Status::OK);
+  }
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* req,
+                                                    v1::Job* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  return Reply(ctx, manager_->Submit(req->spec()), resp);
+}
+
+grpc::ServerReadReactor<v1::Batch>* JobServiceImpl::StreamBatches(grpc::CallbackServerContext* ctx,
+                                                                  v1::StreamSummary* resp) {
+  return new BatchReader(ctx, manager_, auth_, resp);
+}
+
+grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
+                                                                 const v1::WatchJobRequest* req) {
+  return new EventWriter(ctx, manager_, auth_, *req);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                                 v1::Job* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  return Reply(ctx, manager_->Get(req->job_id()), resp);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
+                                                   v1::ListJobsResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  return Reply(ctx, manager_->List(*req), resp);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
+                                                    v1::Job* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  return Reply(ctx, manager_->Cancel(req->job_id()), resp);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::PauseJob(grpc::CallbackServerContext* ctx, const v1::PauseJobRequest* req,
+                                                   v1::Job* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  return Reply(ctx, manager_->Pause(req->job_id()), resp);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* ctx, const v1::ResumeJobRequest* req,
+                                                    v1::Job* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  return Reply(ctx, manager_->Resume(req->job_id()), resp);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::Checkpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
+                                                     v1::CheckpointResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  return Reply(ctx, manager_->Checkpoint(req->job_id()), resp);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ExportModel(grpc::CallbackServerContext* ctx,
+                                                      const v1::ExportModelRequest* req,
+                                                      v1::ExportModelResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  if (req->merge_lora()) {
+    return Deny(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "merge_lora: this job has no LoRA adapters"));
+  }
+  // Writing a model can take a while: off the callback thread.
+  auto* r = ctx->DefaultReactor();
+  std::thread([this, r, job = req->job_id(), dir = req->output_dir(), resp] {
+    auto path = manager_->Export(job, dir);
+    if (path.ok()) resp->set_path(*path);
+    r->Finish(ToGrpcStatus(path.status()));
+  }).detach();
+  return r;
+}
+
+}  // namespace rp::server

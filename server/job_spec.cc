@@ -1,0 +1,298 @@
+#include "server/job_spec.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/paths.h"
+
+namespace rp::server {
+
+namespace v1 = roundpipe::v1;
+using workers::models::TransformerConfig;
+
+std::vector<std::string> TransformerPresetNames() {
+  return {"llama-tiny", "qwen3-tiny", "qwen3-1.7b", "llama-3.1-8b", "qwen3-32b"};
+}
+
+absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name_in) {
+  const std::string name = absl::AsciiStrToLower(name_in);
+  TransformerConfig c;
+  if (name == "llama-tiny" || name == "qwen3-tiny") {
+    // Byte-level (vocab 256) models small enough to train on a laptop CPU in minutes.
+    c.family = name == "qwen3-tiny" ? "qwen3" : "llama";
+    c.qk_norm = c.tied_embeddings = name == "qwen3-tiny";
+    c.vocab = 256;
+    c.hidden = 128;
+    c.intermediate = 352;
+    c.num_blocks = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
+    c.rope_theta = 10000;
+    c.rms_eps = 1e-6;
+    return c;
+  }
+  if (name == "qwen3-1.7b" || name == "qwen3-32b") {  // published Qwen3 configs
+    const bool big = name == "qwen3-32b";
+    c.family = "qwen3";
+    c.qk_norm = true;
+    c.tied_embeddings = !big;
+    c.vocab = 151936;
+    c.hidden = big ? 5120 : 2048;
+    c.intermediate = big ? 25600 : 6144;
+    c.num_blocks = big ? 64 : 28;
+    c.num_heads = big ? 64 : 16;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.rope_theta = 1000000;
+    c.rms_eps = 1e-6;
+    return c;
+  }
+  if (name == "llama-3.1-8b") {
+    c.family = "llama";
+    c.vocab = 128256;
+    c.hidden = 4096;
+    c.intermediate = 14336;
+    c.num_blocks = 32;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.rope_theta = 500000;
+    c.rms_eps = 1e-5;
+    c.rope_scaling = {8.0, 1.0, 4.0, 8192};
+    return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("model.preset: unknown preset '", name_in,
+                                                 "'; known: ", absl::StrJoin(TransformerPresetNames(), ", ")));
+}
+
+int64_t EstimateHostBytes(const TransformerConfig& m, int master_bytes) {
+  int64_t params = m.vocab * m.hidden * (m.tied_embeddings ? 1 : 2) + m.hidden;
+  const int64_t q = static_cast<int64_t>(m.num_heads) * m.head_dim,
+                kv = static_cast<int64_t>(m.num_kv_heads) * m.head_dim;
+  params += m.num_blocks * (2 * m.hidden + m.hidden * (q + 2 * kv) + q * m.hidden + 3 * m.hidden * m.intermediate +
+                            (m.qk_norm ? 2 * m.head_dim : 0));
+  return params * (4 /*fp32*/ + master_bytes + 4 /*grad*/ + 8 /*moments*/);
+}
+
+namespace {
+
+absl::StatusOr<TransformerConfig> ResolveModel(const v1::ModelSpec& m) {
+  if (!m.hf_dir().empty()) {
+    return absl::UnimplementedError(
+        "model.hf_dir: loading Hugging Face model directories is not available yet; use model.preset or explicit "
+        "sizes");
+  }
+  TransformerConfig c;
+  if (!m.preset().empty()) {
+    auto p = TransformerPreset(m.preset());
+    if (!p.ok()) return p.status();
+    c = *p;
+  } else if (m.vocab() == 0 && m.hidden() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model: give a preset (",
+                                                   absl::StrJoin(TransformerPresetNames(), ", "),
+                                                   ") or explicit sizes (vocab, hidden, intermediate, num_blocks, "
+                                                   "num_heads, num_kv_heads, head_dim)"));
+  }
+  if (!m.family().empty()) {
+    if (m.family() != "llama" && m.family() != "qwen3") {
+      return absl::InvalidArgumentError(absl::StrCat("model.family: '", m.family(), "' (expected llama or qwen3)"));
+    }
+    c.family = m.family();
+    c.qk_norm = c.family == "qwen3";
+  }
+  auto set64 = [](int64_t v, int64_t* dst, const char* field) -> absl::Status {
+    if (v < 0) return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be positive, got ", v));
+    if (v > 0) *dst = v;
+    return absl::OkStatus();
+  };
+  auto set32 = [](int32_t v, int* dst, const char* field) -> absl::Status {
+    if (v < 0) return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be positive, got ", v));
+    if (v > 0) *dst = v;
+    return absl::OkStatus();
+  };
+  for (absl::Status st :
+       {set64(m.vocab(), &c.vocab, "vocab"), set64(m.hidden(), &c.hidden, "hidden"),
+        set64(m.intermediate(), &c.intermediate, "intermediate"), set32(m.num_blocks(), &c.num_blocks, "num_blocks"),
+        set32(m.num_heads(), &c.num_heads, "num_heads"), set32(m.num_kv_heads(), &c.num_kv_heads, "num_kv_heads"),
+        set64(m.head_dim(), &c.head_dim, "head_dim"),
+        set64(m.rope_original_max_position(), &c.rope_scaling.original_max_position, "rope_original_max_position")}) {
+    if (!st.ok()) return st;
+  }
+  if (m.rope_theta() < 0 || m.rms_eps() < 0 || m.rope_scaling_factor() < 0) {
+    return absl::InvalidArgumentError("model: rope_theta, rms_eps and rope_scaling_factor must not be negative");
+  }
+  if (m.rope_theta() > 0) c.rope_theta = m.rope_theta();
+  if (m.rms_eps() > 0) c.rms_eps = m.rms_eps();
+  if (m.tied_embeddings()) c.tied_embeddings = true;
+  if (m.rope_scaling_factor() > 0) {
+    c.rope_scaling.factor = m.rope_scaling_factor();
+    if (m.rope_low_freq_factor() > 0) c.rope_scaling.low_freq_factor = m.rope_low_freq_factor();
+    if (m.rope_high_freq_factor() > 0) c.rope_scaling.high_freq_factor = m.rope_high_freq_factor();
+  }
+  if (absl::Status st = c.Validate(); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model: ", st.message()));
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpecContext& ctx) {
+  ResolvedJob r;
+  scheduler::JobSpec& e = r.engine;
+  e.name = spec.name().empty() ? "job" : spec.name();
+  if (e.name.size() > 200) return absl::InvalidArgumentError("name: at most 200 characters");
+  auto model = ResolveModel(spec.model());
+  if (!model.ok()) return model.status();
+  e.model = *model;
+  e.seed = spec.model().init_seed();
+  switch (spec.precision()) {
+    case v1::PRECISION_UNSPECIFIED:
+    case v1::PRECISION_BF16:
+      e.master_dtype = at::kBFloat16;
+      break;
+    case v1::PRECISION_FP32:
+      e.master_dtype = at::kFloat;
+      break;
+    case v1::PRECISION_FP16:
+      e.master_dtype = at::kHalf;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("precision: unknown value ", spec.precision()));
+  }
+  if (ctx.host_memory_budget > 0) {
+    const int64_t need = EstimateHostBytes(e.model, static_cast<int>(c10::elementSize(e.master_dtype)));
+    if (need > ctx.host_memory_budget) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("model: needs about ", need >> 20, " MiB of host memory for its ", "states, the daemon has ",
+                       ctx.host_memory_budget >> 20, " MiB available; choose a smaller model"));
+    }
+  }
+
+  // Optimizer.
+  const v1::OptimizerSpec& o = spec.optimizer();
+  if (o.lr() < 0 || o.eps() < 0 || o.weight_decay() < 0 || o.max_grad_norm() < 0) {
+    return absl::InvalidArgumentError("optimizer: lr, eps, weight_decay and max_grad_norm must not be negative");
+  }
+  if (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1) {
+    return absl::InvalidArgumentError("optimizer: beta1 and beta2 must lie in [0, 1)");
+  }
+  e.adamw.lr = o.lr() > 0 ? o.lr() : 1e-4;
+  e.adamw.beta1 = o.beta1() > 0 ? o.beta1() : 0.9;
+  e.adamw.beta2 = o.beta2() > 0 ? o.beta2() : 0.999;
+  e.adamw.eps = o.eps() > 0 ? o.eps() : 1e-8;
+  e.adamw.weight_decay = o.weight_decay();
+  e.adamw.max_grad_norm = o.max_grad_norm();
+  const v1::LrScheduleSpec& ls = o.lr_schedule();
+  if (ls.warmup_steps() < 0 || ls.total_steps() < 0 || ls.min_lr_ratio() < 0 || ls.min_lr_ratio() > 1) {
+    return absl::InvalidArgumentError(
+        "optimizer.lr_schedule: warmup_steps and total_steps must be >= 0, min_lr_ratio in [0, 1]");
+  }
+  if (ls.kind() == v1::LrScheduleSpec::KIND_WARMUP_COSINE) {
+    const int64_t total = ls.total_steps() > 0 ? ls.total_steps() : spec.max_steps();
+    if (total <= 0) {
+      return absl::InvalidArgumentError("optimizer.lr_schedule: warmup_cosine needs total_steps (or max_steps) > 0");
+    }
+    e.lr_schedule = {workers::LrSchedule::Kind::kWarmupCosine, ls.warmup_steps(), total, ls.min_lr_ratio()};
+  }
+  e.optimizer_mode =
+      o.mode() == v1::OPTIMIZER_MODE_SYNC ? planning::OptimizerMode::kSync : planning::OptimizerMode::kAsync;
+
+  // Batching.
+  const v1::BatchingSpec& b = spec.batching();
+  if (b.global_batch() < 0 || b.micro_batch() < 0 || b.sequence_length() < 0 || b.microbatches_per_round() < 0) {
+    return absl::InvalidArgumentError("batching: sizes must not be negative");
+  }
+  const int64_t micro = b.micro_batch() > 0 ? b.micro_batch() : 1;
+  r.global_batch = b.global_batch() > 0 ? b.global_batch() : micro * ctx.num_devices;
+  r.sequence_length = b.sequence_length() > 0 ? b.sequence_length() : 256;
+  if (r.global_batch % micro != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batching: global_batch ", r.global_batch, " is not a multiple of micro_batch ", micro));
+  }
+  if (r.sequence_length > (int64_t{1} << 20)) return absl::InvalidArgumentError("batching: sequence_length above 1M");
+  e.microbatches = static_cast<int>(r.global_batch / micro);
+  if (e.microbatches < ctx.num_devices) {
+    return absl::InvalidArgumentError(absl::StrCat("batching: global_batch / micro_batch = ", e.microbatches,
+                                                   " micro-batches, fewer than the ", ctx.num_devices,
+                                                   " devices; raise global_batch or lower micro_batch"));
+  }
+  e.microbatches_per_round = b.microbatches_per_round();
+  if (e.microbatches_per_round > 0 &&
+      (e.microbatches_per_round < ctx.num_devices || e.microbatches % e.microbatches_per_round != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("batching.microbatches_per_round: must be >= ", ctx.num_devices,
+                                                   " (devices) and divide the ", e.microbatches, " micro-batches"));
+  }
+
+  // Partition.
+  const v1::PartitionSpec& p = spec.partition();
+  if (p.fused() > 0) {
+    planning::Partition part;
+    part.forward.assign(p.forward().begin(), p.forward().end());
+    part.fused = p.fused();
+    part.backward.assign(p.backward().begin(), p.backward().end());
+    int fwd = 0, bwd = part.fused;
+    for (int x : part.forward) fwd += x;
+    for (int x : part.backward) bwd += x;
+    for (int x : part.forward) {
+      if (x < 1) return absl::InvalidArgumentError("partition.forward: every stage needs >= 1 layer");
+    }
+    for (int x : part.backward) {
+      if (x < 1) return absl::InvalidArgumentError("partition.backward: every stage needs >= 1 layer");
+    }
+    const int L = e.model.num_layers();
+    if (fwd + part.fused != L || bwd != L) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition: forward + fused must cover the ", L, " layers (embedding, ", e.model.num_blocks,
+                       " blocks, head) and fused + backward too; got ", fwd, " + ", part.fused, " and ", bwd));
+    }
+    e.partition = part;
+  } else if (!p.forward().empty() || !p.backward().empty()) {
+    return absl::InvalidArgumentError("partition: give fused (B_1's layer count) with forward/backward, or nothing");
+  } else {
+    e.auto_partition = true;
+  }
+
+  if (!spec.devices().empty() && spec.devices() != ctx.daemon_devices) {
+    return absl::FailedPreconditionError(absl::StrCat("devices: this daemon runs every job on all its devices (",
+                                                      ctx.daemon_devices,
+                                                      "); leave devices empty or name exactly those"));
+  }
+  if (spec.checkpoint().every_steps() < 0 || spec.checkpoint().keep_last() < 0) {
+    return absl::InvalidArgumentError("checkpoint: every_steps and keep_last must not be negative");
+  }
+  if (spec.max_steps() < 0) return absl::InvalidArgumentError("max_steps: must not be negative");
+  e.max_steps = spec.max_steps();
+  e.priority = spec.priority();
+  e.max_queued_batches = ctx.max_queued_batches;
+
+  // Data.
+  switch (spec.data().source_case()) {
+    case v1::DataSource::kTokenFile: {
+      const auto& tf = spec.data().token_file();
+      auto path = ResolveInsideRoots(tf.path(), ctx.allowed_roots, "data.token_file.path");
+      if (!path.ok()) return path.status();
+      r.streamed = false;
+      r.token_file = *path;
+      r.token_format = tf.format();
+      if (tf.max_epochs() < 0) return absl::InvalidArgumentError("data.token_file.max_epochs: must not be negative");
+      r.max_epochs = tf.max_epochs() > 0 ? tf.max_epochs() : 1;
+      break;
+    }
+    case v1::DataSource::kStream:
+    case v1::DataSource::SOURCE_NOT_SET:
+      r.streamed = true;
+      break;
+  }
+  if (!spec.output_dir().empty()) {
+    auto out = ResolveInsideRoots(spec.output_dir(), ctx.allowed_roots, "output_dir");
+    if (!out.ok()) return out.status();
+    r.output_dir = *out;
+  } else {
+    r.output_dir = ctx.default_output_dir;
+  }
+  return r;
+}
+
+}  // namespace rp::server

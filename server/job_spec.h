@@ -1,0 +1,47 @@
+// job_spec.h — turns a client's roundpipe.v1.JobSpec into the engine's JobSpec plus what the
+// server keeps for itself (data source, sizes, output dir). Every rule a spec must satisfy is
+// checked here, with a message that names the field and says what to fix.
+//
+// Contract: pure functions (they stat the paths a spec names), any thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "roundpipe/v1/jobs.pb.h"
+#include "scheduler/engine.h"
+#include "workers/models/transformer_config.h"
+
+namespace rp::server {
+
+struct JobSpecContext {
+  std::string daemon_devices;  // e.g. "cpu:2"
+  int num_devices = 1;
+  std::vector<std::string> allowed_roots;
+  std::string default_output_dir;  // used when the spec names none
+  int max_queued_batches = 8;
+  int64_t host_memory_budget = 0;  // bytes a job's host model state may take; 0 = unchecked
+};
+
+struct ResolvedJob {
+  scheduler::JobSpec engine;
+  int64_t global_batch = 0;  // sequences per step
+  int64_t sequence_length = 0;
+  bool streamed = true;
+  std::string token_file;  // resolved, when !streamed
+  roundpipe::v1::DataSource::TokenFile::Format token_format = roundpipe::v1::DataSource::TokenFile::FORMAT_UNSPECIFIED;
+  int64_t max_epochs = 1;
+  std::string output_dir;  // resolved
+};
+
+// Model presets (see jobs.proto ModelSpec.preset).
+std::vector<std::string> TransformerPresetNames();
+absl::StatusOr<workers::models::TransformerConfig> TransformerPreset(const std::string& name);
+
+absl::StatusOr<ResolvedJob> ResolveJobSpec(const roundpipe::v1::JobSpec& spec, const JobSpecContext& ctx);
+
+// Host bytes the engine keeps for a model (fp32 copy, master copy, gradients, AdamW moments).
+int64_t EstimateHostBytes(const workers::models::TransformerConfig& model, int master_bytes);
+
+}  // namespace rp::server

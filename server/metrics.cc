@@ -1,0 +1,99 @@
+#include "server/metrics.h"
+
+namespace rp::server {
+
+namespace {
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+}
+}  // namespace
+
+DaemonMetrics::DaemonMetrics(prometheus::Registry& r)
+    : tokens_trained(BuildCounter()
+                         .Name("roundpipe_tokens_trained_total")
+                         .Help("Tokens with a training target processed by finished iterations")
+                         .Register(r)
+                         .Add({})),
+      iterations(
+          BuildCounter().Name("roundpipe_iterations_total").Help("Finished training iterations").Register(r).Add({})),
+      iteration_duration(BuildHistogram()
+                             .Name("roundpipe_iteration_duration_seconds")
+                             .Help("Wall time of one iteration (forward, backward and optimizer step)")
+                             .Register(r)
+                             .Add({}, SecondsBuckets())),
+      optimizer_step(BuildHistogram()
+                         .Name("roundpipe_optimizer_step_seconds")
+                         .Help("Wall time of one optimizer step on the CPU optimizer worker")
+                         .Register(r)
+                         .Add({}, SecondsBuckets())),
+      loss(BuildGauge()
+               .Name("roundpipe_loss")
+               .Help("Loss of the latest iteration of the running job")
+               .Register(r)
+               .Add({})),
+      learning_rate(BuildGauge()
+                        .Name("roundpipe_learning_rate")
+                        .Help("Learning rate of the latest optimizer step")
+                        .Register(r)
+                        .Add({})),
+      grad_norm(BuildGauge()
+                    .Name("roundpipe_grad_norm")
+                    .Help("Global gradient norm (before clipping) of the latest iteration")
+                    .Register(r)
+                    .Add({})),
+      bubble_ratio(BuildGauge()
+                       .Name("roundpipe_bubble_ratio")
+                       .Help("Measured pipeline bubble ratio of the latest iteration (0..1)")
+                       .Register(r)
+                       .Add({})),
+      batches_received(BuildCounter()
+                           .Name("roundpipe_batches_received_total")
+                           .Help("Batches accepted into a job's queue (streamed or read from a token file)")
+                           .Register(r)
+                           .Add({})),
+      batches_rejected(BuildCounter()
+                           .Name("roundpipe_batches_rejected_total")
+                           .Help("Streamed batches rejected as invalid")
+                           .Register(r)
+                           .Add({})),
+      worker_busy(BuildCounter()
+                      .Name("roundpipe_worker_busy_seconds_total")
+                      .Help("Seconds each worker's stream spent executing operations")
+                      .Register(r)),
+      transfer_bytes(BuildCounter()
+                         .Name("roundpipe_transfer_bytes_total")
+                         .Help("Bytes copied between host and devices, by direction and kind")
+                         .Register(r)),
+      host_memory(
+          BuildGauge().Name("roundpipe_host_memory_bytes").Help("Host memory held by the engine, by pool").Register(r)),
+      device_memory(BuildGauge()
+                        .Name("roundpipe_device_memory_bytes")
+                        .Help("Device memory in use, by device (0 on the CPU backend)")
+                        .Register(r)),
+      jobs(BuildGauge().Name("roundpipe_jobs").Help("Jobs known to the daemon, by state").Register(r)),
+      build_info(BuildGauge().Name("roundpipe_build_info").Help("Always 1; labels carry versions").Register(r)) {}
+
+std::vector<std::string> DaemonMetrics::FamilyNames() {
+  return {"roundpipe_tokens_trained_total",
+          "roundpipe_iterations_total",
+          "roundpipe_iteration_duration_seconds",
+          "roundpipe_optimizer_step_seconds",
+          "roundpipe_loss",
+          "roundpipe_learning_rate",
+          "roundpipe_grad_norm",
+          "roundpipe_bubble_ratio",
+          "roundpipe_batches_received_total",
+          "roundpipe_batches_rejected_total",
+          "roundpipe_worker_busy_seconds_total",
+          "roundpipe_transfer_bytes_total",
+          "roundpipe_host_memory_bytes",
+          "roundpipe_device_memory_bytes",
+          "roundpipe_jobs",
+          "roundpipe_build_info"};
+}
+
+}  // namespace rp::server
