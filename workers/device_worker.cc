@@ -214,7 +214,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
       Guarded(*s, "gradient download", [&] {
         for (size_t k = 0; k < s->param_ids.size(); ++k) {
           const at::Tensor& g = s->params[k].grad();
-          if (g.defined()) s->ctx->store->AccumulateGrad(s->param_ids[k], g);
+          if (g.defined()) s->ctx->store->AccumulateGrad(s->param_ids[k], s->dev->Download(g));
         }
       });
       s->params.clear();

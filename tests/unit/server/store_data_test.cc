@@ -1,0 +1,218 @@
+// The SQLite job store (a real file, reopened), token files (.bin / .npy) and job-spec rules.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "server/job_spec.h"
+#include "server/job_store.h"
+#include "server/token_dataset.h"
+
+namespace rp::server {
+namespace {
+namespace fs = std::filesystem;
+namespace v1 = roundpipe::v1;
+
+fs::path TempDir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("rp_store_test_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+TEST(JobStore, JobsSurviveReopeningTheFile) {
+  const fs::path d = TempDir("store");
+  const std::string path = (d / "jobs.sqlite").string();
+  {
+    auto s = JobStore::Open(path);
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int i = 1; i <= 3; ++i) {
+      v1::Job j;
+      j.set_id("job-" + std::to_string(i));
+      j.set_state(v1::JOB_STATE_QUEUED);
+      j.mutable_spec()->set_name("n" + std::to_string(i));
+      ASSERT_TRUE((*s)->Put(i, j).ok());
+    }
+    v1::Job j2;
+    j2.set_id("job-2");
+    j2.set_state(v1::JOB_STATE_SUCCEEDED);
+    j2.mutable_progress()->set_step(42);
+    ASSERT_TRUE((*s)->Put(2, j2).ok());  // replaces
+  }
+  auto s = JobStore::Open(path);
+  ASSERT_TRUE(s.ok());
+  auto all = (*s)->LoadAll();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].second.id(), "job-1");
+  EXPECT_EQ((*all)[1].second.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ((*all)[1].second.progress().step(), 42);
+  EXPECT_EQ(*(*s)->MaxSeq(), 3);
+  EXPECT_FALSE(JobStore::Open((d / "no" / "such" / "dir" / "x.sqlite").string()).ok());
+}
+
+TEST(TokenDataset, BinWindowsShiftLabelsAndDropTheRemainder) {
+  const fs::path d = TempDir("bin");
+  std::ofstream out(d / "t.bin", std::ios::binary);
+  for (uint16_t i = 0; i < 1000; ++i) out.write(reinterpret_cast<const char*>(&i), 2);
+  out.close();
+  auto ds = TokenDataset::Open((d / "t.bin").string(), TokenFileFormat::kAuto, 4, 10);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_tokens(), 1000);
+  EXPECT_EQ((*ds)->batches_per_epoch(), 999 / 10 / 4);  // 24
+  auto [t, l] = (*ds)->Batch(1);
+  ASSERT_EQ(t.sizes(), (std::vector<int64_t>{4, 10}));
+  EXPECT_EQ(t[0][0].item<int64_t>(), 40);  // batch 1 starts at window 4
+  EXPECT_EQ(l[0][0].item<int64_t>(), 41);
+  EXPECT_EQ(t[3][9].item<int64_t>(), 79);
+  EXPECT_EQ(l[3][9].item<int64_t>(), 80);
+  auto [t0, l0] = (*ds)->Batch((*ds)->batches_per_epoch());  // wraps to the next epoch
+  EXPECT_EQ(t0[0][0].item<int64_t>(), 0);
+  // Odd byte count for uint16, too small a file, a missing file.
+  std::ofstream(d / "odd.bin") << "abc";
+  auto odd = TokenDataset::Open((d / "odd.bin").string(), TokenFileFormat::kBinUint16, 1, 1);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("whole number"), std::string::npos);
+  EXPECT_FALSE(TokenDataset::Open((d / "t.bin").string(), TokenFileFormat::kAuto, 200, 10).ok());
+  EXPECT_EQ(TokenDataset::Open((d / "none.bin").string(), TokenFileFormat::kAuto, 1, 1).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(TokenDataset, NpyHeaderIsParsedAndCheckedAgainstTheFileSize) {
+  const fs::path d = TempDir("npy");
+  auto write_npy = [&](const std::string& name, const std::string& descr, const std::string& shape, int count,
+                       int bytes) {
+    std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::ofstream out(d / name, std::ios::binary);
+    out.write("\x93NUMPY\x01\x00", 8);
+    const uint16_t len = static_cast<uint16_t>(header.size());
+    out.write(reinterpret_cast<const char*>(&len), 2);
+    out << header;
+    for (int i = 0; i < count; ++i) {
+      const int64_t v = i % 7;
+      out.write(reinterpret_cast<const char*>(&v), bytes);
+    }
+  };
+  write_npy("u4.npy", "<u4", "(300,)", 300, 4);
+  auto ds = TokenDataset::Open((d / "u4.npy").string(), TokenFileFormat::kAuto, 2, 8);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_tokens(), 300);
+  auto [t, l] = (*ds)->Batch(0);
+  EXPECT_EQ(t[1][0].item<int64_t>(), 8 % 7);
+  write_npy("i8.npy", "<i8", "(10, 30)", 300, 8);
+  EXPECT_TRUE(TokenDataset::Open((d / "i8.npy").string(), TokenFileFormat::kAuto, 2, 8).ok());
+  write_npy("short.npy", "<u2", "(5000,)", 300, 2);
+  auto s = TokenDataset::Open((d / "short.npy").string(), TokenFileFormat::kAuto, 2, 8);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("more data than the file holds"), std::string::npos) << s.status();
+  write_npy("f4.npy", "<f4", "(300,)", 300, 4);
+  EXPECT_FALSE(TokenDataset::Open((d / "f4.npy").string(), TokenFileFormat::kAuto, 2, 8).ok());
+  std::ofstream(d / "junk.npy") << "not numpy at all";
+  EXPECT_FALSE(TokenDataset::Open((d / "junk.npy").string(), TokenFileFormat::kAuto, 2, 8).ok());
+}
+
+JobSpecContext Ctx(const fs::path& root) {
+  JobSpecContext c;
+  c.daemon_devices = "cpu:2";
+  c.num_devices = 2;
+  c.allowed_roots = {root.string()};
+  c.default_output_dir = (root / "out").string();
+  return c;
+}
+
+TEST(JobSpec, PresetsDefaultsAndOverrides) {
+  const fs::path d = TempDir("spec");
+  v1::JobSpec s;
+  s.mutable_model()->set_preset("qwen3-tiny");
+  s.mutable_model()->set_num_blocks(2);
+  s.mutable_batching()->set_global_batch(8);
+  s.mutable_batching()->set_micro_batch(2);
+  s.mutable_batching()->set_sequence_length(64);
+  auto r = ResolveJobSpec(s, Ctx(d));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->engine.model.family, "qwen3");
+  EXPECT_TRUE(r->engine.model.qk_norm);
+  EXPECT_EQ(r->engine.model.num_blocks, 2);
+  EXPECT_EQ(r->engine.model.vocab, 256);
+  EXPECT_EQ(r->engine.microbatches, 4);
+  EXPECT_EQ(r->engine.master_dtype, at::kBFloat16);
+  EXPECT_EQ(r->engine.optimizer_mode, planning::OptimizerMode::kAsync);
+  EXPECT_TRUE(r->engine.auto_partition);
+  EXPECT_TRUE(r->streamed);
+  EXPECT_EQ(r->output_dir, (d / "out").string());
+  for (const auto& name : TransformerPresetNames()) EXPECT_TRUE(TransformerPreset(name).ok()) << name;
+}
+
+TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
+  const fs::path d = TempDir("badspec");
+  auto base = [] {
+    v1::JobSpec s;
+    s.mutable_model()->set_preset("llama-tiny");
+    s.mutable_batching()->set_global_batch(4);
+    s.mutable_batching()->set_sequence_length(16);
+    return s;
+  };
+  struct Case {
+    std::string what;
+    std::function<void(v1::JobSpec&)> mutate;
+    absl::StatusCode code;
+    std::string needle;
+  };
+  std::vector<Case> cases = {
+      {"unknown preset", [](auto& s) { s.mutable_model()->set_preset("gpt-9"); }, absl::StatusCode::kInvalidArgument,
+       "unknown preset 'gpt-9'"},
+      {"no model", [](auto& s) { s.mutable_model()->clear_preset(); }, absl::StatusCode::kInvalidArgument,
+       "give a preset"},
+      {"negative hidden", [](auto& s) { s.mutable_model()->set_hidden(-5); }, absl::StatusCode::kInvalidArgument,
+       "model.hidden"},
+      {"heads do not divide", [](auto& s) { s.mutable_model()->set_num_kv_heads(3); },
+       absl::StatusCode::kInvalidArgument, "model:"},
+      {"negative batch", [](auto& s) { s.mutable_batching()->set_global_batch(-1); },
+       absl::StatusCode::kInvalidArgument, "batching"},
+      {"batch not multiple of micro", [](auto& s) { s.mutable_batching()->set_micro_batch(3); },
+       absl::StatusCode::kInvalidArgument, "not a multiple of micro_batch"},
+      {"fewer micro-batches than devices", [](auto& s) { s.mutable_batching()->set_micro_batch(4); },
+       absl::StatusCode::kInvalidArgument, "fewer than the 2 devices"},
+      {"bad beta", [](auto& s) { s.mutable_optimizer()->set_beta1(1.5); }, absl::StatusCode::kInvalidArgument,
+       "beta1"},
+      {"cosine without length",
+       [](auto& s) { s.mutable_optimizer()->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::KIND_WARMUP_COSINE); },
+       absl::StatusCode::kInvalidArgument, "total_steps"},
+      {"partition does not cover",
+       [](auto& s) {
+         s.mutable_partition()->add_forward(2);
+         s.mutable_partition()->set_fused(1);
+       },
+       absl::StatusCode::kInvalidArgument, "cover the 6 layers"},
+      {"other devices", [](auto& s) { s.set_devices("cpu:7"); }, absl::StatusCode::kFailedPrecondition, "devices"},
+      {"token file outside roots", [](auto& s) { s.mutable_data()->mutable_token_file()->set_path("/etc/passwd"); },
+       absl::StatusCode::kPermissionDenied, "outside the allowed roots"},
+      {"output dir via ..", [d](auto& s) { s.set_output_dir((d / ".." / "elsewhere").string()); },
+       absl::StatusCode::kPermissionDenied, "output_dir"},
+      {"hf dir", [](auto& s) { s.mutable_model()->set_hf_dir("/x"); }, absl::StatusCode::kUnimplemented, "hf_dir"},
+      {"negative max_steps", [](auto& s) { s.set_max_steps(-3); }, absl::StatusCode::kInvalidArgument, "max_steps"},
+  };
+  ASSERT_TRUE(ResolveJobSpec(base(), Ctx(d)).ok()) << ResolveJobSpec(base(), Ctx(d)).status();
+  for (const Case& c : cases) {
+    v1::JobSpec s = base();
+    c.mutate(s);
+    auto r = ResolveJobSpec(s, Ctx(d));
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << c.what << ": " << r.status();
+  }
+  // A model too large for the host budget is refused before anything is allocated.
+  JobSpecContext small = Ctx(d);
+  small.host_memory_budget = int64_t{1} << 30;
+  v1::JobSpec big = base();
+  big.mutable_model()->set_preset("llama-3.1-8b");
+  big.mutable_batching()->set_global_batch(2);
+  EXPECT_EQ(ResolveJobSpec(big, small).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace rp::server
