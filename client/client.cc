@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
+  if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
   c->channel_ = grpc::CreateCustomChannel(o.address, creds, args);
   c->jobs_ = v1::JobService::NewStub(c->channel_);
   c->admin_ = v1::AdminService::NewStub(c->channel_);
@@ -206,12 +207,14 @@ absl::StatusOr<v1::StreamSummary> Client::StreamBatches(const std::string& id, c
   return summary;
 }
 
-absl::Status Client::Watch(const std::string& id, const std::function<void(const v1::JobEvent&)>& on_event) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
+absl::Status Client::Watch(const std::string& id, const std::function<void(const v1::JobEvent&)>& on_event,
+                           grpc::ClientContext* context) {
+  grpc::ClientContext own;
+  grpc::ClientContext* ctx = context ? context : &own;
+  Prepare(ctx);
   v1::WatchJobRequest req;
   req.set_job_id(id);
-  auto reader = jobs_->WatchJob(&ctx, req);
+  auto reader = jobs_->WatchJob(ctx, req);
   v1::JobEvent e;
   while (reader->Read(&e)) on_event(e);
   return FromGrpc(reader->Finish());

@@ -22,6 +22,7 @@ struct ClientOptions {
   std::string token;                        // bearer token; empty = none
   std::string tls_ca_file;                  // set: TLS, verifying the daemon against this CA
   std::string tls_cert_file, tls_key_file;  // client certificate (daemons that require one)
+  std::string tls_server_name;              // expected name in the daemon's certificate (default: the host)
   int64_t max_message_bytes = int64_t{64} << 20;
 };
 
@@ -55,8 +56,10 @@ class Client {
   // Streams prepared Batch messages (job_id is set on the first).
   absl::StatusOr<roundpipe::v1::StreamSummary> StreamBatches(const std::string& job_id,
                                                              const std::vector<roundpipe::v1::Batch>& batches);
-  // Calls `on_event` for every event until the job ends (OK) or the stream breaks.
-  absl::Status Watch(const std::string& job_id, const std::function<void(const roundpipe::v1::JobEvent&)>& on_event);
+  // Calls `on_event` for every event until the job ends (OK) or the stream breaks. Another
+  // thread may stop the watch with context->TryCancel() when it passes its own context.
+  absl::Status Watch(const std::string& job_id, const std::function<void(const roundpipe::v1::JobEvent&)>& on_event,
+                     grpc::ClientContext* context = nullptr);
 
  private:
   explicit Client(ClientOptions o) : options_(std::move(o)) {}

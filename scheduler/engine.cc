@@ -47,6 +47,7 @@ struct Engine::Job {
 
   bool terminal() const { return IsTerminal(state); }
   void Emit(JobEvent e) {  // caller holds mu
+    e.time = std::chrono::system_clock::now();
     events.push_back(std::move(e));
     cv.notify_all();
   }

@@ -71,6 +71,7 @@ struct JobEvent {
   JobState state = JobState::kQueued;
   IterationStats stats;  // kIteration
   std::string message;   // kState (failure reason), kBatchRejected
+  std::chrono::system_clock::time_point time;  // when the engine emitted it
 };
 
 struct Batch {

@@ -93,6 +93,7 @@ struct JobManager::Managed {
   bool input_end = false;   // no more streamed batches: close the engine's input after `feed`
   bool stop = false;        // daemon shutdown: threads leave without touching the record
   std::string fail_reason;  // the feeder cancelled the job because its data was bad
+  bool drained = false;     // paused by Drain (not by a user)
   std::vector<std::shared_ptr<JobSubscriber>> subscribers;
   std::thread pump, feeder;
   std::chrono::steady_clock::time_point last_step_at{}, last_persist{};
@@ -126,8 +127,9 @@ absl::Status JobManager::Recover() {
       order_.push_back(job);
     }
     const v1::JobState s = record.state();
-    if (s == v1::JOB_STATE_QUEUED) {
-      // Never started: admit it again from its stored spec.
+    const char* kDrained = "paused by a daemon drain";
+    if (!Terminal(s) && !record.has_started()) {
+      // Never ran: admit it again from its stored spec (a user's pause while queued stays).
       JobSpecContext ctx = options_.spec;
       ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
       auto resolved = ResolveJobSpec(record.spec(), ctx);
@@ -141,6 +143,8 @@ absl::Status JobManager::Recover() {
         job->record.set_state(v1::JOB_STATE_FAILED);
         job->record.set_error(absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
         Persist(*job);
+      } else if (s == v1::JOB_STATE_PAUSED && record.message() != kDrained) {
+        (void)engine_->Pause(*job->engine_id);
       }
       Log()->info("[{}] re-admitted after restart", job->id);
     } else if (!Terminal(s)) {
@@ -173,7 +177,7 @@ void JobManager::Persist(Managed& job) {
 
 void JobManager::Publish(Managed& job, v1::JobEvent event, bool last) {
   event.set_job_id(job.id);
-  *event.mutable_time() = Now();
+  if (!event.has_time()) *event.mutable_time() = Now();
   auto& subs = job.subscribers;
   subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const auto& s) { return !s->OnEvent(event, last); }),
              subs.end());
@@ -502,6 +506,8 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
       std::lock_guard<std::mutex> lock(job->mu);
       v1::Job& rec = job->record;
       v1::JobEvent out;
+      *out.mutable_time() = TimeUtil::NanosecondsToTimestamp(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(e.time.time_since_epoch()).count());
       switch (e.kind) {
         case scheduler::JobEvent::Kind::kState: {
           v1::JobState s = ToProto(e.state);
@@ -514,7 +520,11 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           rec.set_state(s);
           if (s != v1::JOB_STATE_PAUSED || message.empty()) rec.set_message(message);
           if (s == v1::JOB_STATE_PAUSED && message.empty() && rec.message().empty()) rec.set_message("paused");
-          if (s == v1::JOB_STATE_RUNNING) rec.clear_message();
+          if (s == v1::JOB_STATE_PAUSED && job->drained) rec.set_message("paused by a daemon drain");
+          if (s == v1::JOB_STATE_RUNNING) {
+            rec.clear_message();
+            if (!rec.has_started()) *rec.mutable_started() = out.time();
+          }
           *rec.mutable_updated() = Now();
           out.set_state(s);
           out.set_message(message);
@@ -727,6 +737,7 @@ int JobManager::Drain(std::chrono::seconds deadline) {
       const v1::JobState s = j->record.state();
       if (!j->engine_id || (s != v1::JOB_STATE_RUNNING && s != v1::JOB_STATE_QUEUED)) continue;
       eid = j->engine_id;
+      j->drained = true;
     }
     if (engine_->Pause(*eid).ok()) {
       ++paused;

@@ -228,7 +228,11 @@ int main(int argc, char** argv) {
   server->GetHealthCheckService()->SetServingStatus(false);
   const int paused = (*manager)->Drain(std::chrono::seconds(config.drain_deadline_seconds()));
   (*manager)->Shutdown();  // ends watch streams and feeders, so in-flight RPCs can complete
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  spdlog::debug("job manager stopped; stopping the gRPC server");
+  // Streams were ended above; the grace only covers unary calls in flight (an idle client
+  // connection would otherwise hold Shutdown for the whole deadline).
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  spdlog::debug("gRPC server stopped");
   stopping = true;
   if (watchdog.joinable()) watchdog.join();
   (*engine)->Shutdown();

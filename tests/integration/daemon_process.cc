@@ -1,0 +1,147 @@
+#include "tests/integration/daemon_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#ifndef RP_ROUNDPIPED
+#error "RP_ROUNDPIPED must name the daemon binary"
+#endif
+
+namespace rp::testing {
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (out_fd_ >= 0) close(out_fd_);
+}
+
+bool DaemonProcess::Start(const std::string& state_dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {RP_ROUNDPIPED, "--state_dir", state_dir};
+  auto has = [&](const std::string& flag) {
+    return std::any_of(extra.begin(), extra.end(), [&](const std::string& a) { return a.rfind(flag, 0) == 0; });
+  };
+  if (!has("--listen")) args.insert(args.end(), {"--listen", "127.0.0.1:0"});
+  if (!has("--metrics_address")) args.insert(args.end(), {"--metrics_address", "127.0.0.1:0"});
+  if (!has("--devices")) args.insert(args.end(), {"--devices", "cpu:2", "--log_level", "debug"});
+  args.insert(args.end(), extra.begin(), extra.end());
+  if (out_fd_ >= 0) close(out_fd_);
+  out_fd_ = -1;
+  output_.clear();  // a restarted daemon prints its own serving line
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::perror("execv roundpiped");
+    _exit(127);
+  }
+  close(fds[1]);
+  out_fd_ = fds[0];
+  // Read until the serving line (or EOF / 120 s without output).
+  const std::string marker = "roundpiped: serving grpc=";
+  for (;;) {
+    size_t at = output_.find(marker);
+    if (at != std::string::npos && output_.find('\n', at) != std::string::npos) {
+      const std::string line = output_.substr(at, output_.find('\n', at) - at);
+      const size_t g = line.find("grpc=") + 5;
+      address_ = line.substr(g, line.find_first_of(", ", g) - g);
+      const size_t m = line.find("metrics=") + 8;
+      metrics_ = line.substr(m, line.find(' ', m) - m);
+      return true;
+    }
+    pollfd p{out_fd_, POLLIN, 0};
+    if (poll(&p, 1, 120000) <= 0) return false;
+    char buf[4096];
+    const ssize_t n = read(out_fd_, buf, sizeof(buf));
+    if (n <= 0) return false;  // the daemon exited
+    output_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+std::string DaemonProcess::Output() {
+  if (out_fd_ >= 0) {
+    int flags = fcntl(out_fd_, F_GETFL);
+    fcntl(out_fd_, F_SETFL, flags | O_NONBLOCK);
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(out_fd_, buf, sizeof(buf))) > 0) output_.append(buf, static_cast<size_t>(n));
+    fcntl(out_fd_, F_SETFL, flags);
+  }
+  return output_;
+}
+
+int DaemonProcess::Stop(int signal_number) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, signal_number);
+  // Collect output while waiting, so a chatty daemon never blocks on a full pipe.
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out_fd_, buf, sizeof(buf))) > 0) output_.append(buf, static_cast<size_t>(n));
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::unique_ptr<client::Client> DaemonProcess::Connect(const std::string& token) const {
+  client::ClientOptions o;
+  o.address = address_;
+  o.token = token;
+  auto c = client::Client::Connect(o);
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+std::string HttpGet(const std::string& host_port, const std::string& path) {
+  const size_t colon = host_port.rfind(':');
+  const int port = std::stoi(host_port.substr(colon + 1));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+int RunCommand(const std::string& command, std::string* output) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  output->clear();
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace rp::testing

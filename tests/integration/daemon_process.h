@@ -1,0 +1,44 @@
+// daemon_process.h — runs the real roundpiped binary for integration tests: 127.0.0.1 port 0
+// for gRPC and metrics, a throw-away state dir, and the addresses read from the daemon's
+// "serving" line on its stdout (a blocking read: the test waits on the daemon's own
+// notification, never on a sleep loop).
+//
+// Contract: one test thread owns a DaemonProcess; the destructor kills a daemon still running.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+
+namespace rp::testing {
+
+class DaemonProcess {
+ public:
+  ~DaemonProcess();
+  // Starts roundpiped with `args` (added to --state_dir/--listen/--metrics_address defaults
+  // unless `args` names them) and waits until it serves. Fails the test on error.
+  bool Start(const std::string& state_dir, const std::vector<std::string>& args);
+  // SIGTERM (drain) and wait; returns the exit status (-1 when killed by a signal).
+  int Stop(int signal_number = 15);
+  const std::string& address() const { return address_; }
+  const std::string& metrics_address() const { return metrics_; }
+  std::unique_ptr<client::Client> Connect(const std::string& token = "") const;
+  // Everything the daemon printed to stdout/stderr so far (for failure messages).
+  std::string Output();
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::string address_, metrics_, output_;
+};
+
+// A plain HTTP/1.0 GET on loopback; returns the body ("" on failure).
+std::string HttpGet(const std::string& host_port, const std::string& path);
+// Runs a command line, returns its exit status and fills *output with stdout+stderr.
+int RunCommand(const std::string& command, std::string* output);
+
+}  // namespace rp::testing

@@ -1,0 +1,268 @@
+// Integration tests against the real roundpiped process on 127.0.0.1 port 0, driven through the
+// real client library and CLI (DESIGN §6): the job life cycle, queueing, restart, metrics.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "tests/integration/daemon_process.h"
+#include "tests/integration/fixtures.h"
+#include "tests/support/reference_model.h"
+#include "workers/store/host_model_store.h"
+
+namespace rp::testing {
+namespace {
+
+namespace v1 = roundpipe::v1;
+using namespace std::chrono_literals;
+
+TEST_F(DaemonTest, StreamedJobTrainsLikeThePlainReferenceAndExports) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  v1::JobSpec spec = TinySpec();
+  spec.set_max_steps(0);  // until the stream ends
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->state() == v1::JOB_STATE_QUEUED || job->state() == v1::JOB_STATE_RUNNING) << job->state();
+  Watcher w(*c, job->id());
+
+  // Six batches of [4, 16] byte tokens; the daemon's losses must be those of a plain LibTorch
+  // model with the same initial weights trained on the same tokens (fp32, sync).
+  const std::vector<int32_t> tokens = SomeTokens(6 * 4 * 16, 3);
+  auto summary = c->StreamTokens(job->id(), tokens, 4, 16);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->accepted(), 6);
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  ASSERT_TRUE(w.Finished());
+
+  workers::HostModelStore init(EngineModel(), at::kFloat, spec.model().init_seed());
+  workers::AdamWOptions adamw;
+  adamw.lr = spec.optimizer().lr();
+  adamw.weight_decay = 0;
+  adamw.eps = 1e-8;
+  ReferenceModel ref(init, adamw);
+  const std::vector<double> losses = w.Losses();
+  ASSERT_EQ(losses.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    at::Tensor t = at::tensor(std::vector<int64_t>(tokens.begin() + i * 64, tokens.begin() + (i + 1) * 64)).view({4, 16});
+    EXPECT_NEAR(losses[static_cast<size_t>(i)], ref.Step(t), 2e-5) << "step " << i + 1;
+  }
+  auto got = c->Get(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(got->progress().step(), 6);
+  EXPECT_EQ(got->progress().tokens(), 6 * 4 * 15);
+  EXPECT_FALSE(got->partition().empty());
+
+  // Export: an HF directory whose tensors are the reference's weights after the same steps.
+  auto path = c->Export(job->id(), root_ + "/data/export");
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(*path) / "config.json"));
+  auto tensors = ReadSafetensors((std::filesystem::path(*path) / "model.safetensors").string());
+  ASSERT_EQ(tensors.size(), ref.params().size());
+  for (const auto& [name, want] : ref.params()) {
+    ASSERT_TRUE(tensors.count(name)) << name;
+    EXPECT_TRUE(at::allclose(tensors[name], want, 1e-4, 1e-5)) << name;
+  }
+  // The same export again: refused (nothing is overwritten), the daemon keeps serving.
+  auto again = c->Export(job->id(), *path);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_EQ(daemon_.Stop(), 0) << daemon_.Output();
+}
+
+TEST_F(DaemonTest, CancelWhileRunningAndPauseResume) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_data()->mutable_token_file()->set_path(TokenFile(50000));
+  spec.mutable_data()->mutable_token_file()->set_max_epochs(1000);
+  spec.set_max_steps(0);
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(w.WaitForSteps(3));
+
+  auto paused = c->Pause(job->id());
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_PAUSED));
+  const int64_t at_pause = c->Get(job->id())->progress().step();
+  // While paused nothing trains: the step counter holds (checked across a real iteration time).
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(c->Get(job->id())->progress().step(), at_pause);
+  EXPECT_EQ(c->Get(job->id())->state(), v1::JOB_STATE_PAUSED);
+  ASSERT_TRUE(c->Resume(job->id()).ok());
+  ASSERT_TRUE(w.WaitForSteps(at_pause + 3));
+
+  auto cancelled = c->Cancel(job->id());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_CANCELLED));
+  ASSERT_TRUE(w.Finished());
+  EXPECT_EQ(c->Get(job->id())->state(), v1::JOB_STATE_CANCELLED);
+  // Ended jobs refuse further control with FAILED_PRECONDITION.
+  EXPECT_EQ(c->Cancel(job->id()).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c->Pause(job->id()).status().code(), absl::StatusCode::kFailedPrecondition);
+  // The states came in order.
+  const auto states = w.States();
+  ASSERT_GE(states.size(), 4u);  // (QUEUED,) RUNNING, PAUSED, RUNNING, CANCELLED
+  EXPECT_EQ(states.back(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(DaemonTest, QueuedJobsRunOneAfterAnotherByPriority) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  // A runs first (it waits for a stream); B (priority 0) and C (priority 5) queue behind it.
+  v1::JobSpec a = TinySpec();
+  a.set_max_steps(0);
+  auto ja = c->Submit(a);
+  ASSERT_TRUE(ja.ok());
+  Watcher wa(*c, ja->id());
+  ASSERT_TRUE(wa.WaitForState(v1::JOB_STATE_RUNNING));
+  v1::JobSpec b = TinySpec();
+  b.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
+  b.set_max_steps(3);
+  v1::JobSpec cc = b;
+  cc.set_priority(5);
+  auto jb = c->Submit(b);
+  auto jc = c->Submit(cc);
+  ASSERT_TRUE(jb.ok() && jc.ok());
+  Watcher wb(*c, jb->id()), wc(*c, jc->id());
+  EXPECT_EQ(c->Get(jb->id())->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(c->Get(jc->id())->state(), v1::JOB_STATE_QUEUED);
+  // Finish A by streaming two batches and closing its input.
+  ASSERT_TRUE(c->StreamTokens(ja->id(), SomeTokens(2 * 64, 9), 4, 16).ok());
+  ASSERT_TRUE(wa.WaitForState(v1::JOB_STATE_SUCCEEDED));
+  ASSERT_TRUE(wc.WaitForState(v1::JOB_STATE_SUCCEEDED));
+  ASSERT_TRUE(wb.WaitForState(v1::JOB_STATE_SUCCEEDED));
+  // C (higher priority) ran entirely before B started (times are the engine's transitions).
+  EXPECT_LT(wc.TimeOf(v1::JOB_STATE_SUCCEEDED), wb.TimeOf(v1::JOB_STATE_RUNNING));
+  EXPECT_LT(wa.TimeOf(v1::JOB_STATE_SUCCEEDED), wc.TimeOf(v1::JOB_STATE_RUNNING));
+  EXPECT_EQ(c->Get(jb->id())->progress().step(), 3);
+}
+
+TEST_F(DaemonTest, RestartListsEveryJobAndReadmitsQueuedOnes) {
+  ASSERT_TRUE(StartDaemon());
+  std::string done_id, cancelled_id, running_id, queued_id;
+  {
+    auto c = daemon_.Connect();
+    v1::JobSpec quick = TinySpec();
+    quick.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
+    quick.set_max_steps(2);
+    auto done = c->Submit(quick);
+    ASSERT_TRUE(done.ok());
+    done_id = done->id();
+    Watcher wd(*c, done_id);
+    ASSERT_TRUE(wd.WaitForState(v1::JOB_STATE_SUCCEEDED));
+    v1::JobSpec streamed = TinySpec();
+    streamed.set_max_steps(0);
+    auto running = c->Submit(streamed);  // runs, waiting for batches
+    ASSERT_TRUE(running.ok());
+    running_id = running->id();
+    Watcher wr(*c, running_id);
+    ASSERT_TRUE(wr.WaitForState(v1::JOB_STATE_RUNNING));
+    auto queued = c->Submit(quick);  // waits behind it
+    ASSERT_TRUE(queued.ok());
+    queued_id = queued->id();
+    auto to_cancel = c->Submit(quick);
+    ASSERT_TRUE(to_cancel.ok());
+    cancelled_id = to_cancel->id();
+    ASSERT_TRUE(c->Cancel(cancelled_id).ok());
+  }
+  ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Output();  // SIGTERM: drain, pause, exit 0
+  ASSERT_TRUE(StartDaemon()) << daemon_.Output();
+  auto c = daemon_.Connect();
+  auto jobs = c->List();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  std::map<std::string, v1::Job> by_id;
+  for (const auto& j : *jobs) by_id[j.id()] = j;
+  ASSERT_EQ(by_id.size(), 4u);
+  EXPECT_EQ(by_id[done_id].state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(by_id[done_id].progress().step(), 2);
+  EXPECT_EQ(by_id[cancelled_id].state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(by_id[running_id].state(), v1::JOB_STATE_PAUSED);
+  EXPECT_NE(by_id[running_id].message().find("daemon restart"), std::string::npos);
+  EXPECT_EQ(c->Resume(running_id).status().code(), absl::StatusCode::kFailedPrecondition);
+  // The job that never started is admitted again and runs to completion.
+  Watcher wq(*c, queued_id);
+  ASSERT_TRUE(wq.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  // New ids continue after the old ones.
+  v1::JobSpec quick = TinySpec();
+  quick.set_max_steps(1);
+  auto fresh = c->Submit(quick);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_GT(fresh->id(), queued_id);
+}
+
+TEST_F(DaemonTest, MetricsScrapeHasEveryFamilyAndCountersMove) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  const std::string before = HttpGet(daemon_.metrics_address(), "/metrics");
+  ASSERT_FALSE(before.empty());
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
+  spec.set_max_steps(4);
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED));
+  const std::string text = HttpGet(daemon_.metrics_address(), "/metrics");
+  // The golden list of families (DESIGN §5).
+  for (const char* family :
+       {"roundpipe_tokens_trained_total", "roundpipe_iterations_total", "roundpipe_iteration_duration_seconds",
+        "roundpipe_optimizer_step_seconds", "roundpipe_loss", "roundpipe_learning_rate", "roundpipe_grad_norm",
+        "roundpipe_bubble_ratio", "roundpipe_batches_received_total", "roundpipe_batches_rejected_total",
+        "roundpipe_worker_busy_seconds_total", "roundpipe_transfer_bytes_total", "roundpipe_host_memory_bytes",
+        "roundpipe_device_memory_bytes", "roundpipe_jobs", "roundpipe_build_info"}) {
+    EXPECT_NE(text.find(std::string("# TYPE ") + family + " "), std::string::npos) << family;
+  }
+  EXPECT_EQ(MetricValue(before, "roundpipe_iterations_total"), 0);
+  EXPECT_EQ(MetricValue(text, "roundpipe_iterations_total"), 4);
+  EXPECT_EQ(MetricValue(text, "roundpipe_tokens_trained_total"), 4 * 4 * 16);
+  EXPECT_GE(MetricValue(text, "roundpipe_batches_received_total"), 4);
+  EXPECT_EQ(MetricValue(text, "roundpipe_iteration_duration_seconds_count"), 4);
+  EXPECT_GT(MetricValue(text, "roundpipe_worker_busy_seconds_total{stream=\"compute\",worker=\"0\"}"), 0);
+  EXPECT_GT(MetricValue(text, "roundpipe_worker_busy_seconds_total{stream=\"compute\",worker=\"1\"}"), 0);
+  EXPECT_GT(MetricValue(text, "roundpipe_transfer_bytes_total{direction=\"host_to_device\",kind=\"parameter\"}"), 0);
+  EXPECT_GT(MetricValue(text, "roundpipe_transfer_bytes_total{direction=\"device_to_host\",kind=\"gradient\"}"), 0);
+  EXPECT_EQ(MetricValue(text, "roundpipe_jobs{state=\"succeeded\"}"), 1);
+  EXPECT_GT(MetricValue(text, "roundpipe_loss"), 0);
+}
+
+TEST_F(DaemonTest, CliSubmitWatchLsExportAndExitCodes) {
+  ASSERT_TRUE(StartDaemon());
+  const std::string cli = std::string(RP_ROUNDPIPE_CLI) + " --address " + daemon_.address();
+  const std::string spec_file = root_ + "/spec.json";
+  std::ofstream(spec_file) << R"({"name": "cli", "model": {"family": "llama", "vocab": 256, "hidden": 32,
+     "intermediate": 64, "numBlocks": 2, "numHeads": 2, "numKvHeads": 1, "headDim": 16},
+     "precision": "PRECISION_FP32", "optimizer": {"lr": 0.001, "mode": "OPTIMIZER_MODE_SYNC"},
+     "batching": {"globalBatch": 4, "microBatch": 1, "sequenceLength": 16},
+     "data": {"tokenFile": {"path": ")" + TokenFile(20000) + R"("}}, "maxSteps": 3})";
+  std::string out;
+  ASSERT_EQ(RunCommand(cli + " submit --watch " + spec_file, &out), 0) << out;
+  EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+  EXPECT_NE(out.find("step 3/3"), std::string::npos) << out;
+  const std::string id = out.substr(0, out.find('\n'));
+  ASSERT_EQ(RunCommand(cli + " ls", &out), 0) << out;
+  EXPECT_NE(out.find(id), std::string::npos);
+  ASSERT_EQ(RunCommand(cli + " export " + id + " --out " + root_ + "/data/cli-export", &out), 0) << out;
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/data/cli-export/model.safetensors"));
+  ASSERT_EQ(RunCommand(cli + " info", &out), 0) << out;
+  EXPECT_NE(out.find("cpu:1"), std::string::npos) << out;
+  // Exit codes: usage 2, refused 3, unreachable 4.
+  EXPECT_EQ(RunCommand(cli + " frobnicate", &out), 2) << out;
+  std::ofstream(root_ + "/broken.json") << "{\"name\": ";
+  EXPECT_EQ(RunCommand(cli + " submit " + root_ + "/broken.json", &out), 2) << out;
+  EXPECT_NE(out.find("job spec"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand(cli + " get job-999999", &out), 3) << out;
+  EXPECT_NE(out.find("NOT_FOUND"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand(cli + " export " + id + " --out /etc/roundpipe-nope", &out), 3) << out;
+  EXPECT_NE(out.find("PERMISSION_DENIED"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand(std::string(RP_ROUNDPIPE_CLI) + " --address 127.0.0.1:1 info", &out), 4) << out;
+}
+
+}  // namespace
+}  // namespace rp::testing
