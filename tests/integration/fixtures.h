@@ -24,6 +24,14 @@
 namespace rp::testing {
 
 class DaemonTest : public ::testing::Test {
+ public:
+  static std::vector<int32_t> SomeTokens(int n, uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = static_cast<int32_t>(gen() % 256);
+    return t;
+  }
+
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -51,12 +59,6 @@ class DaemonTest : public ::testing::Test {
       out.write(reinterpret_cast<const char*>(&v), 2);
     }
     return path;
-  }
-  static std::vector<int32_t> SomeTokens(int n, uint32_t seed) {
-    std::mt19937 gen(seed);
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = static_cast<int32_t>(gen() % 256);
-    return t;
   }
   static roundpipe::v1::JobSpec TinySpec() {
     roundpipe::v1::JobSpec s;
