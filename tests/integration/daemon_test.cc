@@ -266,3 +266,43 @@ TEST_F(DaemonTest, CliSubmitWatchLsExportAndExitCodes) {
 
 }  // namespace
 }  // namespace rp::testing
+
+namespace rp::testing {
+namespace {
+
+TEST_F(DaemonTest, PythonClientSubmitsStreamsAndWatchesAJob) {
+  std::string out;
+  if (RunCommand("/usr/bin/python3 -c 'import grpc'", &out) != 0) {
+    GTEST_SKIP() << "Debian's python3-grpcio is not installed (deploy/install-deps.sh installs it): " << out;
+  }
+  ASSERT_TRUE(StartDaemon());
+  const std::string spec_file = root_ + "/spec.json";
+  std::ofstream(spec_file) << R"({"name": "py", "model": {"family": "llama", "vocab": 256, "hidden": 32,
+     "intermediate": 64, "numBlocks": 2, "numHeads": 2, "numKvHeads": 1, "headDim": 16},
+     "precision": "PRECISION_FP32", "optimizer": {"lr": 0.001},
+     "batching": {"globalBatch": 4, "microBatch": 1, "sequenceLength": 16}})";
+  const std::string text = root_ + "/text.txt";
+  {
+    std::ofstream t(text);
+    for (int i = 0; i < 40; ++i) t << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  const int rc = RunCommand("PYTHONPATH=" RP_PYTHON_STUBS " /usr/bin/python3 " RP_PYTHON_CLIENT " --address " +
+                                daemon_.address() + " run " + spec_file + " --text " + text,
+                            &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("state JOB_STATE_SUCCEEDED"), std::string::npos) << out;
+  const size_t streamed = out.find("streamed ");
+  ASSERT_NE(streamed, std::string::npos) << out;
+  const int batches = std::stoi(out.substr(streamed + 9));
+  EXPECT_EQ(batches, static_cast<int>(std::filesystem::file_size(text) / 64));
+  // The daemon saw the same job: as many steps as batches streamed.
+  auto c = daemon_.Connect();
+  auto jobs = c->List();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].progress().step(), batches);
+  EXPECT_EQ((*jobs)[0].spec().name(), "py");
+}
+
+}  // namespace
+}  // namespace rp::testing
