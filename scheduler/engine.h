@@ -69,8 +69,8 @@ const char* JobStateName(JobState s);
 struct JobEvent {
   enum class Kind { kState, kIteration, kBatchRejected } kind = Kind::kState;
   JobState state = JobState::kQueued;
-  IterationStats stats;  // kIteration
-  std::string message;   // kState (failure reason), kBatchRejected
+  IterationStats stats;                        // kIteration
+  std::string message;                         // kState (failure reason), kBatchRejected
   std::chrono::system_clock::time_point time;  // when the engine emitted it
 };
 

@@ -115,6 +115,8 @@ JobManager::~JobManager() { Shutdown(); }
 absl::Status JobManager::Recover() {
   auto all = store_->LoadAll();
   if (!all.ok()) return all.status();
+  const char* kDrained = "paused by a daemon drain";
+  std::vector<std::pair<std::shared_ptr<Managed>, bool>> readmit;  // (job, pause again)
   for (auto& [seq, record] : *all) {
     auto job = std::make_shared<Managed>();
     job->id = record.id();
@@ -127,28 +129,11 @@ absl::Status JobManager::Recover() {
       order_.push_back(job);
     }
     const v1::JobState s = record.state();
-    const char* kDrained = "paused by a daemon drain";
     if (!Terminal(s) && !record.has_started()) {
       // Never ran: admit it again from its stored spec (a user's pause while queued stays).
-      JobSpecContext ctx = options_.spec;
-      ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
-      auto resolved = ResolveJobSpec(record.spec(), ctx);
-      absl::Status st = resolved.ok() ? absl::OkStatus() : resolved.status();
-      if (st.ok()) {
-        job->resolved = *resolved;
-        st = Admit(job);
-      }
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(job->mu);
-        job->record.set_state(v1::JOB_STATE_FAILED);
-        job->record.set_error(absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
-        Persist(*job);
-      } else if (s == v1::JOB_STATE_PAUSED && record.message() != kDrained) {
-        (void)engine_->Pause(*job->engine_id);
-      }
-      Log()->info("[{}] re-admitted after restart", job->id);
+      readmit.emplace_back(job, s == v1::JOB_STATE_PAUSED && record.message() != kDrained);
+      if (s == v1::JOB_STATE_PAUSED) job->record.set_state(v1::JOB_STATE_QUEUED);
     } else if (!Terminal(s)) {
-      std::lock_guard<std::mutex> lock(job->mu);
       job->record.set_state(v1::JOB_STATE_PAUSED);
       job->record.set_message(
           "interrupted by a daemon restart at step " + std::to_string(record.progress().step()) +
@@ -158,7 +143,27 @@ absl::Status JobManager::Recover() {
       Log()->warn("[{}] was {} when the daemon stopped; listed as PAUSED", job->id, v1::JobState_Name(s));
     }
   }
-  UpdateJobGauges();
+  UpdateJobGauges();  // absolute counts before any pump moves them
+  for (auto& [job, pause] : readmit) {
+    JobSpecContext ctx = options_.spec;
+    ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
+    auto resolved = ResolveJobSpec(job->record.spec(), ctx);
+    absl::Status st = resolved.ok() ? absl::OkStatus() : resolved.status();
+    if (st.ok()) {
+      job->resolved = *resolved;
+      st = Admit(job);
+    }
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(job->mu);
+      CountTransition(job->record.state(), v1::JOB_STATE_FAILED);
+      job->record.set_state(v1::JOB_STATE_FAILED);
+      job->record.set_error(absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
+      Persist(*job);
+      continue;
+    }
+    if (pause) (void)engine_->Pause(*job->engine_id);
+    Log()->info("[{}] re-admitted after restart", job->id);
+  }
   return absl::OkStatus();
 }
 
@@ -240,7 +245,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     jobs_[job->id] = job;
     order_.push_back(job);
   }
-  UpdateJobGauges();
+  CountTransition(v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_QUEUED);
   Log()->info("[{}] submitted: name '{}', {} blocks x {} hidden, batch {} x {}, {}", job->id, spec.name(),
               job->resolved.engine.model.num_blocks, job->resolved.engine.model.hidden, job->resolved.global_batch,
               job->resolved.sequence_length,
@@ -301,6 +306,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
     }
     eid = job->engine_id;
     if (!eid) {  // listed from a previous run: nothing runs, just record it
+      CountTransition(job->record.state(), v1::JOB_STATE_CANCELLED);
       job->record.set_state(v1::JOB_STATE_CANCELLED);
       job->record.set_message("cancelled");
       *job->record.mutable_updated() = Now();
@@ -310,7 +316,6 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
   if (eid) {
     if (absl::Status st = engine_->Cancel(*eid); !st.ok()) return st;
   }
-  UpdateJobGauges();
   Log()->info("[{}] cancel requested", id);
   return Snapshot(job);
 }
@@ -500,7 +505,7 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
       std::lock_guard<std::mutex> lock(job->mu);
       if (job->stop || !events.ok()) return;
     }
-    bool ended = false, state_changed = false;
+    bool ended = false;
     for (const scheduler::JobEvent& e : *events) {
       if (e.kind == scheduler::JobEvent::Kind::kIteration) RecordIterationMetrics(e.stats);
       std::lock_guard<std::mutex> lock(job->mu);
@@ -517,6 +522,9 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
             message = job->fail_reason;
           }
           if (s == v1::JOB_STATE_FAILED) rec.set_error(message);
+          // The job's pump is the only writer of an admitted job's state; the counts in the
+          // gauge move before watchers hear about the transition.
+          CountTransition(rec.state(), s);
           rec.set_state(s);
           if (s != v1::JOB_STATE_PAUSED || message.empty()) rec.set_message(message);
           if (s == v1::JOB_STATE_PAUSED && message.empty() && rec.message().empty()) rec.set_message("paused");
@@ -529,7 +537,6 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           out.set_state(s);
           out.set_message(message);
           ended = Terminal(s);
-          state_changed = true;
           Persist(*job);
           Publish(*job, out, ended);
           job->cv.notify_all();
@@ -583,7 +590,6 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           break;
       }
     }
-    if (state_changed) UpdateJobGauges();
     if (ended) return;
   }
 }
@@ -632,6 +638,20 @@ void JobManager::RecordIterationMetrics(const scheduler::IterationStats& st) {
   for (const auto& name : es.devices) metrics_->device_memory.Add({{"device", name}}).Set(0);
 }
 
+namespace {
+std::string StateLabel(v1::JobState s) {
+  std::string name = v1::JobState_Name(s).substr(std::string("JOB_STATE_").size());
+  for (auto& c : name) c = static_cast<char>(std::tolower(c));
+  return name;
+}
+}  // namespace
+
+void JobManager::CountTransition(v1::JobState from, v1::JobState to) {
+  if (from == to) return;
+  if (from != v1::JOB_STATE_UNSPECIFIED) metrics_->jobs.Add({{"state", StateLabel(from)}}).Decrement();
+  metrics_->jobs.Add({{"state", StateLabel(to)}}).Increment();
+}
+
 void JobManager::UpdateJobGauges() {
   std::map<v1::JobState, int> counts;
   std::vector<std::shared_ptr<Managed>> jobs;
@@ -645,9 +665,7 @@ void JobManager::UpdateJobGauges() {
   }
   for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_PAUSED, v1::JOB_STATE_SUCCEEDED,
                          v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
-    std::string name = v1::JobState_Name(s).substr(std::string("JOB_STATE_").size());
-    for (auto& c : name) c = static_cast<char>(std::tolower(c));
-    metrics_->jobs.Add({{"state", name}}).Set(counts[s]);
+    metrics_->jobs.Add({{"state", StateLabel(s)}}).Set(counts[s]);
   }
 }
 

@@ -90,7 +90,8 @@ class JobManager {
   void FeederLoop(const std::shared_ptr<Managed>& job);
   void Publish(Managed& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
   void Persist(Managed& job);                                            // job.mu held
-  void UpdateJobGauges();
+  void UpdateJobGauges();                                                // absolute counts from the records (startup)
+  void CountTransition(roundpipe::v1::JobState from, roundpipe::v1::JobState to);  // incremental
   void RecordIterationMetrics(const scheduler::IterationStats& st);
   absl::StatusOr<roundpipe::v1::Job> Snapshot(const std::shared_ptr<Managed>& job);
 

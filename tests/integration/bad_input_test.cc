@@ -1,8 +1,8 @@
 // The bad-input matrix against the real daemon: every malformed request gets the right gRPC code
 // and a message that says what to fix; the daemon keeps serving and a job running alongside is
 // untouched. Then access control: bearer tokens and a TLS-only listener.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,8 +17,8 @@ using absl::StatusCode;
 
 void ExpectError(const absl::Status& st, StatusCode code, const std::string& needle, const std::string& what) {
   EXPECT_EQ(st.code(), code) << what << ": " << st;
-  EXPECT_NE(st.message().find(needle), std::string::npos) << what << ": '" << st.message() << "' lacks '" << needle
-                                                          << "'";
+  EXPECT_NE(st.message().find(needle), std::string::npos)
+      << what << ": '" << st.message() << "' lacks '" << needle << "'";
 }
 
 v1::Batch GoodBatch(const std::string& job, uint32_t seed) {

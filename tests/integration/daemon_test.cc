@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <regex>
 #include <thread>
 
 #include "tests/integration/daemon_process.h"
@@ -49,7 +50,8 @@ TEST_F(DaemonTest, StreamedJobTrainsLikeThePlainReferenceAndExports) {
   const std::vector<double> losses = w.Losses();
   ASSERT_EQ(losses.size(), 6u);
   for (int i = 0; i < 6; ++i) {
-    at::Tensor t = at::tensor(std::vector<int64_t>(tokens.begin() + i * 64, tokens.begin() + (i + 1) * 64)).view({4, 16});
+    at::Tensor t =
+        at::tensor(std::vector<int64_t>(tokens.begin() + i * 64, tokens.begin() + (i + 1) * 64)).view({4, 16});
     EXPECT_NEAR(losses[static_cast<size_t>(i)], ref.Step(t), 2e-5) << "step " << i + 1;
   }
   auto got = c->Get(job->id());
@@ -230,6 +232,23 @@ TEST_F(DaemonTest, MetricsScrapeHasEveryFamilyAndCountersMove) {
   EXPECT_GT(MetricValue(text, "roundpipe_transfer_bytes_total{direction=\"device_to_host\",kind=\"gradient\"}"), 0);
   EXPECT_EQ(MetricValue(text, "roundpipe_jobs{state=\"succeeded\"}"), 1);
   EXPECT_GT(MetricValue(text, "roundpipe_loss"), 0);
+  // Every metric the shipped Grafana dashboard queries exists.
+  std::ifstream dash(RP_SOURCE_DIR "/deploy/grafana-dashboard.json");
+  const std::string json((std::istreambuf_iterator<char>(dash)), std::istreambuf_iterator<char>());
+  const std::regex name("roundpipe_[a-z_]+");
+  int used = 0;
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), name); it != std::sregex_iterator(); ++it, ++used) {
+    std::string family = it->str();
+    if (family == "roundpipe_daemon") continue;  // the dashboard's uid
+    for (const char* suffix : {"_bucket", "_count", "_sum"}) {
+      const std::string sfx = suffix;
+      if (family.size() > sfx.size() && family.compare(family.size() - sfx.size(), sfx.size(), sfx) == 0) {
+        family.resize(family.size() - sfx.size());
+      }
+    }
+    EXPECT_NE(text.find("# TYPE " + family + " "), std::string::npos) << "dashboard uses " << it->str();
+  }
+  EXPECT_GT(used, 10);
 }
 
 TEST_F(DaemonTest, CliSubmitWatchLsExportAndExitCodes) {
@@ -240,7 +259,8 @@ TEST_F(DaemonTest, CliSubmitWatchLsExportAndExitCodes) {
      "intermediate": 64, "numBlocks": 2, "numHeads": 2, "numKvHeads": 1, "headDim": 16},
      "precision": "PRECISION_FP32", "optimizer": {"lr": 0.001, "mode": "OPTIMIZER_MODE_SYNC"},
      "batching": {"globalBatch": 4, "microBatch": 1, "sequenceLength": 16},
-     "data": {"tokenFile": {"path": ")" + TokenFile(20000) + R"("}}, "maxSteps": 3})";
+     "data": {"tokenFile": {"path": ")" +
+                                  TokenFile(20000) + R"("}}, "maxSteps": 3})";
   std::string out;
   ASSERT_EQ(RunCommand(cli + " submit --watch " + spec_file, &out), 0) << out;
   EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;

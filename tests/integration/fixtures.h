@@ -104,11 +104,14 @@ class Watcher {
  public:
   Watcher(client::Client& c, const std::string& id) {
     thread_ = std::thread([this, &c, id] {
-      absl::Status st = c.Watch(id, [this](const roundpipe::v1::JobEvent& e) {
-        std::lock_guard<std::mutex> lock(mu_);
-        events_.push_back(e);
-        cv_.notify_all();
-      }, &ctx_);
+      absl::Status st = c.Watch(
+          id,
+          [this](const roundpipe::v1::JobEvent& e) {
+            std::lock_guard<std::mutex> lock(mu_);
+            events_.push_back(e);
+            cv_.notify_all();
+          },
+          &ctx_);
       std::lock_guard<std::mutex> lock(mu_);
       finished_ = true;
       status_ = st;
