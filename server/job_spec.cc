@@ -262,6 +262,10 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   if (spec.checkpoint().every_steps() < 0 || spec.checkpoint().keep_last() < 0) {
     return absl::InvalidArgumentError("checkpoint: every_steps and keep_last must not be negative");
   }
+  if (spec.checkpoint().every_steps() > 0) {
+    return absl::UnimplementedError(
+        "checkpoint.every_steps: training checkpoints are not available in this version; leave it 0");
+  }
   if (spec.max_steps() < 0) return absl::InvalidArgumentError("max_steps: must not be negative");
   e.max_steps = spec.max_steps();
   e.priority = spec.priority();

@@ -25,6 +25,7 @@ class DaemonProcess {
   // SIGTERM (drain) and wait; returns the exit status (-1 when killed by a signal).
   int Stop(int signal_number = 15);
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
   const std::string& metrics_address() const { return metrics_; }
   std::unique_ptr<client::Client> Connect(const std::string& token = "") const;
   // Everything the daemon printed to stdout/stderr so far (for failure messages).

@@ -215,3 +215,30 @@ TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
 
 }  // namespace
 }  // namespace rp::server
+
+#include <google/protobuf/util/json_util.h>
+
+#include <sstream>
+
+namespace rp::server {
+namespace {
+
+TEST(JobSpec, TheShippedExampleIsAcceptedByTheDaemonRules) {
+  std::ifstream f(RP_SOURCE_DIR "/deploy/examples/job-qwen3-tiny.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  v1::JobSpec spec;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(ss.str(), &spec).ok());
+  const fs::path d = TempDir("example");
+  auto r = ResolveJobSpec(spec, Ctx(d));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->streamed);
+  EXPECT_EQ(r->engine.max_steps, 200);
+  EXPECT_EQ(r->engine.lr_schedule.kind, workers::LrSchedule::Kind::kWarmupCosine);
+  // A checkpoint policy is refused rather than silently ignored (checkpoints are not built yet).
+  spec.mutable_checkpoint()->set_every_steps(50);
+  EXPECT_EQ(ResolveJobSpec(spec, Ctx(d)).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace rp::server

@@ -1,0 +1,145 @@
+// daemon_load_bench — many concurrent clients streaming batches into the real roundpiped (CPU
+// backend) for a while. Prints accepted batches/s, the p50/p99 latency of a StreamBatches write
+// (backpressure included) and of a unary GetJob issued alongside, and the daemon's RSS before and
+// after (it must not grow with the number of batches).
+//
+//   build/tests/bench/daemon_load_bench [--clients 32] [--seconds 60]
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "grpcpp/grpcpp.h"
+#include "tests/integration/daemon_process.h"
+
+ABSL_FLAG(int, clients, 32, "concurrent streaming clients");
+ABSL_FLAG(int, seconds, 60, "how long they stream");
+
+namespace v1 = roundpipe::v1;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int64_t RssKiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int clients = absl::GetFlag(FLAGS_clients), seconds = absl::GetFlag(FLAGS_seconds);
+  const std::string root = std::filesystem::temp_directory_path() / ("rp_load_" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root + "/data");
+  rp::testing::DaemonProcess daemon;
+  if (!daemon.Start(root + "/state", {"--allowed_root", root + "/data", "--log_level", "warn"})) {
+    std::fprintf(stderr, "daemon did not start:\n%s\n", daemon.Output().c_str());
+    return 1;
+  }
+  auto c = daemon.Connect();
+  v1::JobSpec spec;
+  spec.set_name("load");
+  auto* m = spec.mutable_model();
+  m->set_family("llama");
+  m->set_vocab(256);
+  m->set_hidden(32);
+  m->set_intermediate(64);
+  m->set_num_blocks(2);
+  m->set_num_heads(2);
+  m->set_num_kv_heads(1);
+  m->set_head_dim(16);
+  spec.set_precision(v1::PRECISION_FP32);
+  spec.mutable_batching()->set_global_batch(2);
+  spec.mutable_batching()->set_micro_batch(1);
+  spec.mutable_batching()->set_sequence_length(32);
+  auto job = c->Submit(spec);
+  if (!job.ok()) {
+    std::fprintf(stderr, "submit: %s\n", job.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t rss_before = RssKiB(daemon.pid());
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> accepted{0};
+  std::vector<std::vector<double>> write_ms(static_cast<size_t>(clients));
+  std::vector<double> unary_ms;
+  std::vector<std::thread> threads;
+  const auto until = Clock::now() + std::chrono::seconds(seconds);
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = v1::JobService::NewStub(grpc::CreateChannel(daemon.address(), grpc::InsecureChannelCredentials()));
+      grpc::ClientContext ctx;
+      v1::StreamSummary summary;
+      auto writer = stub->StreamBatches(&ctx, &summary);
+      std::mt19937 gen(static_cast<uint32_t>(i));
+      for (int64_t n = 0; Clock::now() < until; ++n) {
+        v1::Batch b;
+        if (n == 0) {
+          b.set_job_id(job->id());
+          b.set_keep_open(true);
+        }
+        b.set_batch(2);
+        b.set_sequence(32);
+        for (int t = 0; t < 64; ++t) b.add_tokens(static_cast<int32_t>(gen() % 256));
+        const auto t0 = Clock::now();
+        if (!writer->Write(b)) break;
+        write_ms[static_cast<size_t>(i)].push_back(
+            std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+      writer->WritesDone();
+      if (writer->Finish().ok()) accepted += summary.accepted();
+    });
+  }
+  std::thread prober([&] {  // unary latency while the streams run
+    while (Clock::now() < until) {
+      const auto t0 = Clock::now();
+      (void)c->Get(job->id());
+      unary_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  for (auto& t : threads) t.join();
+  prober.join();
+  stop = true;
+  const int64_t rss_after = RssKiB(daemon.pid());
+  std::vector<double> all;
+  for (auto& v : write_ms) all.insert(all.end(), v.begin(), v.end());
+  auto got = c->Get(job->id());
+  (void)c->Cancel(job->id());
+
+  std::printf("daemon_load_bench: %d clients streaming for %d s into one job (CPU backend, cpu:2)\n", clients, seconds);
+  std::printf("| metric | value |\n|---|---|\n");
+  std::printf("| batches accepted | %lld |\n", static_cast<long long>(accepted.load()));
+  std::printf("| accepted batches/s | %.1f |\n", static_cast<double>(accepted.load()) / seconds);
+  std::printf("| steps trained | %lld |\n", got.ok() ? static_cast<long long>(got->progress().step()) : -1LL);
+  std::printf("| stream write latency p50 / p99 (ms) | %.2f / %.2f |\n", Percentile(all, 0.5), Percentile(all, 0.99));
+  std::printf("| GetJob latency p50 / p99 (ms) | %.2f / %.2f |\n", Percentile(unary_ms, 0.5),
+              Percentile(unary_ms, 0.99));
+  std::printf("| daemon RSS before / after (MiB) | %.1f / %.1f |\n", static_cast<double>(rss_before) / 1024,
+              static_cast<double>(rss_after) / 1024);
+  daemon.Stop();
+  std::filesystem::remove_all(root);
+  return 0;
+}
