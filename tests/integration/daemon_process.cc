@@ -27,7 +27,8 @@ DaemonProcess::~DaemonProcess() {
   if (out_fd_ >= 0) close(out_fd_);
 }
 
-bool DaemonProcess::Start(const std::string& state_dir, const std::vector<std::string>& extra) {
+bool DaemonProcess::Start(const std::string& state_dir, const std::vector<std::string>& extra,
+                          const std::vector<std::pair<std::string, std::string>>& env) {
   std::vector<std::string> args = {RP_ROUNDPIPED, "--state_dir", state_dir};
   auto has = [&](const std::string& flag) {
     return std::any_of(extra.begin(), extra.end(), [&](const std::string& a) { return a.rfind(flag, 0) == 0; });
@@ -43,6 +44,7 @@ bool DaemonProcess::Start(const std::string& state_dir, const std::vector<std::s
   if (pipe(fds) != 0) return false;
   pid_ = fork();
   if (pid_ == 0) {
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     close(fds[0]);

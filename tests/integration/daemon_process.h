@@ -21,7 +21,8 @@ class DaemonProcess {
   ~DaemonProcess();
   // Starts roundpiped with `args` (added to --state_dir/--listen/--metrics_address defaults
   // unless `args` names them) and waits until it serves. Fails the test on error.
-  bool Start(const std::string& state_dir, const std::vector<std::string>& args);
+  bool Start(const std::string& state_dir, const std::vector<std::string>& args,
+             const std::vector<std::pair<std::string, std::string>>& env = {});
   // SIGTERM (drain) and wait; returns the exit status (-1 when killed by a signal).
   int Stop(int signal_number = 15);
   const std::string& address() const { return address_; }

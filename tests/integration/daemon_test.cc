@@ -326,3 +326,43 @@ TEST_F(DaemonTest, PythonClientSubmitsStreamsAndWatchesAJob) {
 
 }  // namespace
 }  // namespace rp::testing
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+namespace rp::testing {
+namespace {
+
+// systemd's notify protocol, with the test in systemd's place: a datagram socket named by
+// NOTIFY_SOCKET receives READY=1, WATCHDOG=1 pings (WATCHDOG_USEC) and STOPPING=1 on SIGTERM.
+TEST_F(DaemonTest, NotifiesSystemdReadyWatchdogAndStopping) {
+  const std::string path = root_ + "/notify.sock";
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ASSERT_TRUE(StartDaemon({}, {{"NOTIFY_SOCKET", path}, {"WATCHDOG_USEC", "200000"}}));
+  auto receive = [&](const std::string& want) {
+    char buf[1024];
+    for (int i = 0; i < 50; ++i) {
+      const ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);  // blocks until the daemon sends
+      if (n <= 0) return false;
+      if (std::string(buf, static_cast<size_t>(n)).find(want) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(receive("READY=1"));
+  EXPECT_TRUE(receive("WATCHDOG=1"));
+  EXPECT_TRUE(receive("WATCHDOG=1"));
+  kill(daemon_.pid(), SIGTERM);
+  EXPECT_TRUE(receive("STOPPING=1"));
+  EXPECT_EQ(daemon_.Stop(), 0);
+  close(fd);
+}
+
+}  // namespace
+}  // namespace rp::testing

@@ -46,9 +46,10 @@ class DaemonTest : public ::testing::Test {
     daemon_.Stop(9);
     std::filesystem::remove_all(root_);
   }
-  bool StartDaemon(std::vector<std::string> extra = {}) {
+  bool StartDaemon(std::vector<std::string> extra = {},
+                   const std::vector<std::pair<std::string, std::string>>& env = {}) {
     extra.insert(extra.end(), {"--allowed_root", root_ + "/data"});
-    return daemon_.Start(root_ + "/state", extra);
+    return daemon_.Start(root_ + "/state", extra, env);
   }
   // A uint16 .bin of n pseudo-random byte tokens inside the allowed root.
   std::string TokenFile(int n) {
