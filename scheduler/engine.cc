@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/cost_model.h"
+#include "workers/io/hf_config.h"
 #include "workers/models/layers.h"
 
 namespace rp::scheduler {
@@ -135,6 +136,9 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   auto job = std::make_shared<Job>();
   job->spec = spec;
   job->store = std::make_unique<workers::HostModelStore>(spec.model, spec.master_dtype, spec.seed);
+  if (!spec.hf_dir.empty()) {
+    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, job->store.get()); !st.ok()) return st;
+  }
   ControllerOptions o;
   if (spec.partition) o.partition = *spec.partition;
   o.microbatches = spec.microbatches;

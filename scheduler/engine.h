@@ -49,6 +49,7 @@ struct JobSpec {
   workers::models::TransformerConfig model;
   at::ScalarType master_dtype = at::kFloat;      // kFloat, kBFloat16 or kHalf
   uint64_t seed = 0;                             // weight initialisation
+  std::string hf_dir;                            // non-empty: initial weights from this Hugging Face model directory
   std::optional<planning::Partition> partition;  // default: planned from parameter sizes
   bool auto_partition = false;                   // profile one layer per slot, then plan from measured times
   int microbatches = 0;                          // 0 = number of devices

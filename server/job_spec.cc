@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/paths.h"
+#include "workers/io/hf_config.h"
 
 namespace rp::server {
 
@@ -77,11 +78,17 @@ int64_t EstimateHostBytes(const TransformerConfig& m, int master_bytes) {
 
 namespace {
 
-absl::StatusOr<TransformerConfig> ResolveModel(const v1::ModelSpec& m) {
+absl::StatusOr<TransformerConfig> ResolveModel(const v1::ModelSpec& m, const JobSpecContext& ctx, std::string* hf_dir) {
   if (!m.hf_dir().empty()) {
-    return absl::UnimplementedError(
-        "model.hf_dir: loading Hugging Face model directories is not available yet; use model.preset or explicit "
-        "sizes");
+    if (!m.preset().empty() || m.vocab() != 0 || m.hidden() != 0 || m.num_blocks() != 0) {
+      return absl::InvalidArgumentError("model: give either hf_dir or a preset / explicit sizes, not both");
+    }
+    auto dir = ResolveInsideRoots(m.hf_dir(), ctx.allowed_roots, "model.hf_dir");
+    if (!dir.ok()) return dir.status();
+    auto c = workers::io::ReadHfConfig(*dir);
+    if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("model.hf_dir: ", c.status().message()));
+    *hf_dir = *dir;
+    return *c;
   }
   TransformerConfig c;
   if (!m.preset().empty()) {
@@ -143,7 +150,7 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   scheduler::JobSpec& e = r.engine;
   e.name = spec.name().empty() ? "job" : spec.name();
   if (e.name.size() > 200) return absl::InvalidArgumentError("name: at most 200 characters");
-  auto model = ResolveModel(spec.model());
+  auto model = ResolveModel(spec.model(), ctx, &e.hf_dir);
   if (!model.ok()) return model.status();
   e.model = *model;
   e.seed = spec.model().init_seed();

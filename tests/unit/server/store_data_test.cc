@@ -192,7 +192,14 @@ TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
        absl::StatusCode::kPermissionDenied, "outside the allowed roots"},
       {"output dir via ..", [d](auto& s) { s.set_output_dir((d / ".." / "elsewhere").string()); },
        absl::StatusCode::kPermissionDenied, "output_dir"},
-      {"hf dir", [](auto& s) { s.mutable_model()->set_hf_dir("/x"); }, absl::StatusCode::kUnimplemented, "hf_dir"},
+      {"hf dir with preset", [](auto& s) { s.mutable_model()->set_hf_dir("/x"); }, absl::StatusCode::kInvalidArgument,
+       "either hf_dir"},
+      {"hf dir outside roots",
+       [](auto& s) {
+         s.mutable_model()->clear_preset();
+         s.mutable_model()->set_hf_dir("/usr");
+       },
+       absl::StatusCode::kPermissionDenied, "model.hf_dir"},
       {"negative max_steps", [](auto& s) { s.set_max_steps(-3); }, absl::StatusCode::kInvalidArgument, "max_steps"},
   };
   ASSERT_TRUE(ResolveJobSpec(base(), Ctx(d)).ok()) << ResolveJobSpec(base(), Ctx(d)).status();

@@ -1,0 +1,259 @@
+// Model I/O against an independent implementation: tiny Llama-3 (llama3 rope scaling) and Qwen3
+// (q/k norm, tied embeddings) models made and trained by PyPI's `transformers`
+// (make_hf_models.py); the engine loads them, trains the same two AdamW steps on the same tokens
+// (losses, gradient norms and weights must match), and its export loads back into transformers.
+// Then the corrupt-input matrix for safetensors files, shard indexes and config.json.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "scheduler/engine.h"
+#include "workers/io/hf_config.h"
+#include "workers/io/hf_export.h"
+#include "workers/io/safetensors_reader.h"
+#include "workers/io/safetensors_writer.h"
+#include "workers/store/host_model_store.h"
+
+namespace rp::workers::io {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+int RunShell(const std::string& cmd, std::string* out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  out->clear();
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+class HfModels : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = (fs::temp_directory_path() / ("rp_hf_models_" + std::to_string(getpid()))).string();
+    fs::remove_all(dir_);
+    std::string out;
+    if (RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py " + dir_, &out) != 0) {
+      error_ = out;
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    if (!error_.empty()) GTEST_SKIP() << "transformers is not available to make the models: " << error_;
+  }
+  static std::string dir_, error_;
+};
+std::string HfModels::dir_, HfModels::error_;
+
+void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect_scaling) {
+  auto cfg = ReadHfConfig(model_dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->tied_embeddings, expect_tied);
+  EXPECT_EQ(cfg->qk_norm, expect_tied);  // the Qwen3 model is the tied one
+  EXPECT_EQ(cfg->rope_scaling.factor > 0, expect_scaling);
+  EXPECT_EQ(cfg->head_dim, 8);
+  auto ref = SafetensorsFile::Open(model_dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
+  at::Tensor losses = *(*ref)->Read("losses", at::kDouble);
+  at::Tensor norms = *(*ref)->Read("grad_norms", at::kDouble);
+
+  auto engine = scheduler::Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  scheduler::JobSpec spec;
+  spec.model = *cfg;
+  spec.hf_dir = model_dir;
+  spec.master_dtype = at::kFloat;
+  spec.adamw.lr = 1e-3;
+  spec.adamw.weight_decay = 0;
+  spec.adamw.eps = 1e-8;
+  spec.microbatches = 2;
+  auto id = (*engine)->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE((*engine)->FeedBatch(*id, {tokens}).ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*id, {tokens}).ok());
+  ASSERT_TRUE((*engine)->CloseInput(*id).ok());
+  std::vector<scheduler::IterationStats> stats;
+  for (int i = 0; i < 300 && *(*engine)->State(*id) != scheduler::JobState::kSucceeded; ++i) {
+    auto ev = (*engine)->AwaitEvents(*id, 100ms);
+    for (const auto& e : *ev) {
+      if (e.kind == scheduler::JobEvent::Kind::kIteration) stats.push_back(e.stats);
+    }
+  }
+  for (const auto& e : *(*engine)->AwaitEvents(*id, 0ms)) {
+    if (e.kind == scheduler::JobEvent::Kind::kIteration) stats.push_back(e.stats);
+  }
+  ASSERT_EQ(stats.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_NEAR(stats[s].loss, losses[s].item<double>(), 2e-5) << "loss of step " << s + 1;
+    EXPECT_NEAR(stats[s].grad_norm, norms[s].item<double>(), 1e-4 * norms[s].item<double>())
+        << "gradient norm of step " << s + 1;
+  }
+  // Weights after the two AdamW steps equal transformers + torch.optim.AdamW's.
+  auto shapes = (*engine)->ParameterShapes(*id);
+  ASSERT_TRUE(shapes.ok());
+  for (const auto& [name, shape] : *shapes) {
+    at::Tensor want = *(*ref)->Read("after." + name, at::kFloat);
+    at::Tensor got = *(*engine)->Parameter(*id, name);
+    EXPECT_TRUE(at::allclose(got, want, 1e-4, 2e-6)) << name << " max diff " << (got - want).abs().max().item<float>();
+  }
+  // Export (fp32, two shards to exercise the index) and load it back with transformers.
+  const std::string out = model_dir + "-export";
+  HfExportOptions o;
+  o.dtype = at::kFloat;
+  o.shard_bytes = 40 * 1024;
+  auto bytes = ExportHfModel(
+      out, *cfg, *shapes, [&](const std::string& n) { return (*engine)->Parameter(*id, n); }, o);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors.index.json"));
+  std::string log;
+  EXPECT_EQ(
+      RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check " + out + " " + model_dir,
+               &log),
+      0)
+      << log;
+  // And back into the engine: the exported directory loads and holds the trained weights.
+  HostModelStore again(*cfg, at::kFloat, 99);
+  ASSERT_TRUE(LoadHfWeights(out, &again).ok());
+  const int q = again.FindParam("model.layers.1.self_attn.q_proj.weight");
+  EXPECT_TRUE(at::equal(again.param(q).fp32, *(*engine)->Parameter(*id, "model.layers.1.self_attn.q_proj.weight")));
+}
+
+TEST_F(HfModels, Llama3WithRopeScalingMatchesTransformers) { TrainAndCompare(dir_ + "/llama", false, true); }
+TEST_F(HfModels, Qwen3WithTiedEmbeddingsMatchesTransformers) { TrainAndCompare(dir_ + "/qwen3", true, false); }
+
+// ---------------------------------------------------------------- corrupt inputs
+
+std::string WriteBytes(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary) << bytes;
+  return p.string();
+}
+
+std::string Safetensors(const std::string& header, size_t data_bytes, uint64_t claimed_len = 0) {
+  const uint64_t n = claimed_len ? claimed_len : header.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+TEST(SafetensorsCorrupt, EveryDefectIsACleanError) {
+  const fs::path d = fs::temp_directory_path() / ("rp_st_corrupt_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string good = R"({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})";
+  ASSERT_TRUE(SafetensorsFile::Open(WriteBytes(d / "good.st", Safetensors(good, 16))).ok());
+  struct Case {
+    std::string what, bytes, needle;
+  };
+  const std::vector<Case> cases = {
+      {"empty file", "", "truncated"},
+      {"truncated header length", std::string("\x05\x00\x00", 3), "truncated"},
+      {"header length beyond the file", Safetensors(good, 16, 1 << 20), "beyond the file"},
+      {"truncated data", Safetensors(good, 8), "outside the 8 data bytes"},
+      {"not JSON", Safetensors("{\"a\": ", 0), "not valid JSON"},
+      {"not an object", Safetensors("[1, 2]", 0), "not a JSON object"},
+      {"unknown dtype", Safetensors(R"({"a": {"dtype": "F8", "shape": [1], "data_offsets": [0, 1]}})", 1),
+       "unsupported dtype"},
+      {"negative shape", Safetensors(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4),
+       "non-negative"},
+      {"offsets reversed", Safetensors(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}})", 4),
+       "outside"},
+      {"offsets vs shape", Safetensors(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8),
+       "the shape needs 12"},
+      {"overlap",
+       Safetensors(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                       "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                   12),
+       "overlap"},
+      {"missing offsets", Safetensors(R"({"a": {"dtype": "F32", "shape": [2]}})", 8), "data_offsets"},
+      {"huge shape",
+       Safetensors(R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 8], "data_offsets": [0, 8]}})", 8),
+       "shape too large"},
+  };
+  for (const Case& c : cases) {
+    auto f = SafetensorsFile::Open(WriteBytes(d / "bad.st", c.bytes));
+    ASSERT_FALSE(f.ok()) << c.what;
+    EXPECT_NE(f.status().message().find(c.needle), std::string::npos) << c.what << ": " << f.status();
+  }
+  EXPECT_EQ(SafetensorsFile::Open((d / "missing.st").string()).status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(d);
+}
+
+TEST(HfDirCorrupt, ConfigAndShardDefectsAreCleanErrors) {
+  const fs::path d = fs::temp_directory_path() / ("rp_hf_corrupt_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  models::TransformerConfig c;
+  c.family = "llama";
+  c.vocab = 16;
+  c.hidden = 8;
+  c.intermediate = 16;
+  c.num_blocks = 1;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  HostModelStore store(c, at::kFloat, 1);
+  std::vector<NamedShape> shapes;
+  for (int i = 0; i < store.num_params(); ++i) shapes.emplace_back(store.param(i).name, store.param(i).shape);
+  auto fetch = [&](const std::string& n) -> absl::StatusOr<at::Tensor> { return store.param(store.FindParam(n)).fp32; };
+  HfExportOptions two_shards;
+  two_shards.dtype = at::kFloat;
+  two_shards.shard_bytes = 600;
+  ASSERT_TRUE(ExportHfModel((d / "m").string(), c, shapes, fetch, two_shards).ok());
+  {  // round trip within the engine
+    HostModelStore back(c, at::kFloat, 2);
+    ASSERT_TRUE(LoadHfWeights((d / "m").string(), &back).ok());
+    EXPECT_TRUE(at::equal(back.param(1).fp32, store.param(1).fp32));
+  }
+  // Config.json defects.
+  for (const auto& [json, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"{", "not a JSON object"},
+           {R"({"model_type": "gpt2"})", "not supported"},
+           {R"({"model_type": "llama", "hidden_size": 8})", "missing vocab_size"},
+           {R"({"model_type": "llama", "vocab_size": 16, "hidden_size": -8, "intermediate_size": 16,
+                "num_hidden_layers": 1, "num_attention_heads": 2})",
+            "hidden_size must be a positive integer"},
+           {R"({"model_type": "qwen2", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
+                "num_hidden_layers": 1, "num_attention_heads": 2})",
+            "attention biases"},
+           {R"({"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
+                "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn"}})",
+            "not supported"}}) {
+    auto r = ParseHfConfig(json);
+    ASSERT_FALSE(r.ok()) << json;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << json << ": " << r.status();
+  }
+  // Shape mismatch with config.json: a model with a different width.
+  models::TransformerConfig wider = c;
+  wider.intermediate = 24;
+  HostModelStore mismatch(wider, at::kFloat, 3);
+  auto st = LoadHfWeights((d / "m").string(), &mismatch);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("config.json implies"), std::string::npos) << st;
+  // A missing shard.
+  std::string shard;
+  for (const auto& e : fs::directory_iterator(d / "m")) {
+    if (e.path().filename().string().rfind("model-0000", 0) == 0) shard = e.path().filename().string();
+  }
+  ASSERT_FALSE(shard.empty());
+  fs::remove(d / "m" / shard);
+  st = LoadHfWeights((d / "m").string(), &store);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(shard), std::string::npos) << st;
+  // A shard name that escapes the directory.
+  std::ofstream(d / "m" / "model.safetensors.index.json") << R"({"weight_map": {"x": "../evil.safetensors"}})";
+  st = LoadHfWeights((d / "m").string(), &mismatch);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("must be a file in the model dir"), std::string::npos) << st;
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace rp::workers::io

@@ -1,0 +1,77 @@
+"""Creates tiny Hugging Face models with `transformers` (the independent reference) for the
+engine's model-I/O tests, and records what `transformers` computes on fixed tokens.
+
+  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3}/ (save_pretrained) and
+                                      OUT_DIR/{llama,qwen3}/reference.safetensors with
+                                      tokens, losses, grad norms and weights after two AdamW steps
+  make_hf_models.py --check EXPORT_DIR REFERENCE_DIR
+                                   -> loads the engine's export with transformers and compares
+                                      every tensor with the reference model's trained weights
+"""
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+LR = 1e-3
+
+
+def make(out):
+    torch.manual_seed(1234)
+    configs = {
+        "llama": LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                             rope_theta=10000.0, max_position_embeddings=256, tie_word_embeddings=False,
+                             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        "qwen3": Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                             rope_theta=1000000.0, max_position_embeddings=256, tie_word_embeddings=True),
+    }
+    tokens = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(7))
+    for name, cfg in configs.items():
+        cfg._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(cfg).float()
+        # Non-trivial norm weights so a mix-up of norms would show.
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("norm.weight"):
+                    p.uniform_(0.5, 1.5)
+        model.save_pretrained(f"{out}/{name}", safe_serialization=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        ref = {"tokens": tokens.clone()}
+        losses, norms = [], []
+        for step in range(2):
+            out_ = model(input_ids=tokens, labels=tokens)
+            out_.loss.backward()
+            losses.append(out_.loss.item())
+            norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item())
+            if step == 0:
+                for n, p in model.named_parameters():
+                    ref["grad." + n] = p.grad.detach().clone()
+            opt.step()
+            opt.zero_grad()
+        ref["losses"] = torch.tensor(losses, dtype=torch.float64)
+        ref["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+        for n, p in model.state_dict().items():
+            ref["after." + n] = p.detach().clone().contiguous()
+        save_file(ref, f"{out}/{name}/reference.safetensors")
+    print("made", ", ".join(configs))
+
+
+def check(export_dir, reference_dir):
+    model = AutoModelForCausalLM.from_pretrained(export_dir, torch_dtype=torch.float32)
+    ref = load_file(f"{reference_dir}/reference.safetensors")
+    worst = 0.0
+    for n, p in model.state_dict().items():
+        want = ref["after." + n]
+        worst = max(worst, (p - want).abs().max().item())
+    print(f"export loads with transformers: {len(model.state_dict())} tensors, max |diff| {worst:.3g}")
+    return 0 if worst < 2e-5 else 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--check":
+        sys.exit(check(sys.argv[2], sys.argv[3]))
+    make(sys.argv[1])

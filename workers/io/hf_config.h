@@ -1,0 +1,28 @@
+// hf_config.h — a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3 dense decoders) as the
+// engine's TransformerConfig, and a model directory's weights into a HostModelStore.
+//
+// Contract: pure functions over files; LoadHfWeights writes the store's fp32 and master copies
+// tensor by tensor (one converted tensor extra at a time; the file is memory-mapped) and must not
+// run while the store trains.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "workers/models/transformer_config.h"
+
+namespace rp::workers {
+class HostModelStore;
+}
+
+namespace rp::workers::io {
+
+// Parses config.json text; unsupported architectures or options are InvalidArgument naming them.
+absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& json_text);
+absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& model_dir);
+
+// Loads model.safetensors or the shards listed in model.safetensors.index.json into `store`
+// (whose config must be the directory's). Every store parameter must be present with its shape.
+absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store);
+
+}  // namespace rp::workers::io

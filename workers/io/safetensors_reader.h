@@ -1,0 +1,53 @@
+// safetensors_reader.h — reads the safetensors format: an 8-byte little-endian header length, a
+// JSON header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}, then the
+// tensor bytes. The file is memory-mapped; every header field is validated before any byte is
+// touched (size limits, known dtypes, non-negative shapes, offsets inside the data and matching
+// the shape, no overlaps), so a corrupt or hostile file gives a clear error, never a crash.
+//
+// Contract: an open file is immutable; Read() is const and thread-safe. ParseSafetensorsHeader
+// is a pure function (the fuzz target).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace rp::workers::io {
+
+struct TensorInfo {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte offsets inside the data section
+};
+
+// Validates `header` (the JSON text) against a data section of `data_bytes` bytes.
+absl::StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(const std::string& header, uint64_t data_bytes);
+
+class SafetensorsFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  ~SafetensorsFile();
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* Find(const std::string& name) const;
+  // A copy of tensor `name` converted to `dtype` (the mapping is only read, never aliased).
+  absl::StatusOr<at::Tensor> Read(const std::string& name, at::ScalarType dtype) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  const unsigned char* map_ = nullptr;
+  size_t size_ = 0;
+  const unsigned char* data_ = nullptr;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t> index_;
+};
+
+}  // namespace rp::workers::io
