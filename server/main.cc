@@ -161,6 +161,10 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
+  // Backpressure must reach the client: without BDP probing each stream's HTTP/2 window stays
+  // at its default (64 KiB), so a fast StreamBatches client cannot park megabytes of batches in
+  // the daemon's transport buffers while its job trains (measured: daemon_load_bench).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   std::vector<int> ports(static_cast<size_t>(config.listen_size()), 0);
   for (int i = 0; i < config.listen_size(); ++i) {
     const std::string& a = config.listen(i);

@@ -86,11 +86,13 @@ int main(int argc, char** argv) {
   std::vector<std::vector<double>> write_ms(static_cast<size_t>(clients));
   std::vector<double> unary_ms;
   std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(static_cast<size_t>(clients));
+  for (auto& ctx : contexts) ctx = std::make_unique<grpc::ClientContext>();
   const auto until = Clock::now() + std::chrono::seconds(seconds);
   for (int i = 0; i < clients; ++i) {
     threads.emplace_back([&, i] {
       auto stub = v1::JobService::NewStub(grpc::CreateChannel(daemon.address(), grpc::InsecureChannelCredentials()));
-      grpc::ClientContext ctx;
+      grpc::ClientContext& ctx = *contexts[static_cast<size_t>(i)];
       v1::StreamSummary summary;
       auto writer = stub->StreamBatches(&ctx, &summary);
       std::mt19937 gen(static_cast<uint32_t>(i));
@@ -108,21 +110,33 @@ int main(int argc, char** argv) {
         write_ms[static_cast<size_t>(i)].push_back(
             std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       }
-      writer->WritesDone();
-      if (writer->Finish().ok()) accepted += summary.accepted();
+      // Whatever gRPC still buffers is abandoned: the clients disconnect (the daemon must cope).
+      ctx.TryCancel();
+      (void)writer->Finish();
     });
   }
-  std::thread prober([&] {  // unary latency while the streams run
+  std::vector<int64_t> rss_samples;  // every ~5 s: growth shows as a trend, warm-up does not
+  std::thread prober([&] {           // unary latency while the streams run
+    auto next_rss = Clock::now() + std::chrono::seconds(5);
     while (Clock::now() < until) {
+      if (Clock::now() >= next_rss) {
+        rss_samples.push_back(RssKiB(daemon.pid()));
+        next_rss += std::chrono::seconds(5);
+      }
       const auto t0 = Clock::now();
       (void)c->Get(job->id());
       unary_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
+  // Disconnect every client at the deadline (a blocked Write returns once its call is cancelled).
+  std::this_thread::sleep_until(until);
+  for (auto& ctx : contexts) ctx->TryCancel();
   for (auto& t : threads) t.join();
   prober.join();
   stop = true;
+  auto mid = c->Get(job->id());
+  accepted = mid.ok() ? mid->progress().step() : -1;  // every accepted batch is one trained step
   const int64_t rss_after = RssKiB(daemon.pid());
   std::vector<double> all;
   for (auto& v : write_ms) all.insert(all.end(), v.begin(), v.end());
@@ -131,14 +145,18 @@ int main(int argc, char** argv) {
 
   std::printf("daemon_load_bench: %d clients streaming for %d s into one job (CPU backend, cpu:2)\n", clients, seconds);
   std::printf("| metric | value |\n|---|---|\n");
-  std::printf("| batches accepted | %lld |\n", static_cast<long long>(accepted.load()));
+  std::printf("| batches trained in the window | %lld |\n", static_cast<long long>(accepted.load()));
   std::printf("| accepted batches/s | %.1f |\n", static_cast<double>(accepted.load()) / seconds);
-  std::printf("| steps trained | %lld |\n", got.ok() ? static_cast<long long>(got->progress().step()) : -1LL);
+  std::printf("| writes completed by clients | %zu |\n", all.size());
+  std::printf("| job state after the clients left | %s |\n", got.ok() ? v1::JobState_Name(got->state()).c_str() : "?");
   std::printf("| stream write latency p50 / p99 (ms) | %.2f / %.2f |\n", Percentile(all, 0.5), Percentile(all, 0.99));
   std::printf("| GetJob latency p50 / p99 (ms) | %.2f / %.2f |\n", Percentile(unary_ms, 0.5),
               Percentile(unary_ms, 0.99));
   std::printf("| daemon RSS before / after (MiB) | %.1f / %.1f |\n", static_cast<double>(rss_before) / 1024,
               static_cast<double>(rss_after) / 1024);
+  std::printf("| daemon RSS every 5 s under load (MiB) |");
+  for (int64_t r : rss_samples) std::printf(" %.0f", static_cast<double>(r) / 1024);
+  std::printf(" |\n");
   daemon.Stop();
   std::filesystem::remove_all(root);
   return 0;

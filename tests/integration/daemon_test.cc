@@ -74,6 +74,22 @@ TEST_F(DaemonTest, StreamedJobTrainsLikeThePlainReferenceAndExports) {
   // The same export again: refused (nothing is overwritten), the daemon keeps serving.
   auto again = c->Export(job->id(), *path);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+
+  // A new job starts from the exported directory (model.hf_dir): its first loss is the
+  // reference's loss on the next batch after the same six steps.
+  v1::JobSpec next;
+  *next.mutable_optimizer() = spec.optimizer();
+  next.set_precision(v1::PRECISION_FP32);
+  *next.mutable_batching() = spec.batching();
+  next.mutable_model()->set_hf_dir(*path);
+  auto job2 = c->Submit(next);
+  ASSERT_TRUE(job2.ok()) << job2.status();
+  Watcher w2(*c, job2->id());
+  const std::vector<int32_t> more = SomeTokens(64, 11);
+  ASSERT_TRUE(c->StreamTokens(job2->id(), more, 4, 16).ok());
+  ASSERT_TRUE(w2.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  ASSERT_EQ(w2.Losses().size(), 1u);
+  EXPECT_NEAR(w2.Losses()[0], ref.Step(at::tensor(std::vector<int64_t>(more.begin(), more.end())).view({4, 16})), 2e-5);
   EXPECT_EQ(daemon_.Stop(), 0) << daemon_.Output();
 }
 
