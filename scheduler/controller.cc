@@ -53,6 +53,10 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
       adamw_(opt_.adamw),
       scaler_(opt_.loss_scaler) {
   for (workers::Device* d : devices_) workers_.push_back(std::make_unique<workers::DeviceWorker>(d));
+  if (opt_.resume_adamw) {
+    adamw_.set_state(*opt_.resume_adamw);
+    scaler_.Restore(opt_.resume_loss_scale > 0 ? opt_.resume_loss_scale : scaler_.scale(), opt_.resume_good_steps);
+  }
   const int L = store_->config().num_layers();
   if (opt_.auto_partition) {
     // Profiling partition: one layer per stage slot (the head alone in B_1).
@@ -86,6 +90,11 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
     book_ = std::make_unique<workers::ConsistencyBook>(std::move(own), std::vector<int>(static_cast<size_t>(L), 0),
                                                        std::vector<int>(static_cast<size_t>(L), 0));
     optimizer_ = std::make_unique<workers::OptimizerWorker>(store_, book_.get(), opt_.adamw, opt_.loss_scaler);
+    if (opt_.resume_adamw) {
+      optimizer_->Restore(*opt_.resume_adamw,
+                          opt_.resume_loss_scale > 0 ? opt_.resume_loss_scale : optimizer_->loss_scale(),
+                          opt_.resume_good_steps);
+    }
   }
   ApplyPartition(opt_.partition);
 }
@@ -254,7 +263,7 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
   f.loss_scale = async ? optimizer_->loss_scale() : scaler_.scale();
   ctx.grad_multiplier = f.loss_scale;
   // Step k (1-based) applies iteration k-1's gradients.
-  f.lr = opt_.lr_schedule.At(opt_.adamw.lr, T + 1);
+  f.lr = opt_.lr_schedule.At(opt_.adamw.lr, opt_.first_step + T + 1);
 
   if (!async || inflight_.empty()) acts_.ResetPeak();
   const int64_t per = tokens.size(0) / M;
@@ -400,6 +409,24 @@ absl::Status Controller::Flush() {
   book_->ReleaseUploads(iteration_);
   optimizer_->WaitIdle();
   return absl::OkStatus();
+}
+
+}  // namespace rp::scheduler
+
+namespace rp::scheduler {
+
+OptimizerSnapshot Controller::Snapshot() const {
+  OptimizerSnapshot s;
+  if (optimizer_) {
+    s.adamw = optimizer_->adamw_state();
+    s.loss_scale = optimizer_->loss_scale();
+    s.good_steps = optimizer_->good_steps();
+  } else {
+    s.adamw = adamw_.state();
+    s.loss_scale = scaler_.scale();
+    s.good_steps = scaler_.good_steps();
+  }
+  return s;
 }
 
 }  // namespace rp::scheduler

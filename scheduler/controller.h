@@ -62,6 +62,19 @@ struct ControllerOptions {
   // Choose among the paper objective's best candidates by simulating them on the measured
   // times (planning::SimulatedBestPartition); false = the paper's objective alone.
   bool partition_by_simulation = true;
+  // Resuming from a checkpoint: optimizer steps already taken (the LR schedule continues from
+  // there) and the optimizer / loss-scaler state to start with.
+  int64_t first_step = 0;
+  std::optional<workers::AdamWState> resume_adamw;
+  double resume_loss_scale = 0;  // 0 = the scaler's initial scale
+  int64_t resume_good_steps = 0;
+};
+
+// What a checkpoint needs from a controller (taken at a flush point).
+struct OptimizerSnapshot {
+  workers::AdamWState adamw;
+  double loss_scale = 1;
+  int64_t good_steps = 0;
 };
 
 struct IterationStats {
@@ -112,6 +125,8 @@ class Controller {
   // Automatic partitioning: the smoothed measured per-layer costs, once complete.
   std::optional<planning::CostModel> measured_costs() const { return measured_; }
   int iterations_done() const { return iteration_; }
+  // The optimizer's state; only between iterations after Flush (async) or any iteration (sync).
+  OptimizerSnapshot Snapshot() const;
   const workers::ActivationStore& activations() const { return acts_; }
 
  private:

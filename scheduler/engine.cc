@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <future>
+
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/cost_model.h"
+#include "workers/io/checkpoint.h"
 #include "workers/io/hf_config.h"
 #include "workers/models/layers.h"
 
@@ -45,6 +48,16 @@ struct Engine::Job {
   bool controller_started = false;  // the runner took the job (guarded by mu)
   JobState state = JobState::kQueued;
   std::vector<JobEvent> events;
+  // Checkpoints: requests the runner serves at an iteration boundary; progress counters.
+  struct CheckpointRequest {
+    std::string dir, note;
+    std::shared_ptr<std::promise<absl::StatusOr<CheckpointInfo>>> done;
+  };
+  std::deque<CheckpointRequest> checkpoints;
+  int64_t first_step = 0;       // steps taken before this run (resumed jobs)
+  int64_t steps_done = 0;       // steps reported in this run
+  int64_t consumed_offset = 0;  // batches consumed before this run
+  int64_t consumed = 0;         // batches taken from the queue in this run
 
   bool terminal() const { return IsTerminal(state); }
   void Emit(JobEvent e) {  // caller holds mu
@@ -139,6 +152,19 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   if (!spec.hf_dir.empty()) {
     if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, job->store.get()); !st.ok()) return st;
   }
+  std::optional<workers::io::CheckpointMeta> resumed;
+  workers::AdamWState resumed_adamw;
+  if (!spec.resume_from.empty()) {
+    auto meta = workers::io::ReadCheckpoint(spec.resume_from, job->store.get(), &resumed_adamw);
+    if (!meta.ok()) return meta.status();
+    resumed = *meta;
+    job->first_step = meta->step;
+    job->consumed_offset = meta->batches_consumed;
+    if (meta->fused > 0) {
+      spec.partition = planning::Partition{meta->forward, meta->fused, meta->backward};
+      spec.auto_partition = false;
+    }
+  }
   ControllerOptions o;
   if (spec.partition) o.partition = *spec.partition;
   o.microbatches = spec.microbatches;
@@ -148,6 +174,13 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   o.loss_scaler.enabled = spec.master_dtype == at::kHalf;
   o.mode = spec.optimizer_mode;
   o.auto_partition = spec.auto_partition;
+  job->spec = spec;
+  if (resumed) {
+    o.first_step = resumed->step;
+    o.resume_adamw = resumed_adamw;
+    o.resume_loss_scale = resumed->loss_scale;
+    o.resume_good_steps = resumed->good_steps;
+  }
   std::vector<workers::Device*> raw;
   for (auto& d : devices_) raw.push_back(d.get());
   auto c = Controller::Create(o, job->store.get(), raw, &timeline_);
@@ -249,6 +282,57 @@ absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> Engine
   return out;
 }
 
+namespace {
+
+// Writes job `store`/`c` state as a checkpoint (the caller ensures an iteration boundary with
+// the optimizer flushed).
+absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore& store, const Controller& c,
+                                                  int64_t step, int64_t consumed, const std::string& dir,
+                                                  const std::string& note) {
+  const OptimizerSnapshot snap = c.Snapshot();
+  workers::io::CheckpointMeta meta;
+  meta.step = step;
+  meta.batches_consumed = consumed;
+  meta.loss_scale = snap.loss_scale;
+  meta.good_steps = snap.good_steps;
+  meta.forward = c.partition().forward;
+  meta.fused = c.partition().fused;
+  meta.backward = c.partition().backward;
+  meta.note = note;
+  if (absl::Status st = workers::io::WriteCheckpoint(dir, store, snap.adamw, meta); !st.ok()) return st;
+  return CheckpointInfo{dir, step, consumed};
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& dir, const std::string& note) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::future<absl::StatusOr<CheckpointInfo>> result;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (!job->controller_started) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " has not started; nothing to checkpoint"));
+    }
+    if (!job->terminal()) {
+      auto promise = std::make_shared<std::promise<absl::StatusOr<CheckpointInfo>>>();
+      result = promise->get_future();
+      job->checkpoints.push_back({dir, note, promise});
+      job->cv.notify_all();
+    }
+  }
+  if (result.valid()) return result.get();
+  // Ended: the store holds the final weights (the runner flushed) and nothing runs any more.
+  std::lock_guard<std::mutex> run(job->run_mu);
+  int64_t step, consumed;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    step = job->first_step + job->steps_done;
+    consumed = job->consumed_offset + job->consumed;
+  }
+  return WriteJobCheckpoint(*job->store, *job->controller, step, consumed, dir, note);
+}
+
 absl::StatusOr<workers::models::TransformerConfig> Engine::ModelConfig(JobId id) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
@@ -307,6 +391,23 @@ void Engine::RunnerLoop() {
       if (shutdown_) return;
     }
     RunJob(*job);
+    // Checkpoint requests that raced with the end of the job: the store is final now.
+    std::deque<Job::CheckpointRequest> reqs;
+    JobState state;
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      reqs.swap(job->checkpoints);
+      state = job->state;
+    }
+    std::lock_guard<std::mutex> run(job->run_mu);
+    for (auto& r : reqs) {
+      if (state == JobState::kFailed) {
+        r.done->set_value(absl::FailedPreconditionError("the job failed; no consistent state to checkpoint"));
+      } else {
+        r.done->set_value(WriteJobCheckpoint(*job->store, *job->controller, job->first_step + job->steps_done,
+                                             job->consumed_offset + job->consumed, r.dir, r.note));
+      }
+    }
   }
 }
 
@@ -358,6 +459,7 @@ void Engine::RunJob(Job& job) {
       return false;
     }
     ++steps;
+    ++job.steps_done;
     job.Emit({JobEvent::Kind::kIteration, job.state, *st, ""});
     return true;
   };
@@ -370,8 +472,35 @@ void Engine::RunJob(Job& job) {
     std::lock_guard<std::mutex> lock(job.mu);
     job.SetState(s, std::move(message));
   };
+  // Checkpoint requests (served between iterations): report the pending iteration, flush the
+  // optimizer (async), write. False when the job failed meanwhile.
+  auto take_checkpoints = [&]() -> bool {
+    std::deque<Job::CheckpointRequest> reqs;
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      if (job.checkpoints.empty()) return true;
+      reqs.swap(job.checkpoints);
+    }
+    const bool ok = finish_pending();
+    std::lock_guard<std::mutex> run(job.run_mu);
+    if (ok) (void)c.Flush();
+    for (auto& r : reqs) {
+      if (!ok) {
+        r.done->set_value(absl::FailedPreconditionError("the job failed before the checkpoint"));
+        continue;
+      }
+      int64_t step, consumed;
+      {
+        std::lock_guard<std::mutex> lock(job.mu);
+        step = job.first_step + job.steps_done;
+        consumed = job.consumed_offset + job.consumed;
+      }
+      r.done->set_value(WriteJobCheckpoint(*job.store, c, step, consumed, r.dir, r.note));
+    }
+    return ok;
+  };
   // Pause point (between iterations): report the pending iteration, flush the optimizer so the
-  // store is consistent, then wait for Resume or Cancel.
+  // store is consistent, then wait for Resume or Cancel (serving checkpoint requests meanwhile).
   auto maybe_pause = [&]() -> bool {
     {
       std::lock_guard<std::mutex> lock(job.mu);
@@ -384,11 +513,18 @@ void Engine::RunJob(Job& job) {
     }
     std::unique_lock<std::mutex> lock(job.mu);
     job.SetState(JobState::kPaused);
-    job.cv.wait(lock, [&] { return !job.pause || job.cancel; });
+    for (;;) {
+      job.cv.wait(lock, [&] { return !job.pause || job.cancel || !job.checkpoints.empty(); });
+      if (job.checkpoints.empty()) break;
+      lock.unlock();
+      if (!take_checkpoints()) return false;
+      lock.lock();
+    }
     if (!job.cancel) job.SetState(JobState::kRunning);
     return true;
   };
   for (;;) {
+    if (!take_checkpoints()) return;
     if (!maybe_pause()) return;
     if (job.spec.max_steps > 0 && steps + (pending ? 1 : 0) >= job.spec.max_steps) {
       end(JobState::kSucceeded, "");
@@ -404,8 +540,10 @@ void Engine::RunJob(Job& job) {
         if (!finish_pending()) return;
         continue;
       }
-      job.cv.wait(lock, [&] { return job.cancel || job.pause || job.input_closed || !job.batches.empty(); });
-      if (job.pause && !job.cancel) continue;
+      job.cv.wait(lock, [&] {
+        return job.cancel || job.pause || job.input_closed || !job.batches.empty() || !job.checkpoints.empty();
+      });
+      if ((job.pause || !job.checkpoints.empty()) && !job.cancel) continue;
       if (job.cancel || job.batches.empty()) {
         const bool cancelled = job.cancel;
         lock.unlock();
@@ -414,6 +552,7 @@ void Engine::RunJob(Job& job) {
       }
       batch = std::move(job.batches.front());
       job.batches.pop_front();
+      ++job.consumed;
       job.cv.notify_all();  // room for FeedBatch
     }
     absl::StatusOr<int> it;

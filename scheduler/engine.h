@@ -47,9 +47,12 @@ struct EngineOptions {
 struct JobSpec {
   std::string name;
   workers::models::TransformerConfig model;
-  at::ScalarType master_dtype = at::kFloat;      // kFloat, kBFloat16 or kHalf
-  uint64_t seed = 0;                             // weight initialisation
-  std::string hf_dir;                            // non-empty: initial weights from this Hugging Face model directory
+  at::ScalarType master_dtype = at::kFloat;  // kFloat, kBFloat16 or kHalf
+  uint64_t seed = 0;                         // weight initialisation
+  std::string hf_dir;                        // non-empty: initial weights from this Hugging Face model directory
+  // Non-empty: continue from this training checkpoint (weights, optimizer, step, partition);
+  // max_steps then counts the steps of this run.
+  std::string resume_from;
   std::optional<planning::Partition> partition;  // default: planned from parameter sizes
   bool auto_partition = false;                   // profile one layer per slot, then plan from measured times
   int microbatches = 0;                          // 0 = number of devices
@@ -78,6 +81,12 @@ struct JobEvent {
 struct Batch {
   at::Tensor tokens;
   std::optional<at::Tensor> labels;
+};
+
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;              // optimizer steps the checkpoint holds
+  int64_t batches_consumed = 0;  // the job's data cursor at that point
 };
 
 struct EngineStats {
@@ -111,6 +120,10 @@ class Engine {
   // Names and shapes of the job's parameters in engine order (export walks them with Parameter()).
   absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> ParameterShapes(JobId id) const;
   absl::StatusOr<workers::models::TransformerConfig> ModelConfig(JobId id) const;
+  // Writes a training checkpoint of a started job into `dir` (must not exist) at the next
+  // iteration boundary — async jobs flush their optimizer there — and returns what it holds.
+  // Blocks until written; FailedPrecondition for a job that has not started.
+  absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& dir, const std::string& note = "");
   absl::StatusOr<JobState> State(JobId id) const;
   // The fp32 value of a parameter of a job (for tests, export and inspection). Consistent once
   // the job has ended (the engine flushes the optimizer then) or, in sync mode, between

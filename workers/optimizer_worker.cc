@@ -143,3 +143,18 @@ void OptimizerWorker::Process(const StepRequest& r) {
 }
 
 }  // namespace rp::workers
+
+namespace rp::workers {
+
+int64_t OptimizerWorker::good_steps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scaler_.good_steps();
+}
+
+void OptimizerWorker::Restore(const AdamWState& s, double loss_scale, int64_t good_steps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  adamw_.set_state(s);
+  scaler_.Restore(loss_scale, good_steps);
+}
+
+}  // namespace rp::workers

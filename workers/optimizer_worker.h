@@ -58,6 +58,10 @@ class OptimizerWorker {
   // Blocks until every queued request finished, P_cp included.
   void WaitIdle();
   double loss_scale() const;
+  // Checkpoints: the optimizer's state; call only when idle (after WaitIdle, nothing queued).
+  AdamWState adamw_state() const { return adamw_.state(); }
+  int64_t good_steps() const;
+  void Restore(const AdamWState& s, double loss_scale, int64_t good_steps);
 
  private:
   void Loop();

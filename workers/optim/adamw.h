@@ -40,6 +40,13 @@ struct LrSchedule {
   double At(double base_lr, int64_t step) const;
 };
 
+// Everything AdamW carries between steps (a checkpoint saves it): the step count (bias
+// correction) and the first/second moments per parameter index (undefined = not stepped yet).
+struct AdamWState {
+  int64_t step = 0;
+  std::vector<at::Tensor> m, v;
+};
+
 class AdamW {
  public:
   explicit AdamW(AdamWOptions o) : opt_(o) {}
@@ -60,6 +67,14 @@ class AdamW {
   void StepParam(HostModelStore& store, int index, const at::Tensor& grad, double lr, double grad_multiplier,
                  bool write_master = false);
   int64_t steps() const { return step_; }
+  // Shallow views of the state; take it only while no step runs.
+  AdamWState state() const { return {step_, m_, v_}; }
+  void set_state(AdamWState s) {
+    step_ = s.step;
+    m_ = std::move(s.m);
+    v_ = std::move(s.v);
+    vmax_.assign(m_.size(), at::Tensor());
+  }
   const AdamWOptions& options() const { return opt_; }
 
  private:

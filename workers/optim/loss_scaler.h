@@ -41,6 +41,12 @@ class LossScaler {
     return true;
   }
   int64_t skipped_steps() const { return skipped_; }
+  int64_t good_steps() const { return good_steps_; }
+  // Restores a checkpointed scaler (scale and the run of good steps since the last change).
+  void Restore(double scale, int64_t good_steps) {
+    if (opt_.enabled) scale_ = scale;
+    good_steps_ = good_steps;
+  }
 
  private:
   LossScalerOptions opt_;

@@ -1,0 +1,42 @@
+// checkpoint.h — training checkpoints: everything needed to continue a job exactly — the fp32
+// weights, the AdamW step count and moments, the loss-scaler state, the step (LR-schedule
+// position), the data cursor and the partition — as two safetensors files plus meta.json with a
+// CRC-32 of each file. Written into a temporary sibling directory, fsynced, then renamed, so a
+// checkpoint directory is either complete or absent; a torn or altered one fails its checksum.
+//
+// Contract: pure functions over files. Write reads the store and the state (take them at a
+// flush point); Read writes the store's fp32 and master copies and fills `adamw`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "workers/optim/adamw.h"
+
+namespace rp::workers {
+class HostModelStore;
+}
+
+namespace rp::workers::io {
+
+struct CheckpointMeta {
+  int64_t step = 0;              // optimizer steps taken
+  int64_t batches_consumed = 0;  // data cursor: batches the job has taken from its input
+  double loss_scale = 1;
+  int64_t good_steps = 0;
+  std::vector<int> forward;  // the partition in use (F_1..F_Sf, B_1, B_2..B_Sb)
+  int fused = 0;
+  std::vector<int> backward;
+  std::string note;  // free text from the caller (e.g. the job id)
+};
+
+absl::Status WriteCheckpoint(const std::string& dir, const HostModelStore& store, const AdamWState& adamw,
+                             const CheckpointMeta& meta);
+// DataLoss when a file is missing, torn or fails its checksum.
+absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir, HostModelStore* store, AdamWState* adamw);
+
+// Complete checkpoints ("step-<N>" directories with a meta.json) under `parent`, newest first.
+std::vector<std::string> ListCheckpoints(const std::string& parent);
+
+}  // namespace rp::workers::io
