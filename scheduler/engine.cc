@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -50,7 +51,7 @@ struct Engine::Job {
   std::vector<JobEvent> events;
   // Checkpoints: requests the runner serves at an iteration boundary; progress counters.
   struct CheckpointRequest {
-    std::string dir, note;
+    std::string note;
     std::shared_ptr<std::promise<absl::StatusOr<CheckpointInfo>>> done;
   };
   std::deque<CheckpointRequest> checkpoints;
@@ -284,11 +285,15 @@ absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> Engine
 
 namespace {
 
-// Writes job `store`/`c` state as a checkpoint (the caller ensures an iteration boundary with
-// the optimizer flushed).
+// Writes the job's state as <root>/step-<step> (the caller ensures an iteration boundary with
+// the optimizer flushed) and keeps the newest `keep_last`. A checkpoint of that step that
+// exists already holds this very state: it is returned as is.
 absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore& store, const Controller& c,
-                                                  int64_t step, int64_t consumed, const std::string& dir,
-                                                  const std::string& note) {
+                                                  int64_t step, int64_t consumed, const std::string& root,
+                                                  int keep_last, const std::string& note) {
+  if (root.empty()) return absl::FailedPreconditionError("the job has no checkpoint directory");
+  const std::string dir = absl::StrCat(root, "/step-", step);
+  if (std::filesystem::exists(std::filesystem::path(dir) / "meta.json")) return CheckpointInfo{dir, step, consumed};
   const OptimizerSnapshot snap = c.Snapshot();
   workers::io::CheckpointMeta meta;
   meta.step = step;
@@ -300,12 +305,16 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
   meta.backward = c.partition().backward;
   meta.note = note;
   if (absl::Status st = workers::io::WriteCheckpoint(dir, store, snap.adamw, meta); !st.ok()) return st;
+  const auto all = workers::io::ListCheckpoints(root);
+  std::error_code ec;
+  for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i)
+    std::filesystem::remove_all(all[i], ec);
   return CheckpointInfo{dir, step, consumed};
 }
 
 }  // namespace
 
-absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& dir, const std::string& note) {
+absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& note) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   std::future<absl::StatusOr<CheckpointInfo>> result;
@@ -317,7 +326,7 @@ absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& d
     if (!job->terminal()) {
       auto promise = std::make_shared<std::promise<absl::StatusOr<CheckpointInfo>>>();
       result = promise->get_future();
-      job->checkpoints.push_back({dir, note, promise});
+      job->checkpoints.push_back({note, promise});
       job->cv.notify_all();
     }
   }
@@ -330,7 +339,15 @@ absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& d
     step = job->first_step + job->steps_done;
     consumed = job->consumed_offset + job->consumed;
   }
-  return WriteJobCheckpoint(*job->store, *job->controller, step, consumed, dir, note);
+  auto info = WriteJobCheckpoint(*job->store, *job->controller, step, consumed, job->spec.checkpoint_root,
+                                 job->spec.checkpoint_keep_last, note);
+  if (info.ok()) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    JobEvent e{JobEvent::Kind::kCheckpoint, job->state, {}, ""};
+    e.checkpoint = *info;
+    job->Emit(e);
+  }
+  return info;
 }
 
 absl::StatusOr<workers::models::TransformerConfig> Engine::ModelConfig(JobId id) const {
@@ -402,10 +419,13 @@ void Engine::RunnerLoop() {
     std::lock_guard<std::mutex> run(job->run_mu);
     for (auto& r : reqs) {
       if (state == JobState::kFailed) {
-        r.done->set_value(absl::FailedPreconditionError("the job failed; no consistent state to checkpoint"));
+        if (r.done)
+          r.done->set_value(absl::FailedPreconditionError("the job failed; no consistent state to checkpoint"));
       } else {
-        r.done->set_value(WriteJobCheckpoint(*job->store, *job->controller, job->first_step + job->steps_done,
-                                             job->consumed_offset + job->consumed, r.dir, r.note));
+        auto info = WriteJobCheckpoint(*job->store, *job->controller, job->first_step + job->steps_done,
+                                       job->consumed_offset + job->consumed, job->spec.checkpoint_root,
+                                       job->spec.checkpoint_keep_last, r.note);
+        if (r.done) r.done->set_value(info);
       }
     }
   }
@@ -486,7 +506,7 @@ void Engine::RunJob(Job& job) {
     if (ok) (void)c.Flush();
     for (auto& r : reqs) {
       if (!ok) {
-        r.done->set_value(absl::FailedPreconditionError("the job failed before the checkpoint"));
+        if (r.done) r.done->set_value(absl::FailedPreconditionError("the job failed before the checkpoint"));
         continue;
       }
       int64_t step, consumed;
@@ -495,9 +515,28 @@ void Engine::RunJob(Job& job) {
         step = job.first_step + job.steps_done;
         consumed = job.consumed_offset + job.consumed;
       }
-      r.done->set_value(WriteJobCheckpoint(*job.store, c, step, consumed, r.dir, r.note));
+      auto info = WriteJobCheckpoint(*job.store, c, step, consumed, job.spec.checkpoint_root,
+                                     job.spec.checkpoint_keep_last, r.note);
+      if (info.ok()) {
+        std::lock_guard<std::mutex> lock(job.mu);
+        JobEvent e{JobEvent::Kind::kCheckpoint, job.state, {}, ""};
+        e.checkpoint = *info;
+        job.Emit(e);
+      }
+      if (r.done) r.done->set_value(info);
     }
     return ok;
+  };
+  // The checkpoint_every policy: when the steps submitted so far reach a multiple of it, take
+  // the checkpoint before submitting more (exactly that many steps, whatever the timing).
+  int64_t last_policy_step = job.first_step;
+  auto policy_checkpoint = [&] {
+    if (job.spec.checkpoint_every <= 0) return;
+    const int64_t submitted = job.first_step + steps + (pending ? 1 : 0);
+    if (submitted == last_policy_step || submitted % job.spec.checkpoint_every != 0) return;
+    last_policy_step = submitted;
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.checkpoints.push_back({"every " + std::to_string(job.spec.checkpoint_every) + " steps", nullptr});
   };
   // Pause point (between iterations): report the pending iteration, flush the optimizer so the
   // store is consistent, then wait for Resume or Cancel (serving checkpoint requests meanwhile).
@@ -524,6 +563,7 @@ void Engine::RunJob(Job& job) {
     return true;
   };
   for (;;) {
+    policy_checkpoint();
     if (!take_checkpoints()) return;
     if (!maybe_pause()) return;
     if (job.spec.max_steps > 0 && steps + (pending ? 1 : 0) >= job.spec.max_steps) {

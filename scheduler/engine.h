@@ -53,6 +53,13 @@ struct JobSpec {
   // Non-empty: continue from this training checkpoint (weights, optimizer, step, partition);
   // max_steps then counts the steps of this run.
   std::string resume_from;
+  // Checkpoint policy: every `checkpoint_every` optimizer steps (counted from the start of the
+  // job, resumed steps included) the runner writes `<checkpoint_root>/step-<N>` holding exactly
+  // N steps — a deterministic point, so an async job's trajectory does not depend on timing —
+  // and keeps the newest `checkpoint_keep_last`. Checkpoint() writes there too.
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_root;
+  int checkpoint_keep_last = 3;
   std::optional<planning::Partition> partition;  // default: planned from parameter sizes
   bool auto_partition = false;                   // profile one layer per slot, then plan from measured times
   int microbatches = 0;                          // 0 = number of devices
@@ -70,23 +77,24 @@ enum class JobState { kQueued, kRunning, kPaused, kSucceeded, kFailed, kCancelle
 bool IsTerminal(JobState s);
 const char* JobStateName(JobState s);
 
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;              // optimizer steps the checkpoint holds
+  int64_t batches_consumed = 0;  // the job's data cursor at that point
+};
+
 struct JobEvent {
-  enum class Kind { kState, kIteration, kBatchRejected } kind = Kind::kState;
+  enum class Kind { kState, kIteration, kBatchRejected, kCheckpoint } kind = Kind::kState;
   JobState state = JobState::kQueued;
   IterationStats stats;                        // kIteration
   std::string message;                         // kState (failure reason), kBatchRejected
   std::chrono::system_clock::time_point time;  // when the engine emitted it
+  CheckpointInfo checkpoint;                   // kCheckpoint
 };
 
 struct Batch {
   at::Tensor tokens;
   std::optional<at::Tensor> labels;
-};
-
-struct CheckpointInfo {
-  std::string path;
-  int64_t step = 0;              // optimizer steps the checkpoint holds
-  int64_t batches_consumed = 0;  // the job's data cursor at that point
 };
 
 struct EngineStats {
@@ -120,10 +128,11 @@ class Engine {
   // Names and shapes of the job's parameters in engine order (export walks them with Parameter()).
   absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> ParameterShapes(JobId id) const;
   absl::StatusOr<workers::models::TransformerConfig> ModelConfig(JobId id) const;
-  // Writes a training checkpoint of a started job into `dir` (must not exist) at the next
-  // iteration boundary — async jobs flush their optimizer there — and returns what it holds.
-  // Blocks until written; FailedPrecondition for a job that has not started.
-  absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& dir, const std::string& note = "");
+  // Writes a training checkpoint of a started job into <checkpoint_root>/step-<N> at the next
+  // iteration boundary — async jobs flush their optimizer there, which a deterministic
+  // trajectory does not expect (prefer the checkpoint_every policy) — and returns what it holds.
+  // Blocks until written; FailedPrecondition for a job that has not started or has no root.
+  absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& note = "");
   absl::StatusOr<JobState> State(JobId id) const;
   // The fp32 value of a parameter of a job (for tests, export and inspection). Consistent once
   // the job has ended (the engine flushes the optimizer then) or, in sync mode, between

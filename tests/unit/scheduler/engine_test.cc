@@ -357,7 +357,7 @@ std::map<std::string, at::Tensor> Train(const JobSpec& spec, const std::vector<a
         auto ev = (*engine)->AwaitEvents(*id, 20ms);
         for (const auto& e : *ev) trained += e.kind == JobEvent::Kind::kIteration;
       }
-      auto info = (*engine)->Checkpoint(*id, ckpt_dir, "test");
+      auto info = (*engine)->Checkpoint(*id, "test");
       EXPECT_TRUE(info.ok()) << info.status();
       if (info.ok()) {
         EXPECT_EQ(info->batches_consumed, ckpt_after);
@@ -394,28 +394,44 @@ TEST(EngineCheckpoint, ResumeContinuesBitIdenticallySyncAndAsync) {
     JobSpec spec = TinyJob();
     spec.optimizer_mode = mode;
     spec.lr_schedule = {workers::LrSchedule::Kind::kWarmupCosine, 2, 6, 0.1};  // the schedule position matters
-    const std::string dir = root + (mode == planning::OptimizerMode::kSync ? "/sync" : "/async");
-    // Straight through, checkpointing after 3 batches on the way.
-    auto straight = Train(spec, data, 3, dir);
+    spec.checkpoint_root = root + (mode == planning::OptimizerMode::kSync ? "/sync" : "/async");
+    // Straight through, checkpointing (on request) after 3 batches on the way.
+    auto straight = Train(spec, data, 3);
     // A new engine resumes from the checkpoint with the remaining batches.
     JobSpec resumed = spec;
-    resumed.resume_from = dir;
+    resumed.resume_from = spec.checkpoint_root + "/step-3";
+    resumed.checkpoint_root = spec.checkpoint_root + "-resumed";
     auto continued = Train(resumed, {data.begin() + 3, data.end()});
     EXPECT_TRUE(SameWeights(straight, continued)) << (mode == planning::OptimizerMode::kSync ? "sync" : "async");
     if (mode == planning::OptimizerMode::kSync) {
       // In sync mode a checkpoint changes nothing: equal to a run that never checkpointed.
-      EXPECT_TRUE(SameWeights(Train(spec, data), straight));
+      JobSpec plain = spec;
+      plain.checkpoint_root = root + "/plain";
+      EXPECT_TRUE(SameWeights(Train(plain, data), straight));
     }
+    // The every-N-steps policy: checkpoints at exactly 2, 4 and 6 steps (keep_last 2 keeps 4, 6);
+    // resuming from step-4 with the last two batches ends where the straight run ends.
+    JobSpec policy = spec;
+    policy.checkpoint_root = spec.checkpoint_root + "-policy";
+    policy.checkpoint_every = 2;
+    policy.checkpoint_keep_last = 2;
+    auto with_policy = Train(policy, data);
+    EXPECT_FALSE(std::filesystem::exists(policy.checkpoint_root + "/step-2"));  // pruned
+    ASSERT_TRUE(std::filesystem::exists(policy.checkpoint_root + "/step-4/meta.json"));
+    JobSpec from4 = policy;
+    from4.resume_from = policy.checkpoint_root + "/step-4";
+    from4.checkpoint_root = policy.checkpoint_root + "-resumed";
+    EXPECT_TRUE(SameWeights(with_policy, Train(from4, {data.begin() + 4, data.end()})));
   }
   // A damaged checkpoint is detected, not loaded.
   {
-    std::fstream f(root + "/sync/weights.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(root + "/sync/step-3/weights.safetensors", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-3, std::ios::end);
     f.put('\x7f');
   }
   auto engine = Engine::Create({"cpu:2"});
   JobSpec bad = TinyJob();
-  bad.resume_from = root + "/sync";
+  bad.resume_from = root + "/sync/step-3";
   auto id = (*engine)->Submit(bad);
   ASSERT_FALSE(id.ok());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kDataLoss) << id.status();
