@@ -139,6 +139,11 @@ int WatchJob(rp::client::Client& c, const std::string& id) {
       std::fflush(stdout);
       final_state = e.state();
       final_message = e.message();
+    } else if (e.event_case() == v1::JobEvent::kCheckpoint) {
+      if (dirty) std::printf("\n");
+      dirty = false;
+      std::printf("[%s] checkpoint at step %lld: %s\n", id.c_str(), static_cast<long long>(e.checkpoint().step()),
+                  e.checkpoint().path().c_str());
     } else if (e.event_case() == v1::JobEvent::kBatchRejected) {
       std::printf("\n[%s] batch rejected: %s\n", id.c_str(), e.batch_rejected().c_str());
     }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/paths.h"
 #include "server/token_dataset.h"
+#include "workers/io/checkpoint.h"
 #include "workers/io/hf_export.h"
 #include "workers/models/layers.h"
 
@@ -94,6 +95,7 @@ struct JobManager::Managed {
   bool stop = false;        // daemon shutdown: threads leave without touching the record
   std::string fail_reason;  // the feeder cancelled the job because its data was bad
   bool drained = false;     // paused by Drain (not by a user)
+  int64_t start_batch = 0;  // token file: first batch to feed (resumed jobs)
   std::vector<std::shared_ptr<JobSubscriber>> subscribers;
   std::thread pump, feeder;
   std::chrono::steady_clock::time_point last_step_at{}, last_persist{};
@@ -117,6 +119,7 @@ absl::Status JobManager::Recover() {
   if (!all.ok()) return all.status();
   const char* kDrained = "paused by a daemon drain";
   std::vector<std::pair<std::shared_ptr<Managed>, bool>> readmit;  // (job, pause again)
+  std::vector<std::pair<std::shared_ptr<Managed>, bool>> resume;   // started ones
   for (auto& [seq, record] : *all) {
     auto job = std::make_shared<Managed>();
     job->id = record.id();
@@ -134,13 +137,9 @@ absl::Status JobManager::Recover() {
       readmit.emplace_back(job, s == v1::JOB_STATE_PAUSED && record.message() != kDrained);
       if (s == v1::JOB_STATE_PAUSED) job->record.set_state(v1::JOB_STATE_QUEUED);
     } else if (!Terminal(s)) {
-      job->record.set_state(v1::JOB_STATE_PAUSED);
-      job->record.set_message(
-          "interrupted by a daemon restart at step " + std::to_string(record.progress().step()) +
-          "; its training state was not checkpointed (checkpoint/resume is not available yet), submit it again");
-      *job->record.mutable_updated() = Now();
-      Persist(*job);
-      Log()->warn("[{}] was {} when the daemon stopped; listed as PAUSED", job->id, v1::JobState_Name(s));
+      // Started: it continues from its newest good checkpoint, if it has one (below).
+      resume.emplace_back(job, s == v1::JOB_STATE_PAUSED && record.message() != kDrained);
+      job->record.set_state(v1::JOB_STATE_QUEUED);
     }
   }
   UpdateJobGauges();  // absolute counts before any pump moves them
@@ -164,7 +163,70 @@ absl::Status JobManager::Recover() {
     if (pause) (void)engine_->Pause(*job->engine_id);
     Log()->info("[{}] re-admitted after restart", job->id);
   }
+  for (auto& [job, pause] : resume) {
+    if (ResumeFromCheckpoint(job)) {
+      if (pause) (void)engine_->Pause(*job->engine_id);
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(job->mu);
+    CountTransition(job->record.state(), v1::JOB_STATE_PAUSED);
+    job->record.set_state(v1::JOB_STATE_PAUSED);
+    job->record.set_message("interrupted by a daemon restart at step " + std::to_string(job->record.progress().step()) +
+                            " with no usable checkpoint; submit it again");
+    *job->record.mutable_updated() = Now();
+    Persist(*job);
+    Log()->warn("[{}] interrupted at step {} and has no usable checkpoint; listed as PAUSED", job->id,
+                job->record.progress().step());
+  }
   return absl::OkStatus();
+}
+
+bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job) {
+  JobSpecContext ctx = options_.spec;
+  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
+  auto resolved = ResolveJobSpec(job->record.spec(), ctx);
+  if (!resolved.ok()) {
+    Log()->warn("[{}] cannot resume: {}", job->id, std::string(resolved.status().message()));
+    return false;
+  }
+  for (const std::string& dir : workers::io::ListCheckpoints(resolved->engine.checkpoint_root)) {
+    auto meta = workers::io::ReadCheckpointMeta(dir);
+    if (!meta.ok()) {
+      Log()->warn("[{}] skipping checkpoint {}: {}", job->id, dir, std::string(meta.status().message()));
+      continue;
+    }
+    job->resolved = *resolved;
+    scheduler::JobSpec& e = job->resolved.engine;
+    if (e.max_steps > 0) {
+      if (meta->step >= e.max_steps) {  // it had finished; only the final record was lost
+        std::lock_guard<std::mutex> lock(job->mu);
+        CountTransition(job->record.state(), v1::JOB_STATE_SUCCEEDED);
+        job->record.set_state(v1::JOB_STATE_SUCCEEDED);
+        Persist(*job);
+        return true;
+      }
+      e.max_steps -= meta->step;
+    }
+    e.resume_from = dir;
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->start_batch = meta->batches_consumed;
+      job->record.mutable_progress()->set_step(meta->step);
+      job->record.set_last_checkpoint(dir);
+      job->record.set_last_checkpoint_step(meta->step);
+      job->record.set_message(absl::StrCat("resumed from ", dir, " after a daemon restart"));
+    }
+    absl::Status st = Admit(job);
+    if (st.ok()) {
+      // Admit counts the total from the spec; keep it.
+      Log()->info("[{}] resumed from {} (step {}, data cursor {})", job->id, dir, meta->step, meta->batches_consumed);
+      std::lock_guard<std::mutex> lock(job->mu);
+      Persist(*job);
+      return true;
+    }
+    Log()->warn("[{}] checkpoint {} unusable: {}", job->id, dir, std::string(st.message()));
+  }
+  return false;
 }
 
 std::shared_ptr<JobManager::Managed> JobManager::Find(const std::string& id) const {
@@ -198,7 +260,7 @@ absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
   }
   auto eid = engine_->Submit(r.engine);
   if (!eid.ok()) return eid.status();
-  int64_t total = r.engine.max_steps;
+  int64_t total = job->record.spec().max_steps();
   if (job->dataset) {
     const int64_t data_steps = job->dataset->batches_per_epoch() * r.max_epochs;
     total = total > 0 ? std::min(total, data_steps) : data_steps;
@@ -452,7 +514,7 @@ void JobManager::FeederLoop(const std::shared_ptr<Managed>& job) {
   };
   if (job->dataset) {
     const int64_t total = job->dataset->batches_per_epoch() * job->resolved.max_epochs;
-    for (int64_t i = 0; i < total; ++i) {
+    for (int64_t i = job->start_batch; i < total; ++i) {
       auto [tokens, labels] = job->dataset->Batch(i);
       absl::Status st = feed({tokens, labels});
       if (st.code() == absl::StatusCode::kInvalidArgument) {
@@ -580,6 +642,17 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           if (p->step() % 50 == 1) {
             Log()->info("[{}] step {} loss {:.4f} tokens/s {:.0f}", job->id, p->step(), st.loss, tps);
           }
+          break;
+        }
+        case scheduler::JobEvent::Kind::kCheckpoint: {
+          rec.set_last_checkpoint(e.checkpoint.path);
+          rec.set_last_checkpoint_step(e.checkpoint.step);
+          *rec.mutable_updated() = Now();
+          Persist(*job);
+          out.mutable_checkpoint()->set_path(e.checkpoint.path);
+          out.mutable_checkpoint()->set_step(e.checkpoint.step);
+          Publish(*job, out, false);
+          Log()->info("[{}] checkpoint at step {}: {}", job->id, e.checkpoint.step, e.checkpoint.path);
           break;
         }
         case scheduler::JobEvent::Kind::kBatchRejected:
@@ -733,10 +806,26 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
 }
 
 absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string& id) {
-  if (!Find(id)) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  return absl::UnimplementedError(
-      "Checkpoint: training checkpoints are not available in this version (pause the job and ExportModel to keep "
-      "its weights)");
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  scheduler::JobId eid;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (!job->engine_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " has no training state in this daemon: ", job->record.message()));
+    }
+    if (job->record.state() == v1::JOB_STATE_FAILED) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " failed; its state is not consistent"));
+    }
+    eid = *job->engine_id;
+  }
+  auto info = engine_->Checkpoint(eid, "requested");
+  if (!info.ok()) return info.status();
+  v1::CheckpointResponse r;
+  r.set_path(info->path);
+  r.set_step(info->step);
+  return r;
 }
 
 int JobManager::Drain(std::chrono::seconds deadline) {
@@ -770,6 +859,13 @@ int JobManager::Drain(std::chrono::seconds deadline) {
     if (j->record.state() == v1::JOB_STATE_PAUSED) {
       j->record.set_message("paused by a daemon drain");
       Persist(*j);
+      const bool started = j->record.has_started();
+      const scheduler::JobId eid = *j->engine_id;
+      lock.unlock();
+      if (started) {  // so the restarted daemon continues from exactly here
+        auto info = engine_->Checkpoint(eid, "drain");
+        if (!info.ok()) Log()->warn("[{}] drain checkpoint: {}", j->id, std::string(info.status().message()));
+      }
     }
   }
   Log()->info("drain: paused {} job(s)", paused);

@@ -85,6 +85,8 @@ class JobManager {
   JobManager(scheduler::Engine* engine, JobStore* store, DaemonMetrics* metrics, JobManagerOptions options);
   absl::Status Recover();
   absl::Status Admit(const std::shared_ptr<Managed>& job);
+  // A started job from the store: admit it from its newest usable checkpoint (false: none).
+  bool ResumeFromCheckpoint(const std::shared_ptr<Managed>& job);
   std::shared_ptr<Managed> Find(const std::string& id) const;
   void PumpLoop(const std::shared_ptr<Managed>& job);
   void FeederLoop(const std::shared_ptr<Managed>& job);

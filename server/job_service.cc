@@ -248,7 +248,14 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* JobServiceImpl::Checkpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
                                                      v1::CheckpointResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, manager_->Checkpoint(req->job_id()), resp);
+  // Waits for the job's next iteration boundary: off the callback thread.
+  auto* r = ctx->DefaultReactor();
+  std::thread([this, r, job = req->job_id(), resp] {
+    auto result = manager_->Checkpoint(job);
+    if (result.ok()) *resp = *result;
+    r->Finish(ToGrpcStatus(result.status()));
+  }).detach();
+  return r;
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ExportModel(grpc::CallbackServerContext* ctx,

@@ -269,10 +269,8 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   if (spec.checkpoint().every_steps() < 0 || spec.checkpoint().keep_last() < 0) {
     return absl::InvalidArgumentError("checkpoint: every_steps and keep_last must not be negative");
   }
-  if (spec.checkpoint().every_steps() > 0) {
-    return absl::UnimplementedError(
-        "checkpoint.every_steps: training checkpoints are not available in this version; leave it 0");
-  }
+  e.checkpoint_every = spec.checkpoint().every_steps();
+  e.checkpoint_keep_last = spec.checkpoint().keep_last() > 0 ? spec.checkpoint().keep_last() : 3;
   if (spec.max_steps() < 0) return absl::InvalidArgumentError("max_steps: must not be negative");
   e.max_steps = spec.max_steps();
   e.priority = spec.priority();
@@ -303,6 +301,7 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   } else {
     r.output_dir = ctx.default_output_dir;
   }
+  e.checkpoint_root = r.output_dir + "/checkpoints";
   return r;
 }
 

@@ -201,9 +201,10 @@ TEST_F(DaemonTest, RestartListsEveryJobAndReadmitsQueuedOnes) {
   EXPECT_EQ(by_id[done_id].state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(by_id[done_id].progress().step(), 2);
   EXPECT_EQ(by_id[cancelled_id].state(), v1::JOB_STATE_CANCELLED);
-  EXPECT_EQ(by_id[running_id].state(), v1::JOB_STATE_PAUSED);
-  EXPECT_NE(by_id[running_id].message().find("daemon restart"), std::string::npos);
-  EXPECT_EQ(c->Resume(running_id).status().code(), absl::StatusCode::kFailedPrecondition);
+  // The running job was paused and checkpointed by the drain: it continues (waiting for data).
+  EXPECT_NE(by_id[running_id].state(), v1::JOB_STATE_PAUSED);
+  EXPECT_NE(daemon_.Output().find("[" + running_id + "] resumed from"), std::string::npos);
+  EXPECT_FALSE(by_id[running_id].last_checkpoint().empty());
   // The job that never started is admitted again and runs to completion.
   Watcher wq(*c, queued_id);
   ASSERT_TRUE(wq.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
@@ -378,6 +379,78 @@ TEST_F(DaemonTest, NotifiesSystemdReadyWatchdogAndStopping) {
   EXPECT_TRUE(receive("STOPPING=1"));
   EXPECT_EQ(daemon_.Stop(), 0);
   close(fd);
+}
+
+}  // namespace
+}  // namespace rp::testing
+
+namespace rp::testing {
+namespace {
+
+// Exact resume (issue: checkpoints): a job killed with SIGKILL at an arbitrary step, its newest
+// checkpoint damaged on top, continues after a restart from the previous good checkpoint and ends
+// with weights bit-identical to the same job run straight through — async optimizer included —
+// so no batch of its token file was skipped or repeated.
+TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
+  ASSERT_TRUE(StartDaemon());
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_optimizer()->set_mode(v1::OPTIMIZER_MODE_ASYNC);
+  spec.mutable_optimizer()->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::KIND_WARMUP_COSINE);
+  spec.mutable_optimizer()->mutable_lr_schedule()->set_warmup_steps(3);
+  spec.mutable_data()->mutable_token_file()->set_path(TokenFile(30000));
+  spec.mutable_checkpoint()->set_every_steps(2);
+  spec.set_max_steps(16);
+  std::string killed_id;
+  const int kill_after = 7 + static_cast<int>(getpid() % 4);  // an arbitrary step in 7..10
+  {
+    auto c = daemon_.Connect();
+    auto job = c->Submit(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    killed_id = job->id();
+    Watcher w(*c, killed_id);
+    ASSERT_TRUE(w.WaitForSteps(kill_after));
+    daemon_.Stop(9);  // no drain, no goodbye
+  }
+  // Damage the newest checkpoint: the restart must notice (checksum) and take the one before.
+  const std::string ckpts = root_ + "/state/jobs/" + killed_id + "/checkpoints";
+  std::vector<std::string> steps;
+  for (const auto& e : std::filesystem::directory_iterator(ckpts)) {
+    if (e.path().filename().string().rfind("step-", 0) == 0) steps.push_back(e.path().string());
+  }
+  ASSERT_GE(steps.size(), 2u);
+  std::sort(steps.begin(), steps.end(), [](const std::string& a, const std::string& b) {
+    return std::stoi(a.substr(a.rfind('-') + 1)) < std::stoi(b.substr(b.rfind('-') + 1));
+  });
+  {
+    std::fstream f(steps.back() + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x55');
+  }
+  ASSERT_TRUE(StartDaemon()) << daemon_.Output();
+  auto c = daemon_.Connect();
+  Watcher w(*c, killed_id);
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  auto resumed = c->Get(killed_id);
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_EQ(resumed->progress().step(), 16);
+  EXPECT_NE(daemon_.Output().find("fails its checksum"), std::string::npos)
+      << "the damaged checkpoint was not reported";
+  // The same job straight through, in the restarted daemon.
+  auto straight = c->Submit(spec);
+  ASSERT_TRUE(straight.ok());
+  Watcher ws(*c, straight->id());
+  ASSERT_TRUE(ws.WaitForState(v1::JOB_STATE_SUCCEEDED));
+  auto a = c->Export(killed_id, root_ + "/data/resumed");
+  auto b = c->Export(straight->id(), root_ + "/data/straight");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  auto ta = ReadSafetensors(*a + "/model.safetensors"), tb = ReadSafetensors(*b + "/model.safetensors");
+  ASSERT_EQ(ta.size(), tb.size());
+  ASSERT_FALSE(ta.empty());
+  for (const auto& [name, t] : ta) EXPECT_TRUE(at::equal(t, tb[name])) << name;
+  // An explicit checkpoint of the finished job holds all 16 steps.
+  auto ck = c->Checkpoint(straight->id());
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_EQ(ck->step(), 16);
 }
 
 }  // namespace

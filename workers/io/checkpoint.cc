@@ -45,6 +45,28 @@ void SyncPath(const fs::path& p, bool directory) {
   }
 }
 
+absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::string& dir) {
+  const auto& p = j.contains("partition") ? j["partition"] : nlohmann::json();
+  if (!p.is_object() || !p.contains("forward") || !p["forward"].is_array() || !p.contains("fused") ||
+      !p["fused"].is_number_integer() || !p.contains("backward") || !p["backward"].is_array()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has no partition"));
+  }
+  CheckpointMeta m;
+  try {  // a field of the wrong type is damage, not a crash
+    m.step = j.value("step", int64_t{0});
+    m.batches_consumed = j.value("batches_consumed", int64_t{0});
+    m.loss_scale = j.value("loss_scale", 1.0);
+    m.good_steps = j.value("good_steps", int64_t{0});
+    for (const auto& x : p["forward"]) m.forward.push_back(x.is_number_integer() ? x.get<int>() : 0);
+    m.fused = p["fused"].get<int>();
+    for (const auto& x : p["backward"]) m.backward.push_back(x.is_number_integer() ? x.get<int>() : 0);
+    m.note = j.contains("note") && j["note"].is_string() ? j["note"].get<std::string>() : "";
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json: ", e.what()));
+  }
+  return m;
+}
+
 }  // namespace
 
 absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& store, const AdamWState& adamw,
@@ -125,7 +147,8 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
   for (const char* file : {"weights.safetensors", "optimizer.safetensors"}) {
     auto crc = FileCrc(dir / file);
     if (!crc.ok()) return crc.status();
-    if (!j["crc32"].contains(file) || j["crc32"][file].get<uint32_t>() != *crc) {
+    if (!j["crc32"].is_object() || !j["crc32"].contains(file) || !j["crc32"][file].is_number_unsigned() ||
+        j["crc32"][file].get<uint64_t>() != *crc) {
       return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", file, " fails its checksum"));
     }
   }
@@ -134,7 +157,7 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
   auto opt = SafetensorsFile::Open((dir / "optimizer.safetensors").string());
   if (!opt.ok()) return absl::DataLossError(std::string(opt.status().message()));
   AdamWState st;
-  st.step = j.value("adamw_step", int64_t{0});
+  st.step = j.contains("adamw_step") && j["adamw_step"].is_number_integer() ? j["adamw_step"].get<int64_t>() : 0;
   st.m.resize(static_cast<size_t>(store->num_params()));
   st.v.resize(static_cast<size_t>(store->num_params()));
   for (int i = 0; i < store->num_params(); ++i) {
@@ -153,16 +176,19 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
     }
   }
   *adamw = std::move(st);
-  CheckpointMeta m;
-  m.step = j.value("step", int64_t{0});
-  m.batches_consumed = j.value("batches_consumed", int64_t{0});
-  m.loss_scale = j.value("loss_scale", 1.0);
-  m.good_steps = j.value("good_steps", int64_t{0});
-  m.forward = j["partition"]["forward"].get<std::vector<int>>();
-  m.fused = j["partition"]["fused"].get<int>();
-  m.backward = j["partition"]["backward"].get<std::vector<int>>();
-  m.note = j.value("note", "");
-  return m;
+  return MetaFromJson(j, dir.string());
+}
+
+absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "meta.json");
+  if (!in) return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": no meta.json"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "roundpipe-checkpoint-1") {
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json is damaged"));
+  }
+  return MetaFromJson(j, dir);
 }
 
 std::vector<std::string> ListCheckpoints(const std::string& parent) {

@@ -36,6 +36,9 @@ absl::Status WriteCheckpoint(const std::string& dir, const HostModelStore& store
 // DataLoss when a file is missing, torn or fails its checksum.
 absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir, HostModelStore* store, AdamWState* adamw);
 
+// meta.json alone (no checksum verification: ReadCheckpoint does that).
+absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
+
 // Complete checkpoints ("step-<N>" directories with a meta.json) under `parent`, newest first.
 std::vector<std::string> ListCheckpoints(const std::string& parent);
 

@@ -242,9 +242,13 @@ TEST(JobSpec, TheShippedExampleIsAcceptedByTheDaemonRules) {
   EXPECT_TRUE(r->streamed);
   EXPECT_EQ(r->engine.max_steps, 200);
   EXPECT_EQ(r->engine.lr_schedule.kind, workers::LrSchedule::Kind::kWarmupCosine);
-  // A checkpoint policy is refused rather than silently ignored (checkpoints are not built yet).
+  // The checkpoint policy reaches the engine; checkpoints live under the output dir.
   spec.mutable_checkpoint()->set_every_steps(50);
-  EXPECT_EQ(ResolveJobSpec(spec, Ctx(d)).status().code(), absl::StatusCode::kUnimplemented);
+  auto with_policy = ResolveJobSpec(spec, Ctx(d));
+  ASSERT_TRUE(with_policy.ok());
+  EXPECT_EQ(with_policy->engine.checkpoint_every, 50);
+  EXPECT_EQ(with_policy->engine.checkpoint_keep_last, 3);
+  EXPECT_EQ(with_policy->engine.checkpoint_root, (d / "out" / "checkpoints").string());
 }
 
 }  // namespace
