@@ -33,6 +33,7 @@ DEB_PACKAGES=(
   libsqlite3-dev nlohmann-json3-dev libsystemd-dev libcivetweb-dev zlib1g-dev
   libcurl4-openssl-dev python3-venv python3-dev
   python3-grpcio python3-protobuf openssl  # the example Python client and its test; TLS test certificates
+  clang  # libFuzzer targets (tests/fuzz)
   civetweb  # Debian's civetweb CMake package references /usr/bin/civetweb (prometheus-cpp pull needs it)
 )
 missing=()

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "workers/io/safetensors_header.h"
 
 namespace rp::workers::io {
 
@@ -26,9 +27,6 @@ struct TensorInfo {
   std::vector<int64_t> shape;
   uint64_t begin = 0, end = 0;  // byte offsets inside the data section
 };
-
-// Validates `header` (the JSON text) against a data section of `data_bytes` bytes.
-absl::StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(const std::string& header, uint64_t data_bytes);
 
 class SafetensorsFile {
  public:

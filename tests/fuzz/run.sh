@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# run.sh — builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded
+# time from a small seed corpus. Exit status 0 = no crash, leak or sanitizer report.
+#   RP_FUZZ_SECONDS  seconds per target (default 20)
+#   RP_FUZZ_BUILD    build directory (default <checkout>/build/fuzz)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="${RP_FUZZ_BUILD:-$ROOT/build/fuzz}"
+SECONDS_EACH="${RP_FUZZ_SECONDS:-20}"
+if ! command -v clang++ >/dev/null; then
+  echo "fuzz: SKIPPED — clang++ is not installed (deploy/install-deps.sh installs it)"
+  exit 0
+fi
+[ -f "$BUILD/build.ninja" ] || cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+cmake --build "$BUILD" >/dev/null
+corpus="$BUILD/corpus"
+mkdir -p "$corpus/st" "$corpus/cfg"
+printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"__metadata__":{"format":"pt"}}' >"$corpus/st/seed1"
+printf '\x08\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}}' >"$corpus/st/seed2"
+cat >"$corpus/cfg/llama.json" <<'JSON'
+{"model_type":"llama","vocab_size":96,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"rope_theta":10000.0,"rms_norm_eps":1e-6,"rope_parameters":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":16,"rope_theta":10000.0}}
+JSON
+cat >"$corpus/cfg/qwen3.json" <<'JSON'
+{"model_type":"qwen3","vocab_size":96,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"tie_word_embeddings":true,"rope_scaling":null}
+JSON
+for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg"; do
+  set -- $t
+  echo "fuzz: $1 for ${SECONDS_EACH}s"
+  mkdir -p "$BUILD/artifacts"
+  rc=0
+  "$BUILD/$1" -max_total_time="$SECONDS_EACH" -max_len=4096 -print_final_stats=1 \
+    -artifact_prefix="$BUILD/artifacts/$1-" "$corpus/$2" >"$BUILD/$1.log" 2>&1 || rc=$?
+  grep -E 'Done [0-9]+ runs|ERROR|SUMMARY' "$BUILD/$1.log" || true
+  if [ "$rc" != 0 ]; then
+    echo "fuzz: $1 found a problem (exit $rc); input saved under $BUILD/artifacts, log $BUILD/$1.log"
+    tail -30 "$BUILD/$1.log"
+    exit 1
+  fi
+done
+echo "fuzz: clean"
