@@ -1,0 +1,103 @@
+// checkpoint_bench — how long a training checkpoint stalls a running async job (CPU backend).
+// A job trains continuously; after a warm-up one Checkpoint() is requested. Prints the median
+// gap between consecutive iteration completions, the gap across the checkpoint (stall = that gap
+// minus the median), the Checkpoint() call latency and the bytes written.
+//
+//   build/tests/bench/checkpoint_bench [--hidden 256] [--blocks 8] [--vocab 4096]
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "scheduler/engine.h"
+
+ABSL_FLAG(int, hidden, 256, "model width");
+ABSL_FLAG(int, blocks, 8, "decoder blocks");
+ABSL_FLAG(int, vocab, 4096, "vocabulary");
+
+using namespace std::chrono_literals;
+using rp::scheduler::JobEvent;
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string root = std::filesystem::temp_directory_path() / ("rp_ckpt_bench_" + std::to_string(getpid()));
+  rp::scheduler::JobSpec spec;
+  auto& m = spec.model;
+  m.family = "llama";
+  m.vocab = absl::GetFlag(FLAGS_vocab);
+  m.hidden = absl::GetFlag(FLAGS_hidden);
+  m.intermediate = m.hidden * 8 / 3;
+  m.num_blocks = absl::GetFlag(FLAGS_blocks);
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.head_dim = m.hidden / 4;
+  spec.master_dtype = at::kBFloat16;
+  spec.optimizer_mode = rp::planning::OptimizerMode::kAsync;
+  spec.checkpoint_root = root;
+  spec.max_queued_batches = 4;
+  auto engine = rp::scheduler::Engine::Create({"cpu:2"});
+  auto id = (*engine)->Submit(spec);
+  if (!id.ok()) {
+    std::fprintf(stderr, "%s\n", id.status().ToString().c_str());
+    return 1;
+  }
+  const int total = 24, checkpoint_after = 12;
+  std::thread feeder([&] {
+    for (int i = 0; i < total; ++i) {
+      at::Tensor t = at::randint(m.vocab, {4, 64}, at::TensorOptions().dtype(at::kLong));
+      (void)(*engine)->FeedBatch(*id, {t}, 10min);
+    }
+    (void)(*engine)->CloseInput(*id);
+  });
+  std::vector<std::chrono::system_clock::time_point> done;
+  double call_s = 0;
+  int64_t ckpt_step = -1;
+  while (static_cast<int>(done.size()) < total) {
+    auto ev = (*engine)->AwaitEvents(*id, 100ms);
+    for (const auto& e : *ev) {
+      if (e.kind == JobEvent::Kind::kIteration) done.push_back(e.time);
+    }
+    if (static_cast<int>(done.size()) >= checkpoint_after && ckpt_step < 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto info = (*engine)->Checkpoint(*id, "bench");
+      call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ckpt_step = info.ok() ? info->step : -2;
+    }
+  }
+  feeder.join();
+  std::vector<double> gaps;
+  for (size_t i = 1; i < done.size(); ++i) gaps.push_back(std::chrono::duration<double>(done[i] - done[i - 1]).count());
+  std::vector<double> sorted = gaps;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  // The iteration completing right after the checkpoint's step carries the stall.
+  double across = 0;
+  if (ckpt_step > 0 && static_cast<size_t>(ckpt_step) < gaps.size()) across = gaps[static_cast<size_t>(ckpt_step)];
+  int64_t bytes = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    if (e.is_regular_file()) bytes += static_cast<int64_t>(e.file_size());
+  }
+  int64_t params = 0;
+  auto shapes = (*engine)->ParameterShapes(*id);
+  for (const auto& [n, s] : *shapes) {
+    int64_t k = 1;
+    for (int64_t d : s) k *= d;
+    params += k;
+  }
+  std::printf("checkpoint_bench: async job, %lld parameters (bf16 master), cpu:2, batches 4 x 64\n",
+              static_cast<long long>(params));
+  std::printf("| metric | value |\n|---|---|\n");
+  std::printf("| median iteration gap (s) | %.3f |\n", median);
+  std::printf("| gap across the checkpoint at step %lld (s) | %.3f |\n", static_cast<long long>(ckpt_step), across);
+  std::printf("| stall (gap - median) (s) | %.3f |\n", across - median);
+  std::printf("| Checkpoint() call latency (s) | %.3f |\n", call_s);
+  std::printf("| bytes written (MiB) | %.1f |\n", static_cast<double>(bytes) / (1 << 20));
+  std::filesystem::remove_all(root);
+  return 0;
+}
