@@ -238,15 +238,19 @@ TEST(Engine, DefaultPartitionComesFromTheParameterSizes) {
 namespace rp::scheduler {
 namespace {
 
-// Waits (on the engine's own notification) until job `id` reports state `want`.
-bool AwaitState(Engine& e, JobId id, JobState want) {
+// Waits (on the engine's own notification) until job `id` reports state `want`; the events it
+// consumes meanwhile are appended to `seen` when given.
+bool AwaitState(Engine& e, JobId id, JobState want, std::vector<JobEvent>* seen = nullptr) {
   for (int i = 0; i < 300; ++i) {
     if (*e.State(id) == want) return true;
     auto ev = e.AwaitEvents(id, 100ms);
     if (!ev.ok()) return false;
+    bool reached = false;
     for (const auto& x : *ev) {
-      if (x.kind == JobEvent::Kind::kState && x.state == want) return true;
+      if (seen) seen->push_back(x);
+      reached |= x.kind == JobEvent::Kind::kState && x.state == want;
     }
+    if (reached) return true;
   }
   return *e.State(id) == want;
 }
@@ -266,7 +270,8 @@ TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
     ASSERT_TRUE((*engine)->FeedBatch(*id, {data[0]}).ok());
     ASSERT_TRUE((*engine)->FeedBatch(*id, {data[1]}).ok());
     ASSERT_TRUE((*engine)->Pause(*id).ok());
-    ASSERT_TRUE(AwaitState(**engine, *id, JobState::kPaused));
+    std::vector<JobEvent> events;  // every event of the job, in order
+    ASSERT_TRUE(AwaitState(**engine, *id, JobState::kPaused, &events));
     // Paused: batches queue up but nothing runs; the optimizer is flushed, so the weights are
     // those of a whole number of steps and stay put.
     ASSERT_TRUE((*engine)->FeedBatch(*id, {data[2]}).ok());
@@ -278,7 +283,7 @@ TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
     ASSERT_TRUE((*engine)->Resume(*id).ok());
     ASSERT_TRUE((*engine)->FeedBatch(*id, {data[3]}).ok());
     ASSERT_TRUE((*engine)->CloseInput(*id).ok());
-    auto events = DrainUntilEnded(**engine, *id);
+    for (auto& e : DrainUntilEnded(**engine, *id)) events.push_back(e);
     std::vector<double> losses;
     std::vector<JobState> states;
     for (const auto& e : events) {
@@ -287,6 +292,7 @@ TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
     }
     EXPECT_EQ(*(*engine)->State(*id), JobState::kSucceeded);
     ASSERT_EQ(losses.size(), 4u);
+    EXPECT_TRUE(std::find(states.begin(), states.end(), JobState::kPaused) != states.end());
     // Sync training is unaffected by the pause; async flushes at the pause (a sync point), so
     // the reference takes a synchronous step there.
     if (mode == planning::OptimizerMode::kSync) {
