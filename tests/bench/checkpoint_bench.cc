@@ -76,9 +76,9 @@ int main(int argc, char** argv) {
   std::vector<double> sorted = gaps;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  // The iteration completing right after the checkpoint's step carries the stall.
+  // done[k-1] is step k; the completion right after the checkpoint's step carries the stall.
   double across = 0;
-  if (ckpt_step > 0 && static_cast<size_t>(ckpt_step) < gaps.size()) across = gaps[static_cast<size_t>(ckpt_step)];
+  if (ckpt_step > 0 && static_cast<size_t>(ckpt_step) <= gaps.size()) across = gaps[static_cast<size_t>(ckpt_step) - 1];
   int64_t bytes = 0;
   for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
     if (e.is_regular_file()) bytes += static_cast<int64_t>(e.file_size());
