@@ -31,6 +31,7 @@
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/process/thread_stack_floor.h"
+#include "server/rpc_metrics.h"
 
 ABSL_FLAG(std::string, config, "", "DaemonConfig JSON file (proto/roundpipe/v1/config.proto); flags override it");
 ABSL_FLAG(std::vector<std::string>, listen, {},
@@ -175,6 +176,9 @@ int main(int argc, char** argv) {
       builder.AddListeningPort(a, TcpCredentials(config), &ports[static_cast<size_t>(i)]);
     }
   }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(rp::server::MakeRpcMetricsInterceptorFactory(&metrics));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(&job_service);
   builder.RegisterService(&admin_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -75,7 +75,15 @@ DaemonMetrics::DaemonMetrics(prometheus::Registry& r)
                         .Help("Device memory in use, by device (0 on the CPU backend)")
                         .Register(r)),
       jobs(BuildGauge().Name("roundpipe_jobs").Help("Jobs known to the daemon, by state").Register(r)),
-      build_info(BuildGauge().Name("roundpipe_build_info").Help("Always 1; labels carry versions").Register(r)) {}
+      build_info(BuildGauge().Name("roundpipe_build_info").Help("Always 1; labels carry versions").Register(r)),
+      rpc_requests(BuildCounter()
+                       .Name("roundpipe_rpc_requests_total")
+                       .Help("gRPC calls finished, by method and status code")
+                       .Register(r)),
+      rpc_duration(BuildHistogram()
+                       .Name("roundpipe_rpc_duration_seconds")
+                       .Help("gRPC call duration (streams: their whole life), by method")
+                       .Register(r)) {}
 
 std::vector<std::string> DaemonMetrics::FamilyNames() {
   return {"roundpipe_tokens_trained_total",

@@ -40,6 +40,8 @@ class DaemonMetrics {
   prometheus::Family<prometheus::Gauge>& device_memory;     // {device}
   prometheus::Family<prometheus::Gauge>& jobs;              // {state}
   prometheus::Family<prometheus::Gauge>& build_info;        // {version, torch}
+  prometheus::Family<prometheus::Counter>& rpc_requests;    // {method, code}
+  prometheus::Family<prometheus::Histogram>& rpc_duration;  // {method}
 };
 
 }  // namespace rp::server

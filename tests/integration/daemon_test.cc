@@ -235,7 +235,8 @@ TEST_F(DaemonTest, MetricsScrapeHasEveryFamilyAndCountersMove) {
         "roundpipe_optimizer_step_seconds", "roundpipe_loss", "roundpipe_learning_rate", "roundpipe_grad_norm",
         "roundpipe_bubble_ratio", "roundpipe_batches_received_total", "roundpipe_batches_rejected_total",
         "roundpipe_worker_busy_seconds_total", "roundpipe_transfer_bytes_total", "roundpipe_host_memory_bytes",
-        "roundpipe_device_memory_bytes", "roundpipe_jobs", "roundpipe_build_info"}) {
+        "roundpipe_device_memory_bytes", "roundpipe_jobs", "roundpipe_build_info", "roundpipe_rpc_requests_total",
+        "roundpipe_rpc_duration_seconds"}) {
     EXPECT_NE(text.find(std::string("# TYPE ") + family + " "), std::string::npos) << family;
   }
   EXPECT_EQ(MetricValue(before, "roundpipe_iterations_total"), 0);
@@ -249,6 +250,14 @@ TEST_F(DaemonTest, MetricsScrapeHasEveryFamilyAndCountersMove) {
   EXPECT_GT(MetricValue(text, "roundpipe_transfer_bytes_total{direction=\"device_to_host\",kind=\"gradient\"}"), 0);
   EXPECT_EQ(MetricValue(text, "roundpipe_jobs{state=\"succeeded\"}"), 1);
   EXPECT_GT(MetricValue(text, "roundpipe_loss"), 0);
+  // Per-RPC counts by method and code.
+  EXPECT_EQ(
+      MetricValue(text, "roundpipe_rpc_requests_total{code=\"OK\",method=\"/roundpipe.v1.JobService/SubmitJob\"}"), 1);
+  (void)c->Get("job-that-is-not-there");
+  const std::string after = HttpGet(daemon_.metrics_address(), "/metrics");
+  EXPECT_EQ(
+      MetricValue(after, "roundpipe_rpc_requests_total{code=\"NOT_FOUND\",method=\"/roundpipe.v1.JobService/GetJob\"}"),
+      1);
   // Every metric the shipped Grafana dashboard queries exists.
   std::ifstream dash(RP_SOURCE_DIR "/deploy/grafana-dashboard.json");
   const std::string json((std::istreambuf_iterator<char>(dash)), std::istreambuf_iterator<char>());
