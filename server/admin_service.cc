@@ -68,10 +68,10 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Drain(grpc::CallbackServerContext* c
   }
   const int64_t secs = req->deadline_seconds() > 0 ? req->deadline_seconds() : default_drain_seconds_;
   // Waiting for running jobs to reach their pause point happens off the callback thread.
-  std::thread([this, r, resp, secs] {
+  manager_->RunInBackground([this, r, resp, secs] {
     resp->set_jobs_paused(manager_->Drain(std::chrono::seconds(secs)));
     r->Finish(grpc::Status::OK);
-  }).detach();
+  });
   return r;
 }
 

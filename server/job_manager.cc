@@ -887,6 +887,24 @@ int JobManager::active_jobs() const {
   return n;
 }
 
+void JobManager::RunInBackground(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(tasks_mu_);
+  for (auto it = tasks_.begin(); it != tasks_.end();) {  // reap finished ones
+    if (it->done->load()) {
+      it->thread.join();
+      it = tasks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  tasks_.push_back({std::thread([task = std::move(task), done] {
+                      task();
+                      done->store(true);
+                    }),
+                    done});
+}
+
 void JobManager::Shutdown() {
   std::vector<std::shared_ptr<Managed>> jobs;
   {
@@ -912,6 +930,12 @@ void JobManager::Shutdown() {
     if (j->feeder.joinable()) j->feeder.join();
     if (j->pump.joinable()) j->pump.join();
   }
+  std::vector<Task> tasks;
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    tasks.swap(tasks_);
+  }
+  for (auto& t : tasks) t.thread.join();
 }
 
 }  // namespace rp::server

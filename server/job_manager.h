@@ -10,6 +10,7 @@
 // held and must only enqueue.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,6 +79,9 @@ class JobManager {
   int Drain(std::chrono::seconds deadline);
   bool draining() const;
   int active_jobs() const;
+  // Runs slow request work (export, checkpoint, drain) off the gRPC callback threads; Shutdown
+  // joins these threads, so none outlives the manager.
+  void RunInBackground(std::function<void()> task);
   // Stops feeders and pumps (the engine's Shutdown cancels what still runs).
   void Shutdown();
 
@@ -108,6 +113,13 @@ class JobManager {
   int64_t next_seq_ = 1;
   bool draining_ = false;
   bool shutdown_ = false;
+
+  struct Task {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::mutex tasks_mu_;
+  std::vector<Task> tasks_;  // finished ones are joined when the next task starts
 
   std::mutex metrics_mu_;  // the last engine counters seen (deltas become counter increments)
   double timeline_seen_s_ = 0;

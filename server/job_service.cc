@@ -250,11 +250,11 @@ grpc::ServerUnaryReactor* JobServiceImpl::Checkpoint(grpc::CallbackServerContext
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
   // Waits for the job's next iteration boundary: off the callback thread.
   auto* r = ctx->DefaultReactor();
-  std::thread([this, r, job = req->job_id(), resp] {
+  manager_->RunInBackground([this, r, job = req->job_id(), resp] {
     auto result = manager_->Checkpoint(job);
     if (result.ok()) *resp = *result;
     r->Finish(ToGrpcStatus(result.status()));
-  }).detach();
+  });
   return r;
 }
 
@@ -267,11 +267,11 @@ grpc::ServerUnaryReactor* JobServiceImpl::ExportModel(grpc::CallbackServerContex
   }
   // Writing a model can take a while: off the callback thread.
   auto* r = ctx->DefaultReactor();
-  std::thread([this, r, job = req->job_id(), dir = req->output_dir(), resp] {
+  manager_->RunInBackground([this, r, job = req->job_id(), dir = req->output_dir(), resp] {
     auto path = manager_->Export(job, dir);
     if (path.ok()) resp->set_path(*path);
     r->Finish(ToGrpcStatus(path.status()));
-  }).detach();
+  });
   return r;
 }
 
