@@ -139,10 +139,11 @@ absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& id)
   return resp;
 }
 
-absl::StatusOr<std::string> Client::Export(const std::string& id, const std::string& dir) {
+absl::StatusOr<std::string> Client::Export(const std::string& id, const std::string& dir, bool merge_lora) {
   v1::ExportModelRequest req;
   req.set_job_id(id);
   req.set_output_dir(dir);
+  req.set_merge_lora(merge_lora);
   RP_UNARY(jobs_, ExportModel, req, v1::ExportModelResponse);
   return resp.path();
 }

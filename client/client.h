@@ -43,7 +43,8 @@ class Client {
   absl::StatusOr<roundpipe::v1::Job> Pause(const std::string& job_id);
   absl::StatusOr<roundpipe::v1::Job> Resume(const std::string& job_id);
   absl::StatusOr<roundpipe::v1::CheckpointResponse> Checkpoint(const std::string& job_id);
-  absl::StatusOr<std::string> Export(const std::string& job_id, const std::string& output_dir = "");
+  absl::StatusOr<std::string> Export(const std::string& job_id, const std::string& output_dir = "",
+                                     bool merge_lora = false);
   absl::StatusOr<roundpipe::v1::ServerInfo> Info();
   absl::StatusOr<int> Drain(int64_t deadline_seconds = 0);
 

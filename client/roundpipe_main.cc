@@ -31,6 +31,7 @@ ABSL_FLAG(std::string, out, "", "export: output directory (inside the daemon's a
 ABSL_FLAG(std::string, state, "",
           "ls: only jobs in this state (queued, running, paused, succeeded, failed, cancelled)");
 ABSL_FLAG(bool, json, false, "get/ls/info: print JSON");
+ABSL_FLAG(bool, merge_lora, false, "export: LoRA jobs export merged full weights instead of the PEFT adapter");
 
 namespace v1 = roundpipe::v1;
 
@@ -56,6 +57,7 @@ const char kUsageText[] =
     "  cancel|pause|resume JOB       control a job\n"
     "  checkpoint JOB                take a training checkpoint\n"
     "  export JOB [--out DIR]        write the job's weights as a Hugging Face model directory\n"
+    "                                (LoRA jobs: a PEFT adapter dir; --merge_lora: merged weights)\n"
     "  info                          devices, memory and versions of the daemon\n"
     "  drain                         stop admitting jobs and pause running ones\n"
     "  tokenize --out F.bin FILE...  (local) byte-level uint16 tokens of FILEs, for a token_file job\n"
@@ -279,7 +281,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "export") {
     if (*need(1, "x")) return Usage("export: one job id");
-    auto path = c.Export(args[1], absl::GetFlag(FLAGS_out));
+    auto path = c.Export(args[1], absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_merge_lora));
     if (!path.ok()) return Report(path.status());
     std::printf("%s\n", path->c_str());
     return kOk;

@@ -153,6 +153,10 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   if (!spec.hf_dir.empty()) {
     if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, job->store.get()); !st.ok()) return st;
   }
+  if (!spec.lora_adapter_dir.empty()) {
+    if (spec.model.lora.rank <= 0) return absl::InvalidArgumentError("job: an adapter dir needs a LoRA model");
+    if (absl::Status st = workers::io::LoadPeftAdapter(spec.lora_adapter_dir, job->store.get()); !st.ok()) return st;
+  }
   std::optional<workers::io::CheckpointMeta> resumed;
   workers::AdamWState resumed_adamw;
   if (!spec.resume_from.empty()) {
@@ -278,7 +282,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> Engine
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (int i = 0; i < job->store->num_params(); ++i) {
-    out.emplace_back(job->store->param(i).name, job->store->param(i).fp32.sizes().vec());
+    out.emplace_back(job->store->param(i).name, job->store->param(i).shape);
   }
   return out;
 }
@@ -379,7 +383,8 @@ absl::StatusOr<at::Tensor> Engine::Parameter(JobId id, const std::string& name) 
   std::lock_guard<std::mutex> run(job->run_mu);
   const int i = job->store->FindParam(name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));
-  return job->store->param(i).fp32.clone();
+  const workers::HostParam& p = job->store->param(i);
+  return p.fp32.defined() ? p.fp32.clone() : p.master.to(at::kFloat);  // frozen (LoRA base): master only
 }
 
 EngineStats Engine::Stats() const {

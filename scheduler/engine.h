@@ -53,6 +53,9 @@ struct JobSpec {
   // Non-empty: continue from this training checkpoint (weights, optimizer, step, partition);
   // max_steps then counts the steps of this run.
   std::string resume_from;
+  // LoRA jobs (model.lora.rank > 0): initial adapters from this PEFT directory (default: A
+  // random, B zero).
+  std::string lora_adapter_dir;
   // Checkpoint policy: every `checkpoint_every` optimizer steps (counted from the start of the
   // job, resumed steps included) the runner writes `<checkpoint_root>/step-<N>` holding exactly
   // N steps — a deterministic point, so an async job's trajectory does not depend on timing —

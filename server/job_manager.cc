@@ -765,7 +765,7 @@ void JobManager::Unsubscribe(const std::string& id, JobSubscriber* subscriber) {
              subs.end());
 }
 
-absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in) {
+absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in, bool merge_lora) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   scheduler::JobId eid;
@@ -798,8 +798,13 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
   if (!config.ok()) return config.status();
   workers::io::HfExportOptions o;
   o.dtype = job->resolved.engine.master_dtype == at::kFloat ? at::kFloat : job->resolved.engine.master_dtype;
-  auto bytes = workers::io::ExportHfModel(
-      dir, *config, *shapes, [&](const std::string& name) { return engine_->Parameter(eid, name); }, o);
+  auto fetch = [&](const std::string& name) { return engine_->Parameter(eid, name); };
+  if (merge_lora && config->lora.rank <= 0) {
+    return absl::InvalidArgumentError("merge_lora: this job has no LoRA adapters");
+  }
+  auto bytes = config->lora.rank > 0 ? (merge_lora ? workers::io::ExportMergedLora(dir, *config, *shapes, fetch, o)
+                                                   : workers::io::ExportPeftAdapter(dir, *config, *shapes, fetch))
+                                     : workers::io::ExportHfModel(dir, *config, *shapes, fetch, o);
   if (!bytes.ok()) return bytes.status();
   Log()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);
   return dir;

@@ -70,8 +70,9 @@ class JobManager {
   absl::Status Subscribe(const std::string& id, std::shared_ptr<JobSubscriber> subscriber);
   void Unsubscribe(const std::string& id, JobSubscriber* subscriber);
 
-  // Writes the job's weights as a Hugging Face directory; `dir` empty = <output_dir>/export-step<N>.
-  absl::StatusOr<std::string> Export(const std::string& id, const std::string& dir);
+  // Writes the job's weights as a Hugging Face directory (LoRA jobs: a PEFT adapter directory, or
+  // with merge_lora the merged weights); `dir` empty = <output_dir>/export-step<N>.
+  absl::StatusOr<std::string> Export(const std::string& id, const std::string& dir, bool merge_lora = false);
   absl::StatusOr<roundpipe::v1::CheckpointResponse> Checkpoint(const std::string& id);
 
   // Stops admitting jobs and pauses running/queued ones; waits up to `deadline` for the running

@@ -262,13 +262,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::ExportModel(grpc::CallbackServerContex
                                                       const v1::ExportModelRequest* req,
                                                       v1::ExportModelResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  if (req->merge_lora()) {
-    return Deny(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "merge_lora: this job has no LoRA adapters"));
-  }
   // Writing a model can take a while: off the callback thread.
   auto* r = ctx->DefaultReactor();
-  manager_->RunInBackground([this, r, job = req->job_id(), dir = req->output_dir(), resp] {
-    auto path = manager_->Export(job, dir);
+  manager_->RunInBackground([this, r, job = req->job_id(), dir = req->output_dir(), merge = req->merge_lora(), resp] {
+    auto path = manager_->Export(job, dir, merge);
     if (path.ok()) resp->set_path(*path);
     r->Finish(ToGrpcStatus(path.status()));
   });

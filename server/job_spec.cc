@@ -153,6 +153,24 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   auto model = ResolveModel(spec.model(), ctx, &e.hf_dir);
   if (!model.ok()) return model.status();
   e.model = *model;
+  const v1::LoraSpec& lora = spec.model().lora();
+  if (lora.rank() < 0 || lora.alpha() < 0) return absl::InvalidArgumentError("model.lora: rank and alpha must be >= 0");
+  if (lora.rank() > 0) {
+    e.model.lora.rank = lora.rank();
+    e.model.lora.alpha = lora.alpha() > 0 ? lora.alpha() : 16;
+    e.model.lora.targets.assign(lora.target_modules().begin(), lora.target_modules().end());
+    if (e.model.lora.targets.empty()) e.model.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    if (absl::Status st = e.model.Validate(); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.lora: ", st.message()));
+    }
+    if (!lora.adapter_dir().empty()) {
+      auto dir = ResolveInsideRoots(lora.adapter_dir(), ctx.allowed_roots, "model.lora.adapter_dir");
+      if (!dir.ok()) return dir.status();
+      e.lora_adapter_dir = *dir;
+    }
+  } else if (!lora.adapter_dir().empty() || lora.target_modules_size() > 0) {
+    return absl::InvalidArgumentError("model.lora: give a rank > 0 with target_modules / adapter_dir");
+  }
   e.seed = spec.model().init_seed();
   switch (spec.precision()) {
     case v1::PRECISION_UNSPECIFIED:

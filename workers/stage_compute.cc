@@ -62,8 +62,8 @@ FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights&
       models::ChunkedHeadLossAndGrad(flat.detach(), head[1].detach(), labels.reshape({-1}), loss_scale, chunk_tokens);
   // Backpropagate through the final norm and the blocks; the head weight's gradient was formed
   // chunk by chunk and is added by hand.
-  flat.backward(lg.grad_hidden);
-  AddGrad(head[1], lg.grad_weight);
+  if (flat.requires_grad()) flat.backward(lg.grad_hidden);  // (not with a frozen base and no adapter here)
+  if (head[1].requires_grad()) AddGrad(head[1], lg.grad_weight);
   FusedResult r;
   r.loss_sum = lg.loss_sum;
   r.tokens = lg.tokens;
@@ -78,7 +78,7 @@ at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeight
   at::Tensor x = in;
   if (first > 0) x = in.detach().requires_grad_(true);
   at::Tensor y = RunLayers(cfg, w, rope, x, first, static_cast<int>(w.layers.size()), nullptr, nullptr);
-  y.backward(grad_out.to(y.scalar_type()));
+  if (y.requires_grad()) y.backward(grad_out.to(y.scalar_type()));
   return first > 0 ? x.grad() : at::Tensor();
 }
 

@@ -464,3 +464,48 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
 
 }  // namespace
 }  // namespace rp::testing
+
+namespace rp::testing {
+namespace {
+
+TEST_F(DaemonTest, LoraJobTrainsAndExportsAPeftAdapterOrMergedWeights) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_model()->mutable_lora()->set_rank(4);
+  spec.mutable_model()->mutable_lora()->set_alpha(8);
+  spec.mutable_model()->mutable_lora()->add_target_modules("q_proj");
+  spec.mutable_model()->mutable_lora()->add_target_modules("down_proj");
+  spec.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
+  spec.set_max_steps(3);
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  auto adapter = c->Export(job->id(), root_ + "/data/adapter");
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_TRUE(std::filesystem::exists(*adapter + "/adapter_config.json"));
+  auto tensors = ReadSafetensors(*adapter + "/adapter_model.safetensors");
+  EXPECT_EQ(tensors.size(), 2u * 2u * 2u);  // A and B, 2 targets, 2 blocks
+  EXPECT_TRUE(tensors.count("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+  auto merged = c->Export(job->id(), root_ + "/data/merged", /*merge_lora=*/true);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_TRUE(std::filesystem::exists(*merged + "/config.json"));
+  // Bad LoRA specs and a merge request for a full fine-tuning job.
+  v1::JobSpec bad = spec;
+  bad.mutable_model()->mutable_lora()->add_target_modules("lm_head");
+  auto r = c->Submit(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("lora target 'lm_head'"), std::string::npos) << r.status();
+  v1::JobSpec plain = TinySpec();
+  plain.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
+  plain.set_max_steps(1);
+  auto pj = c->Submit(plain);
+  ASSERT_TRUE(pj.ok());
+  Watcher wp(*c, pj->id());
+  ASSERT_TRUE(wp.WaitForState(v1::JOB_STATE_SUCCEEDED));
+  EXPECT_EQ(c->Export(pj->id(), root_ + "/data/nope", true).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rp::testing

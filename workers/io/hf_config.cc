@@ -66,6 +66,7 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
   }
   for (int i = 0; i < store->num_params(); ++i) {
     HostParam& p = store->param(i);
+    if (p.name.find(".lora_") != std::string::npos) continue;  // adapters: not in a base model
     auto where = file_of.find(p.name);
     if (where == file_of.end())
       return absl::NotFoundError(absl::StrCat("model dir '", dir, "' has no tensor ", p.name));
@@ -77,6 +78,48 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
                                                      "], config.json implies [", absl::StrJoin(p.shape, ","), "]"));
     }
     auto t = sf.Read(p.name, at::kFloat);
+    if (!t.ok()) return t.status();
+    if (p.fp32.defined()) p.fp32.copy_(*t);
+    p.master.copy_(*t);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
+  auto text = ReadText(fs::path(dir) / "adapter_config.json");
+  if (!text.ok()) return text.status();
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("adapter_config.json: not a JSON object");
+  if (j.value("peft_type", std::string()) != "LORA") return absl::InvalidArgumentError("adapter_config.json: not LORA");
+  models::LoraConfig c;
+  if (!j.contains("r") || !j["r"].is_number_integer()) return absl::InvalidArgumentError("adapter_config.json: no r");
+  c.rank = j["r"].get<int>();
+  c.alpha = j.contains("lora_alpha") && j["lora_alpha"].is_number() ? j["lora_alpha"].get<double>() : 8.0;
+  if (!j.contains("target_modules") || !j["target_modules"].is_array()) {
+    return absl::InvalidArgumentError("adapter_config.json: target_modules must be a list");
+  }
+  for (const auto& t : j["target_modules"]) {
+    if (!t.is_string()) return absl::InvalidArgumentError("adapter_config.json: target_modules must be strings");
+    c.targets.push_back(t.get<std::string>());
+  }
+  if (j.value("use_dora", false) || j.value("use_rslora", false)) {
+    return absl::InvalidArgumentError("adapter_config.json: DoRA / rsLoRA are not supported");
+  }
+  return c;
+}
+
+absl::Status LoadPeftAdapter(const std::string& dir, HostModelStore* store) {
+  auto sf = SafetensorsFile::Open((fs::path(dir) / "adapter_model.safetensors").string());
+  if (!sf.ok()) return sf.status();
+  for (int i = 0; i < store->num_params(); ++i) {
+    HostParam& p = store->param(i);
+    if (p.name.find(".lora_") == std::string::npos) continue;
+    const std::string name = "base_model.model." + p.name;
+    const TensorInfo* info = (*sf)->Find(name);
+    if (!info) return absl::NotFoundError(absl::StrCat("adapter '", dir, "' has no tensor ", name));
+    if (info->shape != p.shape)
+      return absl::InvalidArgumentError(absl::StrCat("adapter tensor ", name, ": wrong shape"));
+    auto t = (*sf)->Read(name, at::kFloat);
     if (!t.ok()) return t.status();
     if (p.fp32.defined()) p.fp32.copy_(*t);
     p.master.copy_(*t);

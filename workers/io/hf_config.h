@@ -22,7 +22,12 @@ absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& json_
 absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& model_dir);
 
 // Loads model.safetensors or the shards listed in model.safetensors.index.json into `store`
-// (whose config must be the directory's). Every store parameter must be present with its shape.
+// (whose config must be the directory's). Every store parameter must be present with its shape
+// (LoRA adapters excepted: they are not part of a base model).
 absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store);
+
+// A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors).
+absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& adapter_dir);
+absl::Status LoadPeftAdapter(const std::string& adapter_dir, HostModelStore* store);
 
 }  // namespace rp::workers::io

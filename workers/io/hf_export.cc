@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,80 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
   if (ec) return cleanup(), absl::InternalError(absl::StrCat("export: rename to ", dir.string(), ": ", ec.message()));
   SyncDirectory(parent);
   return total;
+}
+
+absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const models::TransformerConfig& config,
+                                          const std::vector<NamedShape>& tensors,
+                                          const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch) {
+  if (config.lora.rank <= 0) return absl::FailedPreconditionError("export: the model has no LoRA adapters");
+  const fs::path dir = fs::path(dir_in).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(dir, ec)) return absl::AlreadyExistsError(absl::StrCat("export: ", dir.string(), " already exists"));
+  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  fs::create_directories(parent, ec);
+  const fs::path tmp = parent / absl::StrFormat(".%s.tmp-%08x", dir.filename().string(), std::random_device{}());
+  fs::create_directory(tmp, ec);
+  if (ec) return absl::InternalError(absl::StrCat("export: cannot create ", tmp.string(), ": ", ec.message()));
+  auto fail = [&](absl::Status st) {
+    fs::remove_all(tmp, ec);
+    return st;
+  };
+  std::vector<TensorDecl> decls;
+  int64_t total = 0;
+  for (const auto& [name, shape] : tensors) {
+    if (name.find(".lora_") == std::string::npos) continue;
+    decls.push_back({"base_model.model." + name, at::kFloat, shape});
+    total += NumBytes(decls.back());
+  }
+  SafetensorsWriter w;
+  if (absl::Status st = w.Open((tmp / "adapter_model.safetensors").string(), decls, {{"format", "pt"}}); !st.ok()) {
+    return fail(st);
+  }
+  for (const TensorDecl& d : decls) {
+    auto t = fetch(d.name.substr(std::string("base_model.model.").size()));
+    if (!t.ok()) return fail(t.status());
+    if (absl::Status st = w.Add(*t); !st.ok()) return fail(st);
+  }
+  if (absl::Status st = w.Finish(); !st.ok()) return fail(st);
+  nlohmann::json j = {{"peft_type", "LORA"},    {"task_type", "CAUSAL_LM"},
+                      {"r", config.lora.rank},  {"lora_alpha", config.lora.alpha},
+                      {"lora_dropout", 0.0},    {"target_modules", config.lora.targets},
+                      {"bias", "none"},         {"fan_in_fan_out", false},
+                      {"inference_mode", true}, {"base_model_name_or_path", nullptr}};
+  if (absl::Status st = WriteFileSynced(tmp / "adapter_config.json", j.dump(2)); !st.ok()) return fail(st);
+  SyncDirectory(tmp);
+  fs::rename(tmp, dir, ec);
+  if (ec) return fail(absl::InternalError(absl::StrCat("export: rename to ", dir.string(), ": ", ec.message())));
+  SyncDirectory(parent);
+  return total;
+}
+
+absl::StatusOr<int64_t> ExportMergedLora(const std::string& dir, const models::TransformerConfig& config,
+                                         const std::vector<NamedShape>& tensors,
+                                         const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch,
+                                         const HfExportOptions& options) {
+  if (config.lora.rank <= 0) return absl::FailedPreconditionError("export: the model has no LoRA adapters");
+  std::vector<NamedShape> base;
+  for (const auto& t : tensors) {
+    if (t.first.find(".lora_") == std::string::npos) base.push_back(t);
+  }
+  models::TransformerConfig plain = config;
+  plain.lora = {};
+  const double scale = config.lora.alpha / config.lora.rank;
+  auto merged = [&](const std::string& name) -> absl::StatusOr<at::Tensor> {
+    auto w = fetch(name);
+    if (!w.ok()) return w;
+    const std::string stem = name.substr(0, name.size() - std::string(".weight").size());
+    const bool has = std::any_of(tensors.begin(), tensors.end(),
+                                 [&](const NamedShape& t) { return t.first == stem + ".lora_A.weight"; });
+    if (!has) return w;
+    auto a = fetch(stem + ".lora_A.weight");
+    auto b = fetch(stem + ".lora_B.weight");
+    if (!a.ok()) return a;
+    if (!b.ok()) return b;
+    return *w + at::matmul(*b, *a) * scale;
+  };
+  return ExportHfModel(dir, plain, base, merged, options);
 }
 
 }  // namespace rp::workers::io

@@ -37,4 +37,16 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir, const models::Tran
                                       const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch,
                                       const HfExportOptions& options = {});
 
+// Writes the LoRA adapters among `tensors` (names containing ".lora_") as a PEFT adapter
+// directory: adapter_config.json + adapter_model.safetensors (fp32), atomically.
+absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir, const models::TransformerConfig& config,
+                                          const std::vector<NamedShape>& tensors,
+                                          const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch);
+
+// The merged weights W + (alpha / r) B A of a LoRA model as a plain Hugging Face directory.
+absl::StatusOr<int64_t> ExportMergedLora(const std::string& dir, const models::TransformerConfig& config,
+                                         const std::vector<NamedShape>& tensors,
+                                         const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch,
+                                         const HfExportOptions& options = {});
+
 }  // namespace rp::workers::io

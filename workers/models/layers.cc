@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -29,7 +31,26 @@ std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
   out.push_back({p + "mlp.gate_proj.weight", {c.intermediate, h}});
   out.push_back({p + "mlp.up_proj.weight", {c.intermediate, h}});
   out.push_back({p + "mlp.down_proj.weight", {h, c.intermediate}});
+  if (c.lora.rank > 0) {
+    const int64_t r = c.lora.rank;
+    for (const std::string& m : LoraModules()) {
+      if (!c.lora.Targets(m)) continue;
+      const bool mlp = m == "gate_proj" || m == "up_proj" || m == "down_proj";
+      const std::string base = p + (mlp ? "mlp." : "self_attn.") + m;
+      const auto& w =
+          *std::find_if(out.begin(), out.end(), [&](const ParamSpec& ps) { return ps.name == base + ".weight"; });
+      const int64_t out_f = w.shape[0], in_f = w.shape[1];
+      out.push_back({base + ".lora_A.weight", {r, in_f}, false, 1});
+      out.push_back({base + ".lora_B.weight", {out_f, r}, false, 2});
+    }
+  }
   return out;
+}
+
+const std::vector<std::string>& LoraModules() {
+  static const std::vector<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                    "gate_proj", "up_proj", "down_proj"};
+  return kModules;
 }
 
 Rope MakeRope(const TransformerConfig& c, int64_t seq, c10::Device device) {
@@ -101,11 +122,28 @@ at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor
   const at::Tensor& wg = w[i++];
   const at::Tensor& wu = w[i++];
   const at::Tensor& wd = w[i++];
+  // LoRA adapters follow, A then B per targeted module.
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> adapters;
+  if (c.lora.rank > 0) {
+    for (const std::string& m : LoraModules()) {
+      if (!c.lora.Targets(m)) continue;
+      at::Tensor a = w[i++];
+      at::Tensor bb = w[i++];
+      adapters[m] = {a, bb};
+    }
+  }
+  const double lora_scale = c.lora.rank > 0 ? c.lora.alpha / c.lora.rank : 0.0;
+  auto linear = [&](const at::Tensor& in, const at::Tensor& weight, const char* module) {
+    at::Tensor y = at::linear(in, weight);
+    auto it = adapters.find(module);
+    if (it != adapters.end()) y = y + at::linear(at::linear(in, it->second.first), it->second.second) * lora_scale;
+    return y;
+  };
 
   at::Tensor hn = RmsNorm(x, in_norm, c.rms_eps);
-  at::Tensor q = at::linear(hn, wq).view({b, s, c.num_heads, d});
-  at::Tensor k = at::linear(hn, wk).view({b, s, c.num_kv_heads, d});
-  at::Tensor v = at::linear(hn, wv).view({b, s, c.num_kv_heads, d});
+  at::Tensor q = linear(hn, wq, "q_proj").view({b, s, c.num_heads, d});
+  at::Tensor k = linear(hn, wk, "k_proj").view({b, s, c.num_kv_heads, d});
+  at::Tensor v = linear(hn, wv, "v_proj").view({b, s, c.num_kv_heads, d});
   if (c.qk_norm) {
     q = RmsNorm(q, q_norm, c.rms_eps);
     k = RmsNorm(k, k_norm, c.rms_eps);
@@ -120,9 +158,9 @@ at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor
   }
   at::Tensor a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
   a = a.transpose(1, 2).reshape({b, s, c.num_heads * d});
-  at::Tensor h1 = x + at::linear(a, wo);
+  at::Tensor h1 = x + linear(a, wo, "o_proj");
   at::Tensor hn2 = RmsNorm(h1, post_norm, c.rms_eps);
-  return h1 + at::linear(at::silu(at::linear(hn2, wg)) * at::linear(hn2, wu), wd);
+  return h1 + linear(at::silu(linear(hn2, wg, "gate_proj")) * linear(hn2, wu, "up_proj"), wd, "down_proj");
 }
 
 at::Tensor FinalNorm(const TransformerConfig& c, const at::Tensor& norm_weight, const at::Tensor& x) {

@@ -21,10 +21,16 @@ struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   bool is_norm = false;  // initialised to ones
+  int lora = 0;          // 0: a base weight; 1: a LoRA A [r, in]; 2: a LoRA B [out, r] (zeros)
 };
 
+// The projections LoRA may target, in the order their adapters follow a block's base weights.
+const std::vector<std::string>& LoraModules();
+
 // Parameters of engine layer `layer` in the order the forward functions take them. With tied
-// embeddings the head lists model.embed_tokens.weight (the same parameter as layer 0).
+// embeddings the head lists model.embed_tokens.weight (the same parameter as layer 0). With LoRA
+// a block's adapters (A then B per targeted module, LoraModules() order) follow its base weights,
+// named like PEFT's: model.layers.0.self_attn.q_proj.lora_A.weight.
 std::vector<ParamSpec> LayerParams(const TransformerConfig& cfg, int layer);
 
 // Rotary tables for positions 0..seq-1: cos and sin of shape [seq, head_dim] (fp32).

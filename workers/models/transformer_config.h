@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -17,6 +18,15 @@ struct RopeScaling {
   double low_freq_factor = 1;
   double high_freq_factor = 4;
   int64_t original_max_position = 8192;
+};
+
+// LoRA fine-tuning (PEFT's LoRA): y = x W^T + (alpha / rank) (x A^T) B^T on the target
+// projections; the base stays frozen (master copy only), only A and B train.
+struct LoraConfig {
+  int rank = 0;  // 0 = full fine-tuning
+  double alpha = 16;
+  std::vector<std::string> targets;  // among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+  bool Targets(const std::string& module) const;
 };
 
 struct TransformerConfig {
@@ -33,6 +43,7 @@ struct TransformerConfig {
   bool qk_norm = false;  // Qwen3
   bool tied_embeddings = false;
   RopeScaling rope_scaling;
+  LoraConfig lora;
 
   int num_layers() const { return num_blocks + 2; }
   int head_layer() const { return num_blocks + 1; }

@@ -1,5 +1,7 @@
 #include "workers/store/host_model_store.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
@@ -25,13 +27,25 @@ HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarT
       p.shape = spec.shape;
       if (spec.is_norm) {
         p.fp32 = at::ones(spec.shape, at::kFloat);
+      } else if (spec.lora == 1) {  // PEFT's default: kaiming-uniform(a=sqrt(5)) = U(+-1/sqrt(in))
+        const double bound = 1.0 / std::sqrt(static_cast<double>(spec.shape[1]));
+        p.fp32 = at::empty(spec.shape, at::kFloat);
+        p.fp32.uniform_(-bound, bound, gen);
+      } else if (spec.lora == 2) {  // B = 0: the adapted model starts as the base model
+        p.fp32 = at::zeros(spec.shape, at::kFloat);
       } else {
         p.fp32 = at::empty(spec.shape, at::kFloat);
         p.fp32.normal_(0, init_std, gen);
       }
-      p.grad = at::zeros(spec.shape, at::kFloat);
       // Always a distinct tensor (to() would alias an fp32 master to the optimizer copy).
       p.master = p.fp32.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
+      if (cfg.lora.rank > 0 && spec.lora == 0) {
+        // LoRA: the base is frozen and lives in the master copy only (no fp32, no gradient).
+        p.trainable = false;
+        p.fp32 = at::Tensor();
+      } else {
+        p.grad = at::zeros(spec.shape, at::kFloat);
+      }
       const int idx = static_cast<int>(params_.size());
       by_name_[spec.name] = idx;
       layer_params_[static_cast<size_t>(l)].push_back(idx);

@@ -14,6 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
+LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]
+
 LR = 1e-3
 
 
@@ -57,7 +59,57 @@ def make(out):
         for n, p in model.state_dict().items():
             ref["after." + n] = p.detach().clone().contiguous()
         save_file(ref, f"{out}/{name}/reference.safetensors")
-    print("made", ", ".join(configs))
+    make_lora(out, configs["llama"], tokens)
+    print("made", ", ".join(configs), "and a LoRA adapter")
+
+
+def make_lora(out, cfg, tokens):
+    """A base model and a PEFT LoRA adapter (random A and B), trained 2 AdamW steps by peft."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    torch.manual_seed(99)
+    base = AutoModelForCausalLM.from_config(cfg).float()
+    base.save_pretrained(f"{out}/lora/base", safe_serialization=True)
+    lcfg = LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights=False,
+                      task_type="CAUSAL_LM")
+    model = get_peft_model(base, lcfg)
+    model.save_pretrained(f"{out}/lora/adapter", safe_serialization=True)
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([p for _, p in trainable], lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    ref = {"tokens": tokens.clone()}
+    losses, norms = [], []
+    for _ in range(2):
+        o = model(input_ids=tokens, labels=tokens)
+        o.loss.backward()
+        losses.append(o.loss.item())
+        norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for _, p in trainable)).item())
+        opt.step()
+        opt.zero_grad()
+    ref["losses"] = torch.tensor(losses, dtype=torch.float64)
+    ref["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+    for n, p in trainable:
+        ref["after." + n.replace("base_model.model.", "").replace(".default", "")] = p.detach().clone()
+    save_file(ref, f"{out}/lora/reference.safetensors")
+
+
+def check_lora(adapter_dir, merged_dir, base_dir, reference_dir):
+    """The engine's PEFT export loads with peft and holds the trained adapters; its merged export
+    equals peft's merge_and_unload of the same adapters."""
+    from peft import PeftModel
+    base = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, adapter_dir)
+    ref = load_file(f"{reference_dir}/reference.safetensors")
+    worst, count = 0.0, 0
+    for n, p in model.named_parameters():
+        if "lora_" not in n:
+            continue
+        want = ref["after." + n.replace("base_model.model.", "").replace(".default", "")]
+        worst = max(worst, (p - want).abs().max().item())
+        count += 1
+    merged_ref = model.merge_and_unload().state_dict()
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, torch_dtype=torch.float32).state_dict()
+    worst_merged = max((merged[n] - t).abs().max().item() for n, t in merged_ref.items())
+    print(f"peft loads the adapter: {count} tensors, max |diff| {worst:.3g}; merged max |diff| {worst_merged:.3g}")
+    return 0 if count > 0 and worst < 2e-5 and worst_merged < 2e-5 else 1
 
 
 def check(export_dir, reference_dir):
@@ -74,4 +126,6 @@ def check(export_dir, reference_dir):
 if __name__ == "__main__":
     if sys.argv[1] == "--check":
         sys.exit(check(sys.argv[2], sys.argv[3]))
+    if sys.argv[1] == "--check-lora":
+        sys.exit(check_lora(*sys.argv[2:6]))
     make(sys.argv[1])
