@@ -5,7 +5,7 @@
 //   JobId id = *engine->Submit(spec);
 //   engine->FeedBatch(id, {tokens});        // bounded queue: blocks up to a timeout
 //   engine->CloseInput(id);                  // the job ends once the queue is drained
-//   for (;;) for (auto& e : *engine->AwaitEvents(id, 1s)) ...
+//   for (;;) { auto ev = engine->AwaitEvents(id, 1s); for (auto& e : *ev) ... }  // (named: no dangling)
 //
 // Contract: every method is thread-safe. Jobs run one at a time in submission order on all
 // devices (the door to sharing the workers stays open: jobs only meet in the runner). Bad input
