@@ -382,42 +382,38 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
   return Snapshot(job);
 }
 
-absl::StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
+absl::StatusOr<std::pair<std::shared_ptr<JobManager::Managed>, scheduler::JobId>> JobManager::LiveJob(
+    const std::string& id, const char* action) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  std::optional<scheduler::JobId> eid;
-  {
-    std::lock_guard<std::mutex> lock(job->mu);
-    if (Terminal(job->record.state())) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
-    }
-    eid = job->engine_id;
-    if (!eid) return absl::FailedPreconditionError(absl::StrCat("job ", id, ": ", job->record.message()));
+  std::lock_guard<std::mutex> lock(job->mu);
+  if (Terminal(job->record.state())) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
   }
-  if (absl::Status st = engine_->Pause(*eid); !st.ok()) return st;
+  if (!job->engine_id) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " cannot ", action, ": ", job->record.message()));
+  }
+  return std::make_pair(job, *job->engine_id);
+}
+
+absl::StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
+  auto live = LiveJob(id, "pause");
+  if (!live.ok()) return live.status();
+  if (absl::Status st = engine_->Pause(live->second); !st.ok()) return st;
   Log()->info("[{}] pause requested", id);
-  return Snapshot(job);
+  return Snapshot(live->first);
 }
 
 absl::StatusOr<v1::Job> JobManager::Resume(const std::string& id) {
-  auto job = Find(id);
-  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  std::optional<scheduler::JobId> eid;
-  {
-    std::lock_guard<std::mutex> lock(job->mu);
-    if (Terminal(job->record.state())) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
-    }
-    eid = job->engine_id;
-    if (!eid) return absl::FailedPreconditionError(absl::StrCat("job ", id, " cannot resume: ", job->record.message()));
-  }
+  auto live = LiveJob(id, "resume");
+  if (!live.ok()) return live.status();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return absl::UnavailableError("the daemon is draining; jobs resume after it restarts");
   }
-  if (absl::Status st = engine_->Resume(*eid); !st.ok()) return st;
+  if (absl::Status st = engine_->Resume(live->second); !st.ok()) return st;
   Log()->info("[{}] resume requested", id);
-  return Snapshot(job);
+  return Snapshot(live->first);
 }
 
 absl::Status JobManager::OpenStream(const std::string& id) {

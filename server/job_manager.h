@@ -94,6 +94,10 @@ class JobManager {
   // A started job from the store: admit it from its newest usable checkpoint (false: none).
   bool ResumeFromCheckpoint(const std::shared_ptr<Managed>& job);
   std::shared_ptr<Managed> Find(const std::string& id) const;
+  // A job that has not ended and runs in this daemon's engine (NotFound / FailedPrecondition
+  // saying why `action` is impossible otherwise).
+  absl::StatusOr<std::pair<std::shared_ptr<Managed>, scheduler::JobId>> LiveJob(const std::string& id,
+                                                                                const char* action);
   void PumpLoop(const std::shared_ptr<Managed>& job);
   void FeederLoop(const std::shared_ptr<Managed>& job);
   void Publish(Managed& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
