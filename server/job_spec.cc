@@ -73,7 +73,19 @@ int64_t EstimateHostBytes(const TransformerConfig& m, int master_bytes) {
                 kv = static_cast<int64_t>(m.num_kv_heads) * m.head_dim;
   params += m.num_blocks * (2 * m.hidden + m.hidden * (q + 2 * kv) + q * m.hidden + 3 * m.hidden * m.intermediate +
                             (m.qk_norm ? 2 * m.head_dim : 0));
-  return params * (4 /*fp32*/ + master_bytes + 4 /*grad*/ + 8 /*moments*/);
+  if (m.lora.rank <= 0) return params * (4 /*fp32*/ + master_bytes + 4 /*grad*/ + 8 /*moments*/);
+  // LoRA: the frozen base keeps only its master copy; the adapters train as usual.
+  int64_t adapters = 0;
+  const int64_t r = m.lora.rank;
+  for (const std::string& t : m.lora.targets) {
+    const int64_t in = t == "o_proj" ? q : t == "down_proj" ? m.intermediate : m.hidden;
+    const int64_t out = t == "q_proj"                          ? q
+                        : (t == "k_proj" || t == "v_proj")     ? kv
+                        : (t == "gate_proj" || t == "up_proj") ? m.intermediate
+                                                               : m.hidden;
+    adapters += m.num_blocks * r * (in + out);
+  }
+  return params * master_bytes + adapters * (4 + master_bytes + 4 + 8);
 }
 
 namespace {

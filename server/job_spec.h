@@ -41,7 +41,8 @@ absl::StatusOr<workers::models::TransformerConfig> TransformerPreset(const std::
 
 absl::StatusOr<ResolvedJob> ResolveJobSpec(const roundpipe::v1::JobSpec& spec, const JobSpecContext& ctx);
 
-// Host bytes the engine keeps for a model (fp32 copy, master copy, gradients, AdamW moments).
+// Host bytes the engine keeps for a model (fp32 copy, master copy, gradients, AdamW moments;
+// with LoRA only the master copy of the frozen base plus the adapters' full state).
 int64_t EstimateHostBytes(const workers::models::TransformerConfig& model, int master_bytes);
 
 }  // namespace rp::server

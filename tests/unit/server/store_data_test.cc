@@ -218,6 +218,17 @@ TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
   big.mutable_model()->set_preset("llama-3.1-8b");
   big.mutable_batching()->set_global_batch(2);
   EXPECT_EQ(ResolveJobSpec(big, small).status().code(), absl::StatusCode::kResourceExhausted);
+  // LoRA on the same 8B base fits in ~16 GiB (2 bytes per frozen base parameter, bf16), where full
+  // fine-tuning needs ~130 GiB.
+  JobSpecContext host20g = Ctx(d);
+  host20g.host_memory_budget = int64_t{20} << 30;
+  EXPECT_EQ(ResolveJobSpec(big, host20g).status().code(), absl::StatusCode::kResourceExhausted);
+  big.mutable_model()->mutable_lora()->set_rank(16);
+  auto lora = ResolveJobSpec(big, host20g);
+  ASSERT_TRUE(lora.ok()) << lora.status();
+  const int64_t need = EstimateHostBytes(lora->engine.model, 2);
+  EXPECT_GT(need, int64_t{15} << 30);
+  EXPECT_LT(need, int64_t{17} << 30);
 }
 
 }  // namespace
