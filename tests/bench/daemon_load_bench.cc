@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/integration/daemon_process.h"
+#include "tests/integration/tiny_spec.h"
 
 ABSL_FLAG(int, clients, 32, "concurrent streaming clients");
 ABSL_FLAG(int, seconds, 60, "how long they stream");
@@ -59,20 +60,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto c = daemon.Connect();
-  v1::JobSpec spec;
+  v1::JobSpec spec = rp::testing::TinyJobSpec();
   spec.set_name("load");
-  auto* m = spec.mutable_model();
-  m->set_family("llama");
-  m->set_vocab(256);
-  m->set_hidden(32);
-  m->set_intermediate(64);
-  m->set_num_blocks(2);
-  m->set_num_heads(2);
-  m->set_num_kv_heads(1);
-  m->set_head_dim(16);
-  spec.set_precision(v1::PRECISION_FP32);
+  spec.mutable_optimizer()->set_mode(v1::OPTIMIZER_MODE_ASYNC);
   spec.mutable_batching()->set_global_batch(2);
-  spec.mutable_batching()->set_micro_batch(1);
   spec.mutable_batching()->set_sequence_length(32);
   auto job = c->Submit(spec);
   if (!job.ok()) {

@@ -1,11 +1,10 @@
 #include "tests/integration/daemon_process.h"
 
-#include <arpa/inet.h>
+#include "tests/support/http_get.h"
+
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -113,24 +112,7 @@ std::unique_ptr<client::Client> DaemonProcess::Connect(const std::string& token)
 }
 
 std::string HttpGet(const std::string& host_port, const std::string& path) {
-  const size_t colon = host_port.rfind(':');
-  const int port = std::stoi(host_port.substr(colon + 1));
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[8192];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fd);
+  const std::string out = HttpGetResponse(std::stoi(host_port.substr(host_port.rfind(':') + 1)), path);
   const size_t body = out.find("\r\n\r\n");
   return body == std::string::npos ? "" : out.substr(body + 4);
 }

@@ -19,6 +19,7 @@
 
 #include "client/client.h"
 #include "tests/integration/daemon_process.h"
+#include "tests/integration/tiny_spec.h"
 #include "workers/models/transformer_config.h"
 
 namespace rp::testing {
@@ -61,27 +62,7 @@ class DaemonTest : public ::testing::Test {
     }
     return path;
   }
-  static roundpipe::v1::JobSpec TinySpec() {
-    roundpipe::v1::JobSpec s;
-    s.set_name("tiny");
-    auto* m = s.mutable_model();
-    m->set_family("llama");
-    m->set_vocab(256);
-    m->set_hidden(32);
-    m->set_intermediate(64);
-    m->set_num_blocks(2);
-    m->set_num_heads(2);
-    m->set_num_kv_heads(1);
-    m->set_head_dim(16);
-    m->set_init_seed(7);
-    s.set_precision(roundpipe::v1::PRECISION_FP32);
-    s.mutable_optimizer()->set_lr(1e-3);
-    s.mutable_optimizer()->set_mode(roundpipe::v1::OPTIMIZER_MODE_SYNC);
-    s.mutable_batching()->set_global_batch(4);
-    s.mutable_batching()->set_micro_batch(1);
-    s.mutable_batching()->set_sequence_length(16);
-    return s;
-  }
+  static roundpipe::v1::JobSpec TinySpec() { return TinyJobSpec(); }
   // TinySpec's model as the engine sees it (defaults as the daemon fills them).
   static workers::models::TransformerConfig EngineModel() {
     workers::models::TransformerConfig c;

@@ -2,11 +2,9 @@
 // prometheus-cpp linked into one binary and exercised together, with torch's headers on the
 // include path of this very translation unit (the fmt/protobuf shadowing case, DESIGN §7).
 #include <ATen/ATen.h>
-#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
@@ -15,7 +13,6 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <spdlog/version.h>
-#include <sys/socket.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -27,6 +24,7 @@
 
 #include "server/process/thread_stack_floor.h"
 #include "smoke.grpc.pb.h"
+#include "tests/support/http_get.h"
 
 namespace {
 
@@ -55,27 +53,6 @@ class EchoService final : public roundpipe::smoke::Echo::CallbackService {
     return reactor;
   }
 };
-
-// Minimal HTTP/1.0 GET on loopback, returns the whole response.
-std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
-}
 
 TEST(DependencySmoke, TorchComputesAndAutogradWorks) {
   at::Tensor x = at::arange(6, at::kFloat).reshape({2, 3}).set_requires_grad(true);
@@ -163,7 +140,7 @@ TEST(DependencySmoke, PrometheusScrapeOnLoopback) {
   auto ports = exposer.GetListeningPorts();
   ASSERT_EQ(ports.size(), 1u);
   ASSERT_GT(ports[0], 0);
-  std::string body = HttpGet(ports[0], "/metrics");
+  std::string body = rp::testing::HttpGetResponse(ports[0], "/metrics");
   EXPECT_NE(body.find("200 OK"), std::string::npos) << body;
   EXPECT_NE(body.find("roundpipe_smoke_tokens_total{worker=\"0\"} 7"), std::string::npos) << body;
 }
