@@ -97,7 +97,8 @@ absl::StatusOr<planning::Partition> PlanFromParameterSizes(const workers::models
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
-  auto devices = workers::CreateDevices(options.devices, &e->timeline_);  // they record into our timeline
+  auto devices =
+      workers::CreateDevices(options.devices, &e->timeline_, options.device_options);  // they record into our timeline
   if (!devices.ok()) return devices.status();
   e->devices_ = std::move(*devices);
   e->runner_ = std::thread([raw = e.get()] { raw->RunnerLoop(); });
@@ -150,6 +151,15 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   auto job = std::make_shared<Job>();
   job->spec = spec;
   job->store = std::make_unique<workers::HostModelStore>(spec.model, spec.master_dtype, spec.seed);
+  if (devices_.front()->torch_device().is_cuda()) {
+    // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2).
+    try {
+      job->store->RelocateMasters(
+          [d = devices_.front().get()](at::IntArrayRef sizes, at::ScalarType dt) { return d->EmptyHost(sizes, dt); });
+    } catch (const std::exception& ex) {
+      return absl::ResourceExhaustedError(absl::StrCat("job: ", ex.what()));
+    }
+  }
   if (!spec.hf_dir.empty()) {
     if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, job->store.get()); !st.ok()) return st;
   }
@@ -393,6 +403,7 @@ EngineStats Engine::Stats() const {
     s.devices.push_back(d->name());
     auto& bytes = s.transfer_bytes.emplace_back();
     for (int k = 0; k < workers::kNumStreamKinds; ++k) bytes[k] = d->TransferBytes(static_cast<workers::StreamKind>(k));
+    s.memory.push_back(d->Memory());
   }
   std::lock_guard<std::mutex> lock(mu_);
   s.jobs_total = static_cast<int>(jobs_.size());

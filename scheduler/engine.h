@@ -41,7 +41,8 @@ namespace rp::scheduler {
 using JobId = int64_t;
 
 struct EngineOptions {
-  std::string devices = "cpu:1";  // "cpu:N"
+  std::string devices = "cpu:1";  // "cpu:N", "cuda", "cuda:0,1" (workers/device/device.h)
+  workers::DeviceOptions device_options;
 };
 
 struct JobSpec {
@@ -107,6 +108,8 @@ struct EngineStats {
   int64_t host_model_bytes = 0;  // of the running job
   // Bytes copied host<->device per device, indexed by workers::StreamKind.
   std::vector<std::array<int64_t, workers::kNumStreamKinds>> transfer_bytes;
+  // Per device: GPU memory of its card and the engine's pinned host arena (zeros on CPU).
+  std::vector<workers::Device::MemoryStats> memory;
 };
 
 class Engine {

@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/planning/transfer_windows.h"
 #include "workers/stage_compute.h"
 
 namespace rp::workers {
@@ -19,8 +20,9 @@ struct StageState {
   std::shared_ptr<RunContext> ctx;
   c10::Device device = c10::Device(c10::kCPU);
   Device* dev = nullptr;
-  std::vector<int> param_ids;      // unique parameter indices of the stage
-  std::vector<at::Tensor> params;  // device copies, aligned with param_ids
+  std::vector<int> param_ids;                       // unique parameter indices of the stage
+  std::vector<at::Tensor> params;                   // device copies, aligned with param_ids
+  std::vector<std::vector<int>> layer_param_index;  // per layer: indices into params
   StageWeights weights;
   models::Rope rope;
   std::vector<at::Tensor> in, grad_out, labels;  // per micro-batch, on device
@@ -89,28 +91,78 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     auto prev2 = task.book->Get(sl.iteration - 2);
     for (int o : owners) up.WaitEvent(prev2->pcp[static_cast<size_t>(o)]);
   }
+  // The stage's unique parameters (a tied head shares the embedding's), in layer order.
+  {
+    HostModelStore& store = *ctx->store;
+    for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
+      std::vector<int> idx;
+      for (int id : store.layer_params(l)) {
+        size_t k = 0;
+        while (k < s->param_ids.size() && s->param_ids[k] != id) ++k;
+        if (k == s->param_ids.size()) s->param_ids.push_back(id);
+        idx.push_back(static_cast<int>(k));
+      }
+      s->layer_param_index.push_back(std::move(idx));
+    }
+  }
+  // Priority-aware upload (paper §4.2.2): the weights go up in chunks, chunk j only after the
+  // running stage's j-th input upload, so activation transfers (which gate compute) go first
+  // and the weights fill the windows between them. Chunks are packed longest-processing-time
+  // first; tensors larger than a fair share are split.
+  std::vector<planning::TransferPiece> no_pieces;
+  std::vector<std::vector<planning::TransferPiece>> chunks;
+  if (!device_->keeps_weights_resident()) {
+    std::vector<planning::TensorExtent> extents;
+    for (int id : s->param_ids) {
+      const HostParam& p = ctx->store->param(id);
+      extents.push_back({p.name, static_cast<int64_t>(p.master.nbytes())});
+    }
+    const int windows = std::max<int>(1, static_cast<int>(prev_inputs_uploaded_.size()));
+    auto plan = planning::PlanTransferWindows(extents, windows);
+    if (plan.ok()) chunks = std::move(plan->windows);
+  }
   auto params_ready = MakeEvent();
-  up.Enqueue({Label(sl, "up ", -1), sl.iteration, sl.index, -1}, [s, trains] {
+  up.Enqueue({}, [s] {
     Guarded(*s, "weight upload", [&] {
-      const planning::StageSlot& sl = s->task.slot;
       HostModelStore& store = *s->ctx->store;
-      s->weights.first_layer = sl.first_layer;
-      for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
-        std::vector<at::Tensor> lw;
-        for (int id : store.layer_params(l)) {
-          size_t k = 0;
-          while (k < s->param_ids.size() && s->param_ids[k] != id) ++k;
-          if (k == s->param_ids.size()) {
-            s->param_ids.push_back(id);
-            at::Tensor t = s->dev->Upload(store.param(id).master);
-            if (trains && store.param(id).trainable) t.requires_grad_(true);
-            s->params.push_back(t);
-          }
-          lw.push_back(s->params[k]);
-        }
-        s->weights.layers.push_back(std::move(lw));
+      for (int id : s->param_ids) {
+        const at::Tensor& m = store.param(id).master;
+        s->params.push_back(s->dev->keeps_weights_resident() ? s->dev->Upload(m)
+                                                             : s->dev->EmptyOnDevice(m.sizes(), m.scalar_type()));
       }
       s->rope = models::MakeRope(*s->ctx->cfg, s->ctx->seq_len, s->device);
+    });
+  });
+  for (size_t w = 0; w < chunks.size(); ++w) {
+    if (w < prev_inputs_uploaded_.size()) up.WaitEvent(prev_inputs_uploaded_[w]);
+    up.Enqueue(
+        {absl::StrCat(Label(sl, "up ", -1), " c", w), sl.iteration, sl.index, -1}, [s, pieces = std::move(chunks[w])] {
+          Guarded(*s, "weight upload", [&] {
+            HostModelStore& store = *s->ctx->store;
+            for (const planning::TransferPiece& pc : pieces) {
+              const at::Tensor src = store.param(s->param_ids[static_cast<size_t>(pc.tensor)])
+                                         .master.reshape({-1})
+                                         .view(at::kByte)
+                                         .narrow(0, pc.offset, pc.bytes);
+              const at::Tensor dst =
+                  s->params[static_cast<size_t>(pc.tensor)].view({-1}).view(at::kByte).narrow(0, pc.offset, pc.bytes);
+              s->dev->CopyToDevice(src, dst);
+            }
+          });
+        });
+  }
+  up.Enqueue({}, [s, trains] {
+    Guarded(*s, "weight upload", [&] {
+      HostModelStore& store = *s->ctx->store;
+      for (size_t k = 0; k < s->param_ids.size(); ++k) {
+        if (trains && store.param(s->param_ids[k]).trainable) s->params[k].requires_grad_(true);
+      }
+      s->weights.first_layer = s->task.slot.first_layer;
+      for (const std::vector<int>& idx : s->layer_param_index) {
+        std::vector<at::Tensor> lw;
+        for (int k : idx) lw.push_back(s->params[static_cast<size_t>(k)]);
+        s->weights.layers.push_back(std::move(lw));
+      }
     });
   });
   if (task.book) {
@@ -125,6 +177,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
 
   // --- micro-batches ----------------------------------------------------------------------
   std::vector<EventPtr> computed(static_cast<size_t>(mbs));
+  std::vector<EventPtr> inputs_uploaded;
   for (int m = 0; m < mbs; ++m) {
     const int mb = sl.first_microbatch + m;
     // act-up: at most one micro-batch ahead of compute.
@@ -149,6 +202,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     });
     auto uploaded = MakeEvent();
     act_up.RecordEvent(uploaded);
+    inputs_uploaded.push_back(uploaded);
 
     compute.WaitEvent(uploaded);
     compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.index, mb}, [s, m] {
@@ -200,6 +254,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   }
   compute_done_[0] = compute_done_[1];
   compute_done_[1] = computed.back();
+  prev_inputs_uploaded_ = std::move(inputs_uploaded);
 
   // --- weight gradients -------------------------------------------------------------------
   auto done = MakeEvent();

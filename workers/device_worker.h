@@ -44,6 +44,9 @@ class DeviceWorker {
   // Compute-finished events of the last two stages: the next upload waits for the older one,
   // so at most one stage is prefetched while one runs.
   EventPtr compute_done_[2];
+  // Input-upload events of the previously submitted stage (the one running while the next
+  // stage's weights go up): weight chunk j is issued after its input j.
+  std::vector<EventPtr> prev_inputs_uploaded_;
 };
 
 }  // namespace rp::workers

@@ -5,8 +5,6 @@
 
 #include <ATen/ATen.h>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "workers/device/test_hooks.h"
 
 namespace rp::workers {
@@ -113,16 +111,13 @@ at::Tensor CpuDevice::Download(const at::Tensor& on_device) {
   return on_device.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
-absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::string& spec, Timeline* timeline) {
-  const std::string prefix = "cpu:";
-  int n = 0;
-  if (spec.rfind(prefix, 0) != 0 || !absl::SimpleAtoi(spec.substr(prefix.size()), &n) || n < 1 || n > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("devices '", spec, "': expected cpu:N with 1 <= N <= 64 (the CUDA backend is not built yet)"));
-  }
-  std::vector<std::unique_ptr<Device>> out;
-  for (int i = 0; i < n; ++i) out.push_back(std::make_unique<CpuDevice>(i, timeline));
-  return out;
+at::Tensor CpuDevice::EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::empty(sizes, at::TensorOptions().dtype(dtype));
+}
+
+void CpuDevice::CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& device_bytes) {
+  CountTransfer(static_cast<StreamKind>(current_stream_kind), host_bytes.numel());
+  device_bytes.copy_(host_bytes);
 }
 
 }  // namespace rp::workers

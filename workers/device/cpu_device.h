@@ -51,6 +51,8 @@ class CpuDevice final : public Device {
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   at::Tensor Upload(const at::Tensor& host) override;
   at::Tensor Download(const at::Tensor& on_device) override;
+  at::Tensor EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype) override;
+  void CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& device_bytes) override;
 
  private:
   const int index_;

@@ -7,8 +7,8 @@
 // failures (the DeviceWorker wraps each one and records the first error in the job's RunContext);
 // an exception that still escapes is caught by the stream, printed, and the stream goes on.
 // Devices are owned by the engine and outlive every task enqueued on them.
-// Backends: CpuDevice (cpu_device.h) now; the CUDA backend implements the same interface with
-// real streams and CUDA events paired with host Events.
+// Backends: CpuDevice (cpu_device.h) and CudaDevice (cuda_device.h). A host Event set by a
+// stream always means "the work before it has completed" on either backend.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -69,6 +69,27 @@ class Device {
   // backend both are deep copies, so a stage never aliases host-store memory.
   virtual at::Tensor Upload(const at::Tensor& host) = 0;
   virtual at::Tensor Download(const at::Tensor& on_device) = 0;
+  // Chunked uploads (paper §4.2.2): allocate a stage-private device tensor, then fill byte
+  // ranges of it with CopyToDevice(host bytes, device bytes) from stream operations, possibly
+  // spread over several operations. Both arguments are 1-D kByte views of equal length.
+  virtual at::Tensor EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype) = 0;
+  virtual void CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& device_bytes) = 0;
+  // DeviceOptions::keep_weights_resident (benchmarks): weights go through Upload, which caches.
+  virtual bool keeps_weights_resident() const { return false; }
+
+  // Memory figures: device memory of the caching allocator of the worker's GPU (shared by the
+  // workers that share one GPU; zeros on the CPU backend) and the pinned host arena (shared by
+  // all CUDA workers of an engine).
+  struct MemoryStats {
+    int64_t device_in_use_bytes = 0;
+    int64_t device_peak_bytes = 0;
+    int64_t device_reserved_bytes = 0;
+    int64_t pinned_reserved_bytes = 0;
+    int64_t pinned_in_use_bytes = 0;
+    int64_t pinned_peak_bytes = 0;
+  };
+  virtual MemoryStats Memory() const { return {}; }
+  virtual void ResetPeakMemory() {}
 
   void SynchronizeAll() {
     for (int k = 0; k < kNumStreamKinds; ++k) stream(static_cast<StreamKind>(k)).Synchronize();
@@ -89,7 +110,24 @@ class Device {
   std::array<std::atomic<int64_t>, kNumStreamKinds> transfer_bytes_{};
 };
 
-// "cpu:N" -> N CPU devices. (The CUDA backend adds "cuda", "cuda:0,1", ... later.)
-absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::string& spec, Timeline* timeline);
+struct DeviceOptions {
+  // Benchmark only (CUDA): upload each master tensor once and reuse the device copy, so an
+  // iteration can be timed with weights kept resident (stale weights: never for training).
+  bool keep_weights_resident = false;
+  // Pinned host memory is obtained in slabs of this size (CUDA).
+  int64_t pinned_slab_bytes = int64_t{256} << 20;
+};
+
+// Device specs:
+//   "cpu:N"          N CPU workers;
+//   "cuda"           one worker per visible GPU;
+//   "cuda:0,1,3"     one worker per listed GPU; a GPU listed k times gets k workers that share
+//                    it (tests run N = 1..3 workers on one card this way).
+// Errors: InvalidArgument for a malformed spec, FailedPrecondition when the CUDA backend is
+// asked for and no GPU (or not the listed one) is visible.
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::string& spec, Timeline* timeline,
+                                                                   const DeviceOptions& options = {});
+// Number of GPUs CUDA sees (0 without a driver or device; never throws).
+int VisibleCudaDevices();
 
 }  // namespace rp::workers

@@ -102,6 +102,14 @@ absl::Status HostModelStore::SetValue(const std::string& name, const at::Tensor&
   return absl::OkStatus();
 }
 
+void HostModelStore::RelocateMasters(const HostAllocator& alloc) {
+  for (HostParam& p : params_) {
+    at::Tensor t = alloc(p.master.sizes(), p.master.scalar_type());
+    t.copy_(p.master);
+    p.master = std::move(t);
+  }
+}
+
 int64_t HostModelStore::HostBytes() const {
   int64_t b = 0;
   for (const HostParam& p : params_) {

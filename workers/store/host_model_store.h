@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,6 +60,10 @@ class HostModelStore {
   absl::Status Freeze(const std::string& name);
   // Overwrites parameter values (fp32 and master) by name; for loading and tests.
   absl::Status SetValue(const std::string& name, const at::Tensor& value);
+  // Moves every master copy into memory from `alloc` (the CUDA backend's pinned arena, so
+  // weight uploads are asynchronous DMA); values are kept. Call before training starts.
+  using HostAllocator = std::function<at::Tensor(at::IntArrayRef, at::ScalarType)>;
+  void RelocateMasters(const HostAllocator& alloc);
   // Sum of the fp32 and master bytes, and of the gradient buffers.
   int64_t HostBytes() const;
 

@@ -1,0 +1,225 @@
+#include "workers/device/cuda_device.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "workers/device/test_hooks.h"
+
+namespace rp::workers {
+namespace {
+
+thread_local CudaStream* current_stream = nullptr;
+
+void CheckCuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+}
+
+// Index 0 of the allocator's StatArray is the aggregate over pool kinds (StatType::AGGREGATE;
+// the enum's namespace moved between LibTorch releases, the layout did not).
+constexpr size_t kAggregate = 0;
+
+}  // namespace
+
+CudaStream* CudaStream::Current() { return current_stream; }
+
+CudaStream::CudaStream(CudaDevice* device, StreamKind kind, c10::cuda::CUDAStream stream, Timeline* timeline)
+    : device_(device), kind_(kind), stream_(stream), timeline_(timeline), thread_([this] { Loop(); }) {}
+
+CudaStream::~CudaStream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CudaStream::Push(Op op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(op));
+  }
+  cv_.notify_all();
+}
+
+void CudaStream::Enqueue(OpInfo info, std::function<void()> fn) { Push({std::move(info), std::move(fn), true}); }
+
+void CudaStream::WaitEvent(EventPtr e) {
+  Push({{}, [e] { e->Wait(); }, false});
+}
+
+// Every device operation before this one has completed when its turn comes (see the header).
+void CudaStream::RecordEvent(EventPtr e) {
+  Push({{}, [e] { e->Set(); }, false});
+}
+
+void CudaStream::Synchronize() {
+  auto e = MakeEvent();
+  RecordEvent(e);
+  e->Wait();
+}
+
+void CudaStream::Loop() {
+  current_stream = this;
+  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device_->gpu()));
+  c10::cuda::CUDAStreamGuard stream_guard(stream_);
+  cudaEvent_t start = nullptr, end = nullptr;
+  const bool events_ok = cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&end) == cudaSuccess;
+  if (!events_ok) {
+    std::fprintf(stderr, "roundpipe: %s stream of %s: cannot create CUDA events: %s\n", StreamKindName(kind_),
+                 device_->name().c_str(), cudaGetErrorString(cudaGetLastError()));
+  }
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) break;  // stop requested and drained
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (!op.device_work) {
+      op.fn();
+      continue;
+    }
+    const bool timed = timeline_ != nullptr && !op.info.label.empty();
+    const double host_start = timed ? timeline_->Now() : 0;
+    MaybeDelayForTest();
+    if (events_ok) (void)cudaEventRecord(start, stream_.stream());
+    try {
+      op.fn();  // operations report their own errors (device.h); this is the safety net
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "roundpipe: uncaught exception on %s stream of %s: %s\n", StreamKindName(kind_),
+                   device_->name().c_str(), e.what());
+    }
+    // Completion: the next operation (and any host Event recorded after this one) starts only
+    // when the GPU has finished this one's work.
+    cudaError_t err = events_ok ? cudaEventRecord(end, stream_.stream()) : cudaErrorInvalidValue;
+    err = err == cudaSuccess ? cudaEventSynchronize(end) : cudaStreamSynchronize(stream_.stream());
+    if (err != cudaSuccess) {
+      // A sticky error (e.g. an illegal address) also fails the next operation's first CUDA
+      // call, which the DeviceWorker turns into the iteration's error.
+      std::fprintf(stderr, "roundpipe: CUDA error on %s stream of %s after '%s': %s\n", StreamKindName(kind_),
+                   device_->name().c_str(), op.info.label.c_str(), cudaGetErrorString(err));
+    }
+    keep_alive_.clear();
+    if (timed) {
+      const double host_end = timeline_->Now();
+      float ms = 0;
+      double start_s = host_start;
+      if (events_ok && err == cudaSuccess && cudaEventElapsedTime(&ms, start, end) == cudaSuccess) {
+        start_s = std::max(host_start, host_end - ms / 1e3);  // GPU-measured duration
+      }
+      timeline_->Add({device_->index(), StreamKindName(kind_), std::move(op.info.label), op.info.iteration,
+                      op.info.slot, op.info.microbatch, start_s, host_end});
+    }
+  }
+  if (start) (void)cudaEventDestroy(start);
+  if (end) (void)cudaEventDestroy(end);
+  current_stream = nullptr;
+}
+
+CudaDevice::CudaDevice(int index, int gpu, std::string name, std::shared_ptr<PinnedArena> arena,
+                       const DeviceOptions& options, Timeline* timeline)
+    : index_(index), gpu_(gpu), name_(std::move(name)), arena_(std::move(arena)), options_(options) {
+  const auto dev = static_cast<c10::DeviceIndex>(gpu);
+  for (int k = 0; k < kNumStreamKinds; ++k) {
+    const auto kind = static_cast<StreamKind>(k);
+    // Activation transfers gate compute (paper §4.2.2): their streams get the high priority.
+    const bool high = kind == StreamKind::kActivationUp || kind == StreamKind::kActivationDown;
+    streams_[k] = std::make_unique<CudaStream>(this, kind, c10::cuda::getStreamFromPool(high, dev), timeline);
+  }
+}
+
+CudaDevice::~CudaDevice() {
+  for (auto& s : streams_) s.reset();  // drains and joins before the arena reference goes
+}
+
+c10::Device CudaDevice::torch_device() const { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu_)); }
+
+at::Tensor CudaDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {
+  auto t = arena_->Empty(sizes, dtype);
+  if (!t.ok()) throw std::runtime_error(std::string(t.status().message()));
+  return *std::move(t);
+}
+
+at::Tensor CudaDevice::Upload(const at::Tensor& host) {
+  CudaStream* cs = CudaStream::Current();
+  if (cs == nullptr) throw std::logic_error("CudaDevice::Upload called outside a stream operation");
+  const StreamKind kind = cs->kind();
+  at::Tensor src = host.is_contiguous() ? host : host.contiguous();
+  if (options_.keep_weights_resident && kind == StreamKind::kParamUp) {
+    std::lock_guard<std::mutex> lock(resident_mu_);
+    auto it = resident_.find(src.data_ptr());
+    if (it == resident_.end()) {
+      it = resident_.emplace(src.data_ptr(), src.to(torch_device(), /*non_blocking=*/false, /*copy=*/true)).first;
+    }
+    return it->second.detach();  // a fresh leaf per stage: its .grad is the stage's own
+  }
+  at::Tensor dst = EmptyOnDevice(src.sizes(), src.scalar_type());
+  dst.copy_(src, /*non_blocking=*/true);
+  cs->KeepAlive(src);
+  CountTransfer(kind, static_cast<int64_t>(src.nbytes()));
+  return dst;
+}
+
+at::Tensor CudaDevice::EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype) {
+  CudaStream* cs = CudaStream::Current();
+  if (cs == nullptr) throw std::logic_error("CudaDevice::EmptyOnDevice called outside a stream operation");
+  at::Tensor dst = at::empty(sizes, at::TensorOptions().dtype(dtype).device(torch_device()));
+  if (cs->kind() != StreamKind::kCompute) {
+    // Allocated on a copy stream, used and freed by compute: tell the caching allocator, so the
+    // block is not handed out again before the compute stream is done with it.
+    c10::cuda::CUDACachingAllocator::recordStream(dst.storage().data_ptr(),
+                                                  streams_[static_cast<int>(StreamKind::kCompute)]->cuda());
+  }
+  return dst;
+}
+
+void CudaDevice::CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& device_bytes) {
+  CudaStream* cs = CudaStream::Current();
+  if (cs == nullptr) throw std::logic_error("CudaDevice::CopyToDevice called outside a stream operation");
+  device_bytes.copy_(host_bytes, /*non_blocking=*/true);
+  cs->KeepAlive(host_bytes);
+  CountTransfer(cs->kind(), host_bytes.numel());
+}
+
+at::Tensor CudaDevice::Download(const at::Tensor& on_device) {
+  CudaStream* cs = CudaStream::Current();
+  if (cs == nullptr) throw std::logic_error("CudaDevice::Download called outside a stream operation");
+  at::Tensor src = on_device.is_contiguous() ? on_device : on_device.contiguous();
+  at::Tensor host = EmptyHost(src.sizes(), src.scalar_type());
+  host.copy_(src, /*non_blocking=*/true);
+  // The caller hands the result to host consumers at once: wait for this copy only.
+  CheckCuda(cudaStreamSynchronize(cs->cuda().stream()), "device-to-host copy");
+  CountTransfer(cs->kind(), static_cast<int64_t>(src.nbytes()));
+  return host;
+}
+
+Device::MemoryStats CudaDevice::Memory() const {
+  MemoryStats m;
+  const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(gpu_));
+  m.device_in_use_bytes = s.allocated_bytes[kAggregate].current;
+  m.device_peak_bytes = s.allocated_bytes[kAggregate].peak;
+  m.device_reserved_bytes = s.reserved_bytes[kAggregate].current;
+  const PinnedArena::Stats p = arena_->stats();
+  m.pinned_reserved_bytes = p.reserved_bytes;
+  m.pinned_in_use_bytes = p.in_use_bytes;
+  m.pinned_peak_bytes = p.peak_in_use_bytes;
+  return m;
+}
+
+void CudaDevice::ResetPeakMemory() {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(gpu_));
+}
+
+}  // namespace rp::workers
