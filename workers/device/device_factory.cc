@@ -35,29 +35,30 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::st
         absl::StrCat("devices '", spec,
                      "': expected cpu:N, cuda (every GPU) or cuda:I,J,... (GPU indices; repeat one to share it)"));
   }
-  const int visible = VisibleCudaDevices();
-  if (visible == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "devices '", spec, "': no CUDA GPU is visible (no driver, no device or CUDA_VISIBLE_DEVICES); ", "use cpu:N"));
-  }
   std::vector<int> gpus;
-  if (spec == "cuda") {
-    for (int g = 0; g < visible; ++g) gpus.push_back(g);
-  } else {
+  if (spec != "cuda") {
     for (absl::string_view part : absl::StrSplit(spec.substr(5), ',')) {
       int g = -1;
-      if (!absl::SimpleAtoi(part, &g) || g < 0) {
+      if (!absl::SimpleAtoi(part, &g) || g < 0 || g > 1023) {
         return absl::InvalidArgumentError(
             absl::StrCat("devices '", spec, "': '", std::string(part), "' is not a GPU index"));
       }
-      if (g >= visible) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("devices '", spec, "': GPU ", g, " is not visible (", visible, " GPU(s) visible)"));
-      }
       gpus.push_back(g);
     }
-    if (gpus.empty() || gpus.size() > 64) {
-      return absl::InvalidArgumentError(absl::StrCat("devices '", spec, "': between 1 and 64 workers"));
+    if (gpus.size() > 64) return absl::InvalidArgumentError(absl::StrCat("devices '", spec, "': at most 64 workers"));
+  }
+  const int visible = VisibleCudaDevices();
+  if (visible == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "devices '", spec, "': no CUDA GPU is visible (no driver, no device or CUDA_VISIBLE_DEVICES); use cpu:N"));
+  }
+  if (spec == "cuda") {
+    for (int g = 0; g < visible; ++g) gpus.push_back(g);
+  }
+  for (int g : gpus) {
+    if (g >= visible) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("devices '", spec, "': GPU ", g, " is not visible (", visible, " GPU(s) visible)"));
     }
   }
   std::map<int, int> count, seen;

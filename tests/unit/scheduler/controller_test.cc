@@ -170,6 +170,62 @@ TEST(ControllerSchedule, TimelineShowsRoundRobinAndPipelining) {
   EXPECT_EQ(e->controller->activations().live_slots(), 0u);  // everything consumed and freed
 }
 
+// Priority-aware weight upload (paper §4.2.2): a stage's weights go up in M_R chunks, chunk j
+// only after the input upload of micro-batch j of the stage running before it on that worker.
+TEST(ControllerSchedule, WeightChunksFillTheWindowsBetweenTheRunningStagesInputUploads) {
+  const TransformerConfig cfg = TinyLlama();
+  const planning::Partition p{{2, 2}, 2, {1, 1, 2}};  // S = 6
+  const int N = 2, M = 8, MR = 4;
+  auto e = MakeEngine(cfg, N, p, M, MR, {});
+  auto st = e->controller->RunIteration(RandomTokens(2 * M, 8, cfg.vocab, 3));
+  ASSERT_TRUE(st.ok()) << st.status();
+  std::map<int, std::vector<int>> slots_of_worker;   // dispatch order
+  std::map<int, std::map<int, double>> chunk_start;  // slot -> chunk -> start
+  std::map<int, std::map<int, double>> input_end;    // slot -> j-th input -> end
+  std::map<int, int> first_mb;
+  for (const auto& en : e->timeline.Entries()) {
+    if (en.slot < 0) continue;
+    if (en.stream == "compute" && en.microbatch >= 0) {
+      auto& v = slots_of_worker[en.worker];
+      if (std::find(v.begin(), v.end(), en.slot) == v.end()) v.push_back(en.slot);
+      first_mb[en.slot] = first_mb.count(en.slot) ? std::min(first_mb[en.slot], en.microbatch) : en.microbatch;
+    }
+    if (en.stream == "param-up") {
+      const auto c = en.label.rfind(" c");
+      ASSERT_NE(c, std::string::npos) << en.label;
+      chunk_start[en.slot][std::stoi(en.label.substr(c + 2))] = en.start_s;
+    }
+    if (en.stream == "act-up") input_end[en.slot][en.microbatch] = en.end_s;
+  }
+  int checked = 0;
+  for (auto& [w, slots] : slots_of_worker) {
+    std::sort(slots.begin(), slots.end());
+    ASSERT_EQ(chunk_start[slots[0]].size(), 1u) << "nothing runs before the first stage: one chunk";
+    for (size_t i = 1; i < slots.size(); ++i) {
+      const int prev = slots[i - 1], cur = slots[i];
+      ASSERT_EQ(chunk_start[cur].size(), static_cast<size_t>(MR)) << "slot " << cur;
+      for (int j = 0; j < MR; ++j) {
+        EXPECT_GE(chunk_start[cur][j], input_end[prev][first_mb[prev] + j]) << "slot " << cur << " chunk " << j;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, (12 - N) * MR);
+  // Every weight byte went up exactly once per stage: per round the forward stages and the
+  // backward stages each cover layers 0..3 and the fused stage layers 4..5.
+  auto layer_bytes = [&](int l) {
+    int64_t b = 0;
+    for (int id : e->store->layer_params(l)) b += static_cast<int64_t>(e->store->param(id).master.nbytes());
+    return b;
+  };
+  int64_t want = 0;
+  for (int l = 0; l < 4; ++l) want += 2 * layer_bytes(l);
+  want += layer_bytes(4) + layer_bytes(5);
+  int64_t up = 0;
+  for (const auto& d : e->devices) up += d->TransferBytes(workers::StreamKind::kParamUp);
+  EXPECT_EQ(up, 2 * want);
+}
+
 TEST(ControllerErrors, BadBatchesAreRejectedAndTheEngineStaysUsable) {
   const TransformerConfig cfg = TinyQwen3();
   auto e = MakeEngine(cfg, 2, {{2, 1}, 2, {2, 1}}, 2, 0, {});
