@@ -14,5 +14,7 @@ function(rp_add_test)
   rp_set_warnings(${ARG_NAME})
   gtest_discover_tests(${ARG_NAME}
     DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300)
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300
+               # GTEST_SKIP (e.g. GPU tests without a GPU) shows as "Skipped" in ctest, not "Passed".
+               SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
