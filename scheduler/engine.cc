@@ -401,6 +401,7 @@ EngineStats Engine::Stats() const {
   EngineStats s;
   for (const auto& d : devices_) {
     s.devices.push_back(d->name());
+    s.descriptions.push_back(d->description());
     auto& bytes = s.transfer_bytes.emplace_back();
     for (int k = 0; k < workers::kNumStreamKinds; ++k) bytes[k] = d->TransferBytes(static_cast<workers::StreamKind>(k));
     s.memory.push_back(d->Memory());

@@ -103,6 +103,7 @@ struct Batch {
 
 struct EngineStats {
   std::vector<std::string> devices;
+  std::vector<std::string> descriptions;  // per device, e.g. the GPU model
   int jobs_total = 0;
   int jobs_active = 0;
   int64_t host_model_bytes = 0;  // of the running job

@@ -40,13 +40,15 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerCo
     return r;
   }
   const scheduler::EngineStats s = engine_->Stats();
-  for (const auto& name : s.devices) {
+  for (size_t i = 0; i < s.devices.size(); ++i) {
     v1::DeviceInfo* d = resp->add_devices();
-    d->set_name(name);
-    d->set_description(name.rfind("cpu", 0) == 0 ? "CPU worker (LibTorch CPU backend)" : "CUDA device");
+    d->set_name(s.devices[i]);
+    d->set_description(s.descriptions[i]);
+    d->set_memory_bytes(s.memory[i].device_total_bytes);
+    d->set_memory_used_bytes(s.memory[i].device_in_use_bytes);
   }
   resp->set_host_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
-  resp->set_pinned_memory_bytes(0);
+  resp->set_pinned_memory_bytes(s.memory.empty() ? 0 : s.memory.front().pinned_reserved_bytes);
   *resp->mutable_build() = CollectBuildInfo();
   resp->set_cpu_adamw_path(workers::BestSimdPathName());
   resp->set_jobs_active(manager_->active_jobs());

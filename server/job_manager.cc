@@ -703,8 +703,12 @@ void JobManager::RecordIterationMetrics(const scheduler::IterationStats& st) {
     }
   }
   metrics_->host_memory.Add({{"pool", "model_states"}}).Set(static_cast<double>(es.host_model_bytes));
-  metrics_->host_memory.Add({{"pool", "pinned"}}).Set(0);
-  for (const auto& name : es.devices) metrics_->device_memory.Add({{"device", name}}).Set(0);
+  // The pinned arena is shared by all CUDA workers: any device reports it (zero on CPU).
+  metrics_->host_memory.Add({{"pool", "pinned"}})
+      .Set(es.memory.empty() ? 0.0 : static_cast<double>(es.memory.front().pinned_reserved_bytes));
+  for (size_t d = 0; d < es.devices.size() && d < es.memory.size(); ++d) {
+    metrics_->device_memory.Add({{"device", es.devices[d]}}).Set(static_cast<double>(es.memory[d].device_in_use_bytes));
+  }
 }
 
 namespace {

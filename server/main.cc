@@ -38,7 +38,7 @@ ABSL_FLAG(std::vector<std::string>, listen, {},
           "gRPC listen addresses, comma separated: host:port (port 0 = any free port) or unix:PATH");
 ABSL_FLAG(std::string, state_dir, "", "state directory (job store, job outputs); default /var/lib/roundpipe");
 ABSL_FLAG(std::string, metrics_address, "-", "Prometheus /metrics address host:port; empty disables; '-' = config");
-ABSL_FLAG(std::string, devices, "", "devices the daemon owns: cpu:N (default cpu:1)");
+ABSL_FLAG(std::string, devices, "", "devices the daemon owns: cpu:N, cuda (every GPU) or cuda:I,J,... (default cpu:1)");
 ABSL_FLAG(std::vector<std::string>, allowed_root, {}, "directories client-named paths must resolve into");
 ABSL_FLAG(std::string, log_level, "", "trace, debug, info, warn or error");
 ABSL_FLAG(bool, validate_config, false, "check the configuration, print the effective config and exit (0 = valid)");

@@ -25,8 +25,8 @@ using scheduler::JobSpec;
 using scheduler::JobState;
 using workers::StreamKind;
 
-#define RP_REQUIRE_GPU()                                                          \
-  do {                                                                            \
+#define RP_REQUIRE_GPU()                                                           \
+  do {                                                                             \
     if (workers::VisibleCudaDevices() == 0) GTEST_SKIP() << "no CUDA GPU visible"; \
   } while (0)
 

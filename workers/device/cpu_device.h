@@ -47,6 +47,7 @@ class CpuDevice final : public Device {
   int index() const override { return index_; }
   std::string name() const override { return "cpu:" + std::to_string(index_); }
   c10::Device torch_device() const override { return c10::Device(c10::kCPU); }
+  std::string description() const override { return "CPU worker (LibTorch CPU backend)"; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   at::Tensor Upload(const at::Tensor& host) override;

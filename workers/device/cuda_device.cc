@@ -132,6 +132,16 @@ CudaDevice::CudaDevice(int index, int gpu, std::string name, std::shared_ptr<Pin
                        const DeviceOptions& options, Timeline* timeline)
     : index_(index), gpu_(gpu), name_(std::move(name)), arena_(std::move(arena)), options_(options) {
   const auto dev = static_cast<c10::DeviceIndex>(gpu);
+  // Initialise CUDA and the caching allocator for this GPU now (a tiny allocation), so Memory()
+  // and the stream pool work before the first stage runs.
+  (void)at::empty({1}, at::TensorOptions().device(c10::Device(c10::kCUDA, dev)));
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, gpu) == cudaSuccess) {
+    description_ = absl::StrCat(prop.name, " (GPU ", gpu, ")");
+    total_bytes_ = static_cast<int64_t>(prop.totalGlobalMem);
+  } else {
+    description_ = absl::StrCat("CUDA GPU ", gpu);
+  }
   for (int k = 0; k < kNumStreamKinds; ++k) {
     const auto kind = static_cast<StreamKind>(k);
     // Activation transfers gate compute (paper §4.2.2): their streams get the high priority.
@@ -211,6 +221,7 @@ Device::MemoryStats CudaDevice::Memory() const {
   m.device_in_use_bytes = s.allocated_bytes[kAggregate].current;
   m.device_peak_bytes = s.allocated_bytes[kAggregate].peak;
   m.device_reserved_bytes = s.reserved_bytes[kAggregate].current;
+  m.device_total_bytes = total_bytes_;
   const PinnedArena::Stats p = arena_->stats();
   m.pinned_reserved_bytes = p.reserved_bytes;
   m.pinned_in_use_bytes = p.in_use_bytes;

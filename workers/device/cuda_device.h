@@ -88,6 +88,7 @@ class CudaDevice final : public Device {
   int index() const override { return index_; }
   std::string name() const override { return name_; }
   c10::Device torch_device() const override;
+  std::string description() const override { return description_; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   at::Tensor Upload(const at::Tensor& host) override;
@@ -105,6 +106,8 @@ class CudaDevice final : public Device {
   const std::string name_;
   const std::shared_ptr<PinnedArena> arena_;
   const DeviceOptions options_;
+  std::string description_;
+  int64_t total_bytes_ = 0;
   std::unique_ptr<CudaStream> streams_[kNumStreamKinds];
   std::mutex resident_mu_;
   std::map<const void*, at::Tensor> resident_;  // keep_weights_resident only

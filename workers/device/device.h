@@ -84,11 +84,14 @@ class Device {
     int64_t device_in_use_bytes = 0;
     int64_t device_peak_bytes = 0;
     int64_t device_reserved_bytes = 0;
+    int64_t device_total_bytes = 0;  // the card's memory
     int64_t pinned_reserved_bytes = 0;
     int64_t pinned_in_use_bytes = 0;
     int64_t pinned_peak_bytes = 0;
   };
   virtual MemoryStats Memory() const { return {}; }
+  // For humans: "CPU worker (LibTorch CPU backend)", "NVIDIA H200 (GPU 0)".
+  virtual std::string description() const = 0;
   virtual void ResetPeakMemory() {}
 
   void SynchronizeAll() {

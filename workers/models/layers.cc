@@ -173,14 +173,20 @@ HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weig
   const int64_t T = hn.size(0);
   r.grad_hidden = at::zeros_like(hn);
   r.grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
-  const at::Tensor wf = weight.to(at::kFloat);
+  // On a GPU with a bf16/fp16 model the three head GEMMs run in the model's dtype on tensor
+  // cores (fp32 accumulation inside cuBLAS), with logits, softmax and the loss in fp32 — the
+  // head of a 150k-vocabulary model is the largest GEMM of the network. On the CPU backend (and
+  // for fp32 models) everything stays fp32, as the tests' references do.
+  const bool low_precision = hn.is_cuda() && weight.scalar_type() != at::kFloat;
+  const at::Tensor wf = low_precision ? weight : weight.to(at::kFloat);
   for (int64_t start = 0; start < T; start += chunk) {
     const int64_t n = std::min(chunk, T - start);
-    at::Tensor hc = hn.narrow(0, start, n).to(at::kFloat);
+    at::Tensor hc =
+        low_precision ? hn.narrow(0, start, n).to(weight.scalar_type()) : hn.narrow(0, start, n).to(at::kFloat);
     at::Tensor lc = labels.narrow(0, start, n);
     at::Tensor valid = lc.ne(kIgnoreIndex);
     at::Tensor safe = at::where(valid, lc, at::zeros_like(lc));
-    at::Tensor logits = at::matmul(hc, wf.t());  // [n, V], the only full-width tensor, one chunk
+    at::Tensor logits = at::matmul(hc, wf.t()).to(at::kFloat);  // [n, V], the only full-width tensor
     at::Tensor lse = at::logsumexp(logits, 1);
     at::Tensor target = logits.gather(1, safe.unsqueeze(1)).squeeze(1);
     at::Tensor vf = valid.to(at::kFloat);
@@ -190,6 +196,7 @@ HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weig
     at::Tensor g = at::exp(logits - lse.unsqueeze(1));
     g.scatter_add_(1, safe.unsqueeze(1), -at::ones({n, 1}, g.options()));
     g.mul_((vf * scale).unsqueeze(1));
+    if (low_precision) g = g.to(weight.scalar_type());
     r.grad_hidden.narrow(0, start, n).copy_(at::matmul(g, wf));
     r.grad_weight.add_(at::matmul(g.t(), hc));
   }

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh — the GPU check, in one command, for a machine with an NVIDIA GPU and a
+# CUDA PyTorch but none of our Debian libraries (the lent device machine: ../shared/DEVICE.md).
+#
+#   here (a Debian 12 machine with network):  bash tests/gpu/run.sh --fetch
+#       downloads the .deb files the engine build needs into .devdeps/ (git-ignored, ~3 MB)
+#   there (the command given to the device tool, with carry [".devdeps"]):
+#       OUT=/some/dir bash tests/gpu/run.sh
+#
+# There it unpacks .devdeps/*.deb into a private prefix (never into /), configures the engine
+# only (-DRP_WITH_SERVER=OFF: no gRPC/protobuf/prometheus needed) against the machine's own
+# LibTorch (python3 -c 'import torch'), builds the GPU tests and the GPU benchmark with every
+# core, runs the tests (ctest label "gpu"), then the benchmark, and prints a short table last.
+# Full logs go to $OUT (build.log, gpu_tests.log, gpu_tests.xml, bench.log, bench.json).
+#   RP_GPU_BUDGET_S   wall-clock budget for the whole script (default 480): the benchmark's
+#                     optional parts are dropped when time runs short
+#   RP_PYTHON         the Python whose torch to build against (default python3)
+#   RP_BENCH_ARGS     extra gpu_bench flags
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DEBS="$ROOT/.devdeps"
+# Engine-only build dependencies (Debian 12 names): Abseil, GoogleTest/GoogleMock, nlohmann-json, zlib.
+PKGS="libabsl-dev libabsl20220623 libgtest-dev libgmock-dev nlohmann-json3-dev zlib1g-dev zlib1g"
+
+if [ "${1:-}" = --fetch ]; then
+  mkdir -p "$DEBS"
+  (cd "$DEBS" && apt-get download $PKGS)
+  ls -la "$DEBS"
+  exit 0
+fi
+
+START=$(date +%s)
+BUDGET="${RP_GPU_BUDGET_S:-480}"
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+OUT="${OUT:-$ROOT/build-gpu/out}"
+mkdir -p "$OUT"
+PY="${RP_PYTHON:-python3}"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+ls "$DEBS"/*.deb >/dev/null 2>&1 || { echo "no .deb files in $DEBS: run 'bash tests/gpu/run.sh --fetch' first and carry .devdeps" >&2; exit 2; }
+DD="$(mktemp -d)"
+for f in "$DEBS"/*.deb; do dpkg -x "$f" "$DD"; done
+TORCH_PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
+say "torch: $TORCH_VERSION; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'nvidia-smi unavailable')"
+# Debian's zlib1g-dev links libz.so to the runtime in the same (private) lib dir.
+export CMAKE_PREFIX_PATH="$TORCH_PREFIX;$DD/usr"
+export LD_LIBRARY_PATH="$DD/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BUILD="$ROOT/build-gpu"
+ARCH="$("$PY" -c 'import torch; c = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(f"{c[0]}.{c[1]}")')"
+
+t0=$(date +%s)
+if ! {
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
+    -DTorch_DIR="$TORCH_PREFIX/Torch" -DTORCH_CUDA_ARCH_LIST="$ARCH" \
+    -DZLIB_ROOT="$DD/usr" -DZLIB_INCLUDE_DIR="$DD/usr/include" \
+    -DZLIB_LIBRARY="$DD/usr/lib/x86_64-linux-gnu/libz.so" &&
+    cmake --build "$BUILD" -j "$(nproc)" --target cuda_backend_test gpu_bench
+} >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"
+  say "BUILD FAILED after $(($(date +%s) - t0)) s (see build.log)"
+  exit 1
+fi
+say "build (engine + GPU tests + bench, $(nproc) jobs): $(($(date +%s) - t0)) s"
+
+# GPU tests: the CUDA backend against the CPU backend (N = 1..3 workers sharing GPU 0).
+t0=$(date +%s)
+set +e
+timeout $(( $(left) / 2 )) "$BUILD/tests/gpu/cuda_backend_test" --gtest_output="xml:$OUT/gpu_tests.xml" \
+  >"$OUT/gpu_tests.log" 2>&1
+TEST_RC=$?
+set -e
+PASSED=$(grep -c '^\[       OK \]' "$OUT/gpu_tests.log" || true)
+FAILED=$(grep -c '^\[  FAILED  \].*ms)' "$OUT/gpu_tests.log" || true)
+SKIPPED=$(grep -c '^\[  SKIPPED \].*ms)' "$OUT/gpu_tests.log" || true)
+say "gpu tests: rc=$TEST_RC passed=$PASSED failed=$FAILED skipped=$SKIPPED ($(($(date +%s) - t0)) s)"
+grep '^\[  FAILED  \]' "$OUT/gpu_tests.log" | head -20 | tee -a "$SUMMARY" || true
+
+# Benchmark: Qwen3-1.7B shape, bf16, seq 2048; max sequence at micro-batch 1 if time allows.
+t0=$(date +%s)
+REMAIN=$(left)
+MAXSEQ="131072,294912"
+if [ "$REMAIN" -lt 300 ]; then MAXSEQ=""; fi
+set +e
+timeout $((REMAIN - 15)) "$BUILD/tests/bench/gpu_bench" --devices=cuda:0 --model=qwen3-1.7b --seq=2048 \
+  --microbatches=16 --warmup=3 --iterations=4 --max_seq="$MAXSEQ" --max_seq_seconds=$((REMAIN - 200)) \
+  --json="$OUT/bench.json" ${RP_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+BENCH_RC=$?
+set -e
+say "bench: rc=$BENCH_RC ($(($(date +%s) - t0)) s)"
+echo
+echo "=== summary ($(($(date +%s) - START)) s) ==="
+cat "$SUMMARY"
+echo "--- gpu_bench ---"
+tail -32 "$OUT/bench.log"
+[ "$TEST_RC" = 0 ] && [ "$BENCH_RC" = 0 ]
