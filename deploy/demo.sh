@@ -21,15 +21,21 @@ if [ "$#" -gt 0 ]; then TEXT=("$@"); else
 fi
 WORK="$(mktemp -d /tmp/roundpipe-demo.XXXXXX)"
 mkdir -p "$WORK/data"
-# Workers: one CPU worker per core (at most 4). The CUDA backend is not built yet; see docs/DAEMON.md.
+# Workers: every GPU when there is one (RP_DEMO_DEVICES overrides), else one CPU worker per core
+# (2..4).
 WORKERS=$(( $(nproc) < 4 ? $(nproc) : 4 )); [ "$WORKERS" -ge 2 ] || WORKERS=2
+DEVICES="${RP_DEMO_DEVICES:-cpu:$WORKERS}"
+if [ -z "${RP_DEMO_DEVICES:-}" ] && nvidia-smi -L >/dev/null 2>&1; then
+  DEVICES=cuda
+  WORKERS=$(nvidia-smi -L | grep -c '^GPU')  # the global batch below keeps >= 2 micro-batches per worker
+fi
 
 echo "== data: byte-level tokens of ${#TEXT[@]} file(s)"
 "$CLI" tokenize --out "$WORK/data/text.bin" "${TEXT[@]}"
 
 echo "== starting roundpiped (state in $WORK/state, log in $WORK/roundpiped.log)"
 "$DAEMON" --state_dir "$WORK/state" --listen 127.0.0.1:0 --metrics_address 127.0.0.1:0 \
-  --devices "cpu:$WORKERS" --allowed_root "$WORK/data" --ready_file "$WORK/ready.json" \
+  --devices "$DEVICES" --allowed_root "$WORK/data" --ready_file "$WORK/ready.json" \
   >"$WORK/roundpiped.log" 2>&1 &
 DAEMON_PID=$!
 cleanup() { kill "$DAEMON_PID" 2>/dev/null || true; }

@@ -232,6 +232,22 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
   const int64_t valid = labels.ne(workers::models::kIgnoreIndex).sum().item<int64_t>();
   if (valid == 0) return absl::InvalidArgumentError("batch: no token has a label to train on");
 
+  // Micro-batch inputs go into the devices' host memory (pinned on CUDA: asynchronous uploads).
+  const int64_t per = tokens.size(0) / M;
+  std::vector<at::Tensor> in_tokens, in_labels;
+  try {
+    for (int m = 0; m < M; ++m) {
+      for (auto [src, dst] : {std::pair{&tokens, &in_tokens}, std::pair{&labels, &in_labels}}) {
+        const at::Tensor part = src->narrow(0, m * per, per);
+        at::Tensor h = devices_.front()->EmptyHost(part.sizes(), part.scalar_type());
+        h.copy_(part);
+        dst->push_back(std::move(h));
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("batch: ", e.what()));
+  }
+
   if (planned_ && !(planned_->partition == opt_.partition)) {
     if (async) {
       // A new partition changes the per-layer event counts: drain once (a Flush-like point), so
@@ -266,10 +282,9 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
   f.lr = opt_.lr_schedule.At(opt_.adamw.lr, opt_.first_step + T + 1);
 
   if (!async || inflight_.empty()) acts_.ResetPeak();
-  const int64_t per = tokens.size(0) / M;
   for (int m = 0; m < M; ++m) {
-    acts_.Put(workers::ActKind::kActivation, 0, m, tokens.narrow(0, m * per, per).clone(), act_consumers_[0], T);
-    acts_.Put(workers::ActKind::kLabels, 0, m, labels.narrow(0, m * per, per).clone(), 1, T);
+    acts_.Put(workers::ActKind::kActivation, 0, m, std::move(in_tokens[m]), act_consumers_[0], T);
+    acts_.Put(workers::ActKind::kLabels, 0, m, std::move(in_labels[m]), 1, T);
   }
 
   planning::DispatchOptions d;

@@ -39,7 +39,7 @@ void ApplyDefaults(roundpipe::v1::DaemonConfig* c) {
     c->add_listen(absl::StrCat("unix:", c->state_dir(), "/roundpiped.sock"));
     c->add_listen("127.0.0.1:50151");
   }
-  if (c->devices().empty()) c->set_devices("cpu:1");
+  if (c->devices().empty()) c->set_devices("auto");
   if (c->max_message_bytes() == 0) c->set_max_message_bytes(int64_t{64} << 20);
   if (c->max_queued_batches() == 0) c->set_max_queued_batches(8);
   if (c->drain_deadline_seconds() == 0) c->set_drain_deadline_seconds(120);
@@ -119,8 +119,8 @@ absl::Status ValidateConfig(const roundpipe::v1::DaemonConfig& c) {
   if (lv != "trace" && lv != "debug" && lv != "info" && lv != "warn" && lv != "error") {
     problems.push_back(absl::StrCat("log_level '", lv, "': expected trace, debug, info, warn or error"));
   }
-  if (!absl::StartsWith(c.devices(), "cpu:") && !absl::StartsWith(c.devices(), "cuda")) {
-    problems.push_back(absl::StrCat("devices '", c.devices(), "': expected cpu:N or cuda[:i,j,...]"));
+  if (c.devices() != "auto" && !absl::StartsWith(c.devices(), "cpu:") && !absl::StartsWith(c.devices(), "cuda")) {
+    problems.push_back(absl::StrCat("devices '", c.devices(), "': expected auto, cpu:N or cuda[:i,j,...]"));
   }
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("invalid config: ", absl::StrJoin(problems, "; ")));

@@ -38,7 +38,9 @@ ABSL_FLAG(std::vector<std::string>, listen, {},
           "gRPC listen addresses, comma separated: host:port (port 0 = any free port) or unix:PATH");
 ABSL_FLAG(std::string, state_dir, "", "state directory (job store, job outputs); default /var/lib/roundpipe");
 ABSL_FLAG(std::string, metrics_address, "-", "Prometheus /metrics address host:port; empty disables; '-' = config");
-ABSL_FLAG(std::string, devices, "", "devices the daemon owns: cpu:N, cuda (every GPU) or cuda:I,J,... (default cpu:1)");
+ABSL_FLAG(std::string, devices, "",
+          "devices the daemon owns: auto (every GPU, else one CPU worker; the default), cpu:N, cuda (every GPU) or "
+          "cuda:I,J,...");
 ABSL_FLAG(std::vector<std::string>, allowed_root, {}, "directories client-named paths must resolve into");
 ABSL_FLAG(std::string, log_level, "", "trace, debug, info, warn or error");
 ABSL_FLAG(bool, validate_config, false, "check the configuration, print the effective config and exit (0 = valid)");
@@ -143,6 +145,11 @@ int main(int argc, char** argv) {
     metrics_bound = absl::StrCat(host, ":", ports.empty() ? 0 : ports.front());
   }
 
+  if (config.devices() == "auto") {
+    const int gpus = rp::workers::VisibleCudaDevices();
+    config.set_devices(gpus > 0 ? "cuda" : "cpu:1");
+    spdlog::info("devices=auto: {} GPU(s) visible, using {}", gpus, config.devices());
+  }
   auto engine = rp::scheduler::Engine::Create({config.devices()});
   if (!engine.ok()) return Fail(std::string(engine.status().message()), 2);
 
