@@ -201,8 +201,8 @@ TEST_P(CudaMatchesCpu, LossesAndWeights) {
   const bool fp32 = c.master == at::kFloat;
   // fp32: only summation order differs (cuBLAS vs CPU GEMM, flash/efficient attention vs the
   // CPU kernel). bf16: both round activations to bf16 at different points.
-  const double loss_tol = fp32 ? 1e-5 : 2e-2;
-  const double weight_tol = fp32 ? 1e-4 : 3e-2;
+  const double loss_tol = fp32 ? 2e-5 : 2e-2;
+  const double weight_tol = fp32 ? 2e-4 : 3e-2;
   for (int i = 0; i < steps; ++i) EXPECT_NEAR(gpu.losses[i], cpu.losses[i], loss_tol * cpu.losses[i]) << "step " << i;
   ASSERT_EQ(gpu.weights.size(), cpu.weights.size());
   for (const auto& [name, w] : cpu.weights) {
