@@ -40,23 +40,28 @@ SUMMARY="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
 ls "$DEBS"/*.deb >/dev/null 2>&1 || { echo "no .deb files in $DEBS: run 'bash tests/gpu/run.sh --fetch' first and carry .devdeps" >&2; exit 2; }
-DD="$(mktemp -d)"
+BUILD="$ROOT/build-gpu"
+# A fixed private prefix inside the build dir, so a rerun's CMake cache still points at it.
+DD="$BUILD/devdeps"
+rm -rf "$DD" && mkdir -p "$DD"
 for f in "$DEBS"/*.deb; do dpkg -x "$f" "$DD"; done
 TORCH_PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
 say "torch: $TORCH_VERSION; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'nvidia-smi unavailable')"
-# Debian's zlib1g-dev links libz.so to the runtime in the same (private) lib dir.
-export CMAKE_PREFIX_PATH="$TORCH_PREFIX;$DD/usr"
+# Debian's zlib1g-dev's libz.so is an absolute link into /lib (another zlib version there):
+# link against the unpacked runtime file itself; at run time any libz.so.1 will do.
+ZLIB_SO="$(ls "$DD"/lib/x86_64-linux-gnu/libz.so.1.* | head -1)"
+# (A CMake *variable*, ';'-separated: the CMAKE_PREFIX_PATH environment variable splits on ':'.)
+PREFIXES="$TORCH_PREFIX;$DD/usr"
 export LD_LIBRARY_PATH="$DD/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-BUILD="$ROOT/build-gpu"
 ARCH="$("$PY" -c 'import torch; c = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(f"{c[0]}.{c[1]}")')"
 
 t0=$(date +%s)
 if ! {
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
-    -DTorch_DIR="$TORCH_PREFIX/Torch" -DTORCH_CUDA_ARCH_LIST="$ARCH" \
+    -DCMAKE_PREFIX_PATH="$PREFIXES" -DTorch_DIR="$TORCH_PREFIX/Torch" -DTORCH_CUDA_ARCH_LIST="$ARCH" \
     -DZLIB_ROOT="$DD/usr" -DZLIB_INCLUDE_DIR="$DD/usr/include" \
-    -DZLIB_LIBRARY="$DD/usr/lib/x86_64-linux-gnu/libz.so" &&
+    -DZLIB_LIBRARY="$ZLIB_SO" &&
     cmake --build "$BUILD" -j "$(nproc)" --target cuda_backend_test gpu_bench
 } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
