@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/comparison.h"
 #include "scheduler/planning/dispatch_plan.h"
+#include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
 #include "workers/device/test_hooks.h"
 #include "workers/models/layers.h"
@@ -158,6 +159,39 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
     }
     base.layers.push_back(c);
   }
+  // Activation memory per token from the model's shape (the same estimate the simulator uses),
+  // at the micro-batch shape of the profiled batches.
+  const workers::models::TransformerConfig& tc = store_->config();
+  planning::ModelConfig mc;
+  mc.name = tc.family;
+  mc.num_blocks = tc.num_blocks;
+  mc.hidden = tc.hidden;
+  mc.intermediate = tc.intermediate;
+  mc.num_heads = tc.num_heads;
+  mc.num_kv_heads = tc.num_kv_heads;
+  mc.head_dim = tc.head_dim;
+  mc.vocab = tc.vocab;
+  mc.tied_embeddings = tc.tied_embeddings;
+  mc.lora_rank = tc.lora.rank;
+  planning::DeviceProfile dp;  // only the memory fields of the estimate are used
+  dp.name = "measured";
+  dp.peak_matmul_flops = 1e15;
+  dp.memory_bandwidth = 1e12;
+  dp.host_link_bandwidth = 1e10;
+  planning::AnalyticOptions ao;
+  ao.micro_batch_size = std::max<int64_t>(1, last_microbatch_rows_);
+  ao.sequence_length = std::max<int64_t>(1, last_seq_len_);
+  ao.dtype_bytes = static_cast<int>(c10::elementSize(store_->master_dtype()));
+  ao.grad_bytes = ao.dtype_bytes;
+  ao.loss_chunk_tokens = static_cast<int>(opt_.head_chunk_tokens);
+  if (auto a = planning::AnalyticCostModel(mc, dp, ao); a.ok() && a->num_layers() == L) {
+    base.tokens_per_microbatch = a->tokens_per_microbatch;
+    base.boundary_bytes_per_token = a->boundary_bytes_per_token;
+    for (int l = 0; l < L; ++l) {
+      base.layers[static_cast<size_t>(l)].act_bytes_per_token = a->layers[static_cast<size_t>(l)].act_bytes_per_token;
+      base.layers[static_cast<size_t>(l)].fixed_work_bytes = a->layers[static_cast<size_t>(l)].fixed_work_bytes;
+    }
+  }
   planning::CostModel measured = profile_->Apply(base);
   measured_ = measured;
   auto r =
@@ -234,6 +268,8 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
 
   // Micro-batch inputs go into the devices' host memory (pinned on CUDA: asynchronous uploads).
   const int64_t per = tokens.size(0) / M;
+  last_microbatch_rows_ = per;
+  last_seq_len_ = tokens.size(1);
   std::vector<at::Tensor> in_tokens, in_labels;
   try {
     for (int m = 0; m < M; ++m) {

@@ -58,7 +58,10 @@ struct ControllerOptions {
   // ignored then. In async mode the switch drains the pipeline once.
   bool auto_partition = false;
   int profile_iterations = 3;
-  int64_t stage_memory_cap = 0;  // per stage, for the automatic partition (0 = none)
+  // Device memory one stage may use, for the automatic partition (0 = none): weights, device
+  // gradients and the activations autograd keeps (estimated from the model's shape and the
+  // profiled batches' micro-batch size and sequence length, planning::AnalyticCostModel).
+  int64_t stage_memory_cap = 0;
   // Choose among the paper objective's best candidates by simulating them on the measured
   // times (planning::SimulatedBestPartition); false = the paper's objective alone.
   bool partition_by_simulation = true;
@@ -156,6 +159,7 @@ class Controller {
   void RecordProfile(int iteration, const InFlight& f);
   std::unique_ptr<planning::MeasuredProfile> profile_;
   int profiled_iterations_ = 0;
+  int64_t last_microbatch_rows_ = 0, last_seq_len_ = 0;  // shape of the latest batch's micro-batches
   std::optional<planning::PartitionResult> planned_;
   std::optional<planning::CostModel> measured_;
   std::map<int, InFlight> inflight_;

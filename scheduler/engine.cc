@@ -95,6 +95,19 @@ absl::StatusOr<planning::Partition> PlanFromParameterSizes(const workers::models
   return r->partition;
 }
 
+int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices) {
+  std::map<std::string, int> sharing;  // physical device -> workers on it
+  for (workers::Device* d : devices) ++sharing[d->torch_device().str()];
+  int64_t cap = 0;
+  for (workers::Device* d : devices) {
+    const int64_t total = d->Memory().device_total_bytes;
+    if (total <= 0) return 0;
+    const int64_t share = total / sharing[d->torch_device().str()] * 9 / 10 / 2;
+    cap = cap == 0 ? share : std::min(cap, share);
+  }
+  return cap;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   auto devices =
@@ -189,6 +202,11 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   o.loss_scaler.enabled = spec.master_dtype == at::kHalf;
   o.mode = spec.optimizer_mode;
   o.auto_partition = spec.auto_partition;
+  {
+    std::vector<workers::Device*> raw_devices;
+    for (auto& d : devices_) raw_devices.push_back(d.get());
+    o.stage_memory_cap = spec.stage_memory_cap > 0 ? spec.stage_memory_cap : DefaultStageMemoryCap(raw_devices);
+  }
   job->spec = spec;
   if (resumed) {
     o.first_step = resumed->step;

@@ -66,7 +66,10 @@ struct JobSpec {
   int checkpoint_keep_last = 3;
   std::optional<planning::Partition> partition;  // default: planned from parameter sizes
   bool auto_partition = false;                   // profile one layer per slot, then plan from measured times
-  int microbatches = 0;                          // 0 = number of devices
+  // Per-stage device memory for the automatic partition; 0 = derived from the GPUs (see
+  // DefaultStageMemoryCap), none on the CPU backend.
+  int64_t stage_memory_cap = 0;
+  int microbatches = 0;  // 0 = number of devices
   int microbatches_per_round = 0;
   workers::AdamWOptions adamw;
   workers::LrSchedule lr_schedule;
@@ -112,6 +115,11 @@ struct EngineStats {
   // Per device: GPU memory of its card and the engine's pinned host arena (zeros on CPU).
   std::vector<workers::Device::MemoryStats> memory;
 };
+
+// 90 % of the smallest per-worker share of GPU memory (a GPU's memory divided among the workers
+// that share it), halved because one stage is prefetched while one runs; 0 when any device has
+// no memory figure (CPU).
+int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices);
 
 class Engine {
  public:

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/controller.h"
+#include "scheduler/engine.h"
 #include "workers/device/device.h"
 #include "workers/models/layers.h"
 
@@ -43,7 +44,8 @@ ABSL_FLAG(std::string, mode, "async", "optimizer mode: async or sync");
 ABSL_FLAG(bool, resident, true, "also run with weights kept resident (transfer overlap)");
 ABSL_FLAG(std::string, max_seq, "", "comma-separated sequence lengths to try at micro-batch 1, ascending");
 ABSL_FLAG(double, max_seq_seconds, 240, "stop the max-sequence search after this many seconds");
-ABSL_FLAG(double, stage_memory_gib, 0, "per-stage GPU memory cap for the automatic partition (0 = none)");
+ABSL_FLAG(double, stage_memory_gib, 0,
+          "per-stage GPU memory cap for the automatic partition (0 = the engine default: 90 % of the card / 2)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON here");
 
 namespace {
@@ -165,7 +167,8 @@ RunResult Run(rp::workers::HostModelStore& store, const std::string& devices, bo
   } else {
     o.auto_partition = true;
     o.profile_iterations = 2;
-    o.stage_memory_cap = static_cast<int64_t>(absl::GetFlag(FLAGS_stage_memory_gib) * (1 << 30));
+    const double gib = absl::GetFlag(FLAGS_stage_memory_gib);
+    o.stage_memory_cap = gib > 0 ? static_cast<int64_t>(gib * (1 << 30)) : rp::scheduler::DefaultStageMemoryCap(raw);
   }
   auto c = rp::scheduler::Controller::Create(o, &store, raw, &tl);
   if (!c.ok()) {

@@ -111,6 +111,24 @@ TEST(CudaDevice, RecordedEventsMeanCompletionAndTimelineHoldsGpuTimes) {
   EXPECT_TRUE(found);
 }
 
+TEST(CudaDevice, DefaultStageMemoryCapSharesTheCard) {
+  workers::Timeline tl;
+  auto cpu = workers::CreateDevices("cpu:2", &tl);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(scheduler::DefaultStageMemoryCap({(*cpu)[0].get(), (*cpu)[1].get()}), 0) << "no cap on the CPU backend";
+  RP_REQUIRE_GPU();
+  auto one = workers::CreateDevices("cuda:0", &tl);
+  auto two = workers::CreateDevices("cuda:0,0", &tl);
+  ASSERT_TRUE(one.ok() && two.ok());
+  const int64_t total = (*one)[0]->Memory().device_total_bytes;
+  ASSERT_GT(total, 0);
+  EXPECT_EQ((*two)[1]->name(), "cuda:0.1");
+  const int64_t cap1 = scheduler::DefaultStageMemoryCap({(*one)[0].get()});
+  const int64_t cap2 = scheduler::DefaultStageMemoryCap({(*two)[0].get(), (*two)[1].get()});
+  EXPECT_EQ(cap1, total * 9 / 10 / 2);
+  EXPECT_EQ(cap2, total / 2 * 9 / 10 / 2);
+}
+
 // ---- the engine: CUDA vs the CPU backend ---------------------------------------------------
 
 JobSpec TinySpec(const std::string& family) {

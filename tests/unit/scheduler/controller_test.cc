@@ -226,6 +226,47 @@ TEST(ControllerSchedule, WeightChunksFillTheWindowsBetweenTheRunningStagesInputU
   EXPECT_EQ(up, 2 * want);
 }
 
+// The automatic partition under a per-stage memory cap counts the activations autograd keeps
+// (from the model shape at the profiled batches' micro-batch shape), not only the weights: with
+// long sequences and a cap far above the whole model's weights the plan must still split.
+TEST(ControllerAutoPartition, MemoryCapCountsActivationsAtTheBatchShape) {
+  const TransformerConfig cfg = TinyLlama();
+  ControllerOptions o;
+  o.auto_partition = true;
+  o.profile_iterations = 2;
+  o.microbatches = 2;
+  workers::HostModelStore probe(cfg, at::kFloat, 1);
+  int64_t weights = 0;
+  for (int i = 0; i < probe.num_params(); ++i) weights += static_cast<int64_t>(probe.param(i).master.nbytes());
+  // Far above the whole model's weights and gradients, above any single layer's working set at
+  // this batch shape (the largest: the head's 4096-token loss chunk, ~2.1 MB), below all layers'.
+  o.stage_memory_cap = int64_t{3} << 20;
+  ASSERT_GT(o.stage_memory_cap, 10 * weights);
+  auto e = rp::testing::MakeRig(cfg, 1, o);
+  ASSERT_TRUE(e->controller);
+  const int64_t rows = 2, seq = 256;
+  for (int it = 0; it < 4; ++it) {
+    auto st = e->controller->RunIteration(RandomTokens(rows * o.microbatches, seq, cfg.vocab, 40 + it));
+    ASSERT_TRUE(st.ok()) << st.status();
+  }
+  auto costs = e->controller->measured_costs();
+  ASSERT_TRUE(costs.has_value()) << "the profile never completed";
+  EXPECT_EQ(costs->tokens_per_microbatch, rows * seq);
+  int64_t all_in_one = 0;
+  for (int l = 0; l < costs->num_layers(); ++l) {
+    EXPECT_GT(costs->layers[static_cast<size_t>(l)].act_bytes_per_token, 0) << "layer " << l;
+    all_in_one += costs->BackwardMemory(l);
+  }
+  ASSERT_GT(all_in_one, o.stage_memory_cap) << "the test needs a cap that one fused stage would break";
+  const planning::Partition& p = e->controller->partition();
+  int fused_or_backward = 0;
+  for (const planning::StageShape& st : planning::DescribeStages(p, *costs)) {
+    EXPECT_LE(st.memory_bytes, o.stage_memory_cap) << p.ToString();
+    fused_or_backward += st.kind != planning::StageShape::Kind::kForward;
+  }
+  EXPECT_GE(fused_or_backward, 2) << p.ToString();
+}
+
 TEST(ControllerErrors, BadBatchesAreRejectedAndTheEngineStaysUsable) {
   const TransformerConfig cfg = TinyQwen3();
   auto e = MakeEngine(cfg, 2, {{2, 1}, 2, {2, 1}}, 2, 0, {});
