@@ -29,6 +29,16 @@ namespace {
 // The stream whose thread is running (each CPU stream has its own thread): Upload/Download
 // attribute their bytes to it.
 thread_local int current_stream_kind = static_cast<int>(StreamKind::kParamUp);
+// The running operation's busy start on this stream thread: copy operations start being busy at
+// their first transfer, not while they wait on the host (e.g. for another worker's activation).
+thread_local double* current_op_start = nullptr;
+thread_local const Timeline* current_timeline = nullptr;
+thread_local bool current_op_started = false;
+void MarkTransferStart() {
+  if (current_op_started || current_op_start == nullptr || current_timeline == nullptr) return;
+  current_op_started = true;
+  *current_op_start = current_timeline->Now();
+}
 }  // namespace
 
 CpuStream::CpuStream(int worker, StreamKind kind, Timeline* timeline)
@@ -76,8 +86,11 @@ void CpuStream::Loop() {
       op = std::move(queue_.front());
       queue_.pop_front();
     }
-    const double t0 = timeline_ && !op.info.label.empty() ? timeline_->Now() : 0;
+    double t0 = timeline_ && !op.info.label.empty() ? timeline_->Now() : 0;
     MaybeDelayForTest();
+    current_op_start = &t0;
+    current_timeline = timeline_;
+    current_op_started = kind_ == StreamKind::kCompute;
     try {
       op.fn();  // operations report their own errors (see device.h); this is the safety net
     } catch (const std::exception& e) {
@@ -102,11 +115,13 @@ at::Tensor CpuDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {
 }
 
 at::Tensor CpuDevice::Upload(const at::Tensor& host) {
+  MarkTransferStart();
   CountTransfer(static_cast<StreamKind>(current_stream_kind), static_cast<int64_t>(host.nbytes()));
   return host.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
 at::Tensor CpuDevice::Download(const at::Tensor& on_device) {
+  MarkTransferStart();
   CountTransfer(static_cast<StreamKind>(current_stream_kind), static_cast<int64_t>(on_device.nbytes()));
   return on_device.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
@@ -116,6 +131,7 @@ at::Tensor CpuDevice::EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype)
 }
 
 void CpuDevice::CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& device_bytes) {
+  MarkTransferStart();
   CountTransfer(static_cast<StreamKind>(current_stream_kind), host_bytes.numel());
   device_bytes.copy_(host_bytes);
 }

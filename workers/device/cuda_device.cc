@@ -31,6 +31,13 @@ constexpr size_t kAggregate = 0;
 
 CudaStream* CudaStream::Current() { return current_stream; }
 
+void CudaStream::MarkTransferStart() {
+  if (started_) return;
+  started_ = true;
+  if (timeline_ != nullptr) host_start_ = timeline_->Now();
+  if (start_event_ != nullptr) (void)cudaEventRecord(start_event_, stream_.stream());
+}
+
 CudaStream::CudaStream(CudaDevice* device, StreamKind kind, c10::cuda::CUDAStream stream, Timeline* timeline)
     : device_(device), kind_(kind), stream_(stream), timeline_(timeline), thread_([this] { Loop(); }) {}
 
@@ -92,9 +99,14 @@ void CudaStream::Loop() {
       continue;
     }
     const bool timed = timeline_ != nullptr && !op.info.label.empty();
-    const double host_start = timed ? timeline_->Now() : 0;
     MaybeDelayForTest();
-    if (events_ok) (void)cudaEventRecord(start, stream_.stream());
+    // The busy interval starts with the operation's first device work: at once for compute; for
+    // a copy stream at its first transfer (MarkTransferStart), so time spent waiting on the host
+    // (an input upload blocking until another worker produced the activation) is not "busy".
+    started_ = false;
+    start_event_ = events_ok ? start : nullptr;
+    host_start_ = timed ? timeline_->Now() : 0;
+    if (kind_ == StreamKind::kCompute) MarkTransferStart();
     try {
       op.fn();  // operations report their own errors (device.h); this is the safety net
     } catch (const std::exception& e) {
@@ -103,6 +115,7 @@ void CudaStream::Loop() {
     }
     // Completion: the next operation (and any host Event recorded after this one) starts only
     // when the GPU has finished this one's work.
+    MarkTransferStart();  // no-op if the operation already did device work
     cudaError_t err = events_ok ? cudaEventRecord(end, stream_.stream()) : cudaErrorInvalidValue;
     err = err == cudaSuccess ? cudaEventSynchronize(end) : cudaStreamSynchronize(stream_.stream());
     if (err != cudaSuccess) {
@@ -115,9 +128,9 @@ void CudaStream::Loop() {
     if (timed) {
       const double host_end = timeline_->Now();
       float ms = 0;
-      double start_s = host_start;
+      double start_s = host_start_;
       if (events_ok && err == cudaSuccess && cudaEventElapsedTime(&ms, start, end) == cudaSuccess) {
-        start_s = std::max(host_start, host_end - ms / 1e3);  // GPU-measured duration
+        start_s = std::max(host_start_, host_end - ms / 1e3);  // GPU-measured duration
       }
       timeline_->Add({device_->index(), StreamKindName(kind_), std::move(op.info.label), op.info.iteration,
                       op.info.slot, op.info.microbatch, start_s, host_end});
@@ -165,6 +178,7 @@ at::Tensor CudaDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {
 at::Tensor CudaDevice::Upload(const at::Tensor& host) {
   CudaStream* cs = CudaStream::Current();
   if (cs == nullptr) throw std::logic_error("CudaDevice::Upload called outside a stream operation");
+  cs->MarkTransferStart();
   const StreamKind kind = cs->kind();
   at::Tensor src = host.is_contiguous() ? host : host.contiguous();
   if (options_.keep_weights_resident && kind == StreamKind::kParamUp) {
@@ -185,6 +199,7 @@ at::Tensor CudaDevice::Upload(const at::Tensor& host) {
 at::Tensor CudaDevice::EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype) {
   CudaStream* cs = CudaStream::Current();
   if (cs == nullptr) throw std::logic_error("CudaDevice::EmptyOnDevice called outside a stream operation");
+  cs->MarkTransferStart();
   at::Tensor dst = at::empty(sizes, at::TensorOptions().dtype(dtype).device(torch_device()));
   if (cs->kind() != StreamKind::kCompute) {
     // Allocated on a copy stream, used and freed by compute: tell the caching allocator, so the
@@ -198,6 +213,7 @@ at::Tensor CudaDevice::EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype
 void CudaDevice::CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& device_bytes) {
   CudaStream* cs = CudaStream::Current();
   if (cs == nullptr) throw std::logic_error("CudaDevice::CopyToDevice called outside a stream operation");
+  cs->MarkTransferStart();
   device_bytes.copy_(host_bytes, /*non_blocking=*/true);
   cs->KeepAlive(host_bytes);
   CountTransfer(cs->kind(), host_bytes.numel());
@@ -206,6 +222,7 @@ void CudaDevice::CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& de
 at::Tensor CudaDevice::Download(const at::Tensor& on_device) {
   CudaStream* cs = CudaStream::Current();
   if (cs == nullptr) throw std::logic_error("CudaDevice::Download called outside a stream operation");
+  cs->MarkTransferStart();
   at::Tensor src = on_device.is_contiguous() ? on_device : on_device.contiguous();
   at::Tensor host = EmptyHost(src.sizes(), src.scalar_type());
   host.copy_(src, /*non_blocking=*/true);

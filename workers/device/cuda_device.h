@@ -25,6 +25,7 @@
 #pragma once
 
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <condition_variable>
 #include <deque>
@@ -56,6 +57,9 @@ class CudaStream final : public Stream {
   void KeepAlive(at::Tensor t) { keep_alive_.push_back(std::move(t)); }
   // The stream whose operation is running on the calling thread (null elsewhere).
   static CudaStream* Current();
+  // From this stream's own operations: the device work of the running operation starts now
+  // (the first call counts; the timeline's busy interval begins here).
+  void MarkTransferStart();
 
  private:
   struct Op {
@@ -71,6 +75,9 @@ class CudaStream final : public Stream {
   const c10::cuda::CUDAStream stream_;
   Timeline* const timeline_;
   std::vector<at::Tensor> keep_alive_;  // stream thread only
+  bool started_ = false;                // stream thread only: the running op's timing
+  cudaEvent_t start_event_ = nullptr;
+  double host_start_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -43,6 +44,28 @@ TEST(CpuStream, RunsInOrderAndEventsOrderStreams) {
   EXPECT_EQ(entries[1].worker, 1);
   EXPECT_GE(entries[1].start_s, entries[0].end_s);
   EXPECT_NE(tl.ChromeTrace().find("\"traceEvents\""), std::string::npos);
+}
+
+// A copy operation is busy from its first transfer on: time it spends waiting on the host (an
+// input upload blocked until another worker produced the activation) is not transfer time. A
+// compute operation is busy from its start.
+TEST(CpuStream, CopyOperationsAreBusyFromTheirFirstTransferOn) {
+  Timeline tl;
+  auto devs = CreateDevices("cpu:1", &tl);
+  ASSERT_TRUE(devs.ok()) << devs.status();
+  Device& d = *(*devs)[0];
+  const auto wait = std::chrono::milliseconds(200);
+  d.stream(StreamKind::kActivationUp).Enqueue({"in", 0, 0, 0}, [&] {
+    std::this_thread::sleep_for(wait);  // stands for ActivationStore::Take blocking
+    (void)d.Upload(at::ones({4}));
+  });
+  d.stream(StreamKind::kCompute).Enqueue({"work", 0, 0, 0}, [&] { std::this_thread::sleep_for(wait); });
+  d.SynchronizeAll();
+  std::map<std::string, double> dur;
+  for (const auto& e : tl.Entries()) dur[e.label] = e.end_s - e.start_s;
+  ASSERT_EQ(dur.size(), 2u);
+  EXPECT_LT(dur["in"], 0.15) << "the host wait was counted as transfer time";
+  EXPECT_GE(dur["work"], 0.19);
 }
 
 TEST(Timeline, IsBoundedAndScansOnlyTheRecentTail) {
