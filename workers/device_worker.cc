@@ -186,18 +186,19 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
       Guarded(*s, "input upload", [&] {
         const planning::StageSlot& sl = s->task.slot;
         ActivationStore& acts = *s->ctx->acts;
+        // Every input first (Take blocks until it was produced), then the transfers.
         auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
         if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
-        s->in[static_cast<size_t>(m)] = s->dev->Upload(*x);
+        absl::StatusOr<at::Tensor> second = at::Tensor();
         if (sl.kind == SlotKind::kFused) {
-          auto y = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
-          if (!y.ok()) throw std::runtime_error(std::string(y.status().message()));
-          s->labels[static_cast<size_t>(m)] = s->dev->Upload(*y);
+          second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
         } else if (sl.kind == SlotKind::kBackward) {
-          auto g = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
-          if (!g.ok()) throw std::runtime_error(std::string(g.status().message()));
-          s->grad_out[static_cast<size_t>(m)] = s->dev->Upload(*g);
+          second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
         }
+        if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
+        s->in[static_cast<size_t>(m)] = s->dev->Upload(*x);
+        if (sl.kind == SlotKind::kFused) s->labels[static_cast<size_t>(m)] = s->dev->Upload(*second);
+        if (sl.kind == SlotKind::kBackward) s->grad_out[static_cast<size_t>(m)] = s->dev->Upload(*second);
       });
     });
     auto uploaded = MakeEvent();
