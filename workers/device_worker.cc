@@ -109,7 +109,6 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   // running stage's j-th input upload, so activation transfers (which gate compute) go first
   // and the weights fill the windows between them. Chunks are packed longest-processing-time
   // first; tensors larger than a fair share are split.
-  std::vector<planning::TransferPiece> no_pieces;
   std::vector<std::vector<planning::TransferPiece>> chunks;
   if (!device_->keeps_weights_resident()) {
     std::vector<planning::TensorExtent> extents;
@@ -119,7 +118,12 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     }
     const int windows = std::max<int>(1, static_cast<int>(prev_inputs_uploaded_.size()));
     auto plan = planning::PlanTransferWindows(extents, windows);
-    if (plan.ok()) chunks = std::move(plan->windows);
+    if (plan.ok()) {
+      chunks = std::move(plan->windows);
+    } else {  // cannot happen with windows >= 1 and real sizes; stay correct anyway: one chunk
+      chunks.emplace_back();
+      for (size_t t = 0; t < extents.size(); ++t) chunks.back().push_back({static_cast<int>(t), 0, extents[t].bytes});
+    }
   }
   auto params_ready = MakeEvent();
   up.Enqueue({}, [s] {
