@@ -2,7 +2,10 @@
 // every test skips with a visible "[  SKIPPED ]" (ctest reports them as skipped, not passed).
 // tests/gpu/run.sh runs them on the lent device machine.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <gtest/gtest.h>
+
+#include <cctype>
 
 #include <chrono>
 #include <map>
@@ -188,6 +191,62 @@ RunResult Train(const std::string& devices, const JobSpec& spec, int steps) {
   }
   r.stats = (*engine)->Stats();
   return r;
+}
+
+// A job that does not fit fails with a clear error naming the cause; the engine (and so the
+// daemon) goes on and trains the next job. The allocator is capped to 1 % of the card so that
+// "too big" is cheap to reach on any GPU.
+TEST(CudaEngine, OutOfMemoryFailsTheJobClearlyAndTheEngineGoesOn) {
+  RP_REQUIRE_GPU();
+  auto engine = Engine::Create({"cuda:0"});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  struct RestoreFraction {
+    ~RestoreFraction() { c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, 0); }
+  } restore;
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(0.01, 0);
+  JobSpec big = TinySpec("llama");
+  big.name = "too-big";
+  big.model.hidden = 1024;
+  big.model.intermediate = 4096;
+  big.model.num_blocks = 2;
+  big.model.num_heads = 8;
+  big.model.num_kv_heads = 8;
+  big.model.head_dim = 128;
+  big.model.vocab = 1000;
+  big.microbatches = 1;
+  auto id = (*engine)->Submit(big);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE((*engine)->FeedBatch(*id, {rp::testing::RandomTokens(1, 65536, big.model.vocab, 1)}).ok());
+  ASSERT_TRUE((*engine)->CloseInput(*id).ok());
+  std::string why;
+  for (int k = 0; k < 600 && why.empty(); ++k) {
+    auto ev = (*engine)->AwaitEvents(*id, 100ms);
+    ASSERT_TRUE(ev.ok());
+    for (const JobEvent& e : *ev) {
+      if (e.kind == JobEvent::Kind::kState && e.state == JobState::kFailed) why = e.message;
+    }
+  }
+  EXPECT_EQ(*(*engine)->State(*id), JobState::kFailed);
+  std::string lower = why;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  EXPECT_NE(lower.find("out of memory"), std::string::npos) << why;
+  EXPECT_NE(why.find("stage slot"), std::string::npos) << "the error names where it happened: " << why;
+
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, 0);
+  JobSpec small = TinySpec("qwen3");
+  auto id2 = (*engine)->Submit(small);
+  ASSERT_TRUE(id2.ok()) << id2.status();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE((*engine)->FeedBatch(*id2, {rp::testing::RandomTokens(12, 16, small.model.vocab, i)}).ok());
+  }
+  ASSERT_TRUE((*engine)->CloseInput(*id2).ok());
+  for (int k = 0; k < 600; ++k) {
+    auto st = (*engine)->State(*id2);
+    if (st.ok() && scheduler::IsTerminal(*st)) break;
+    (void)(*engine)->AwaitEvents(*id2, 100ms);
+  }
+  EXPECT_EQ(*(*engine)->State(*id2), JobState::kSucceeded);
 }
 
 struct Case {
