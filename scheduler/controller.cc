@@ -354,6 +354,8 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
     }
     f.done.push_back(workers_[static_cast<size_t>(sl.worker)]->Submit(task, f.ctx));
   }
+  // No further stage follows for now: issue each worker's last gradient download.
+  for (auto& w : workers_) w->Flush();
   if (async) {
     optimizer_->Enqueue({T, f.ctx, f.lr, f.loss_scale});
     inflight_.emplace(T, std::move(f));

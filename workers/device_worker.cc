@@ -22,6 +22,7 @@ struct StageState {
   Device* dev = nullptr;
   std::vector<int> param_ids;                       // unique parameter indices of the stage
   std::vector<at::Tensor> params;                   // device copies, aligned with param_ids
+  std::vector<at::Tensor> grads;                    // their gradients once the last micro-batch ran (weights freed)
   std::vector<std::vector<int>> layer_param_index;  // per layer: indices into params
   StageWeights weights;
   models::Rope rope;
@@ -181,7 +182,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
 
   // --- micro-batches ----------------------------------------------------------------------
   std::vector<EventPtr> computed(static_cast<size_t>(mbs));
-  std::vector<EventPtr> inputs_uploaded;
+  std::vector<EventPtr> inputs_uploaded, outputs_downloaded;
   for (int m = 0; m < mbs; ++m) {
     const int mb = sl.first_microbatch + m;
     // act-up: at most one micro-batch ahead of compute.
@@ -235,6 +236,14 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
         s->labels[i] = at::Tensor();
       });
     });
+    if (trains && m == mbs - 1) {
+      // The weights are done: keep only their gradients until they are downloaded.
+      compute.Enqueue({}, [s] {
+        for (const at::Tensor& p : s->params) s->grads.push_back(p.defined() ? p.grad() : at::Tensor());
+        s->params.clear();
+        s->weights.layers.clear();
+      });
+    }
     computed[static_cast<size_t>(m)] = MakeEvent();
     compute.RecordEvent(computed[static_cast<size_t>(m)]);
 
@@ -256,41 +265,79 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
         }
       });
     });
+    outputs_downloaded.push_back(MakeEvent());
+    act_down.RecordEvent(outputs_downloaded.back());
   }
   compute_done_[0] = compute_done_[1];
   compute_done_[1] = computed.back();
   prev_inputs_uploaded_ = std::move(inputs_uploaded);
 
+  // The previous stage's gradient download goes into this stage's windows (below).
+  if (pending_grads_) {
+    auto pending = std::move(pending_grads_);
+    pending_grads_ = nullptr;
+    pending(outputs_downloaded);
+  }
+
   // --- weight gradients -------------------------------------------------------------------
   auto done = MakeEvent();
   if (trains) {
-    grad_down.WaitEvent(computed.back());
-    if (task.book && sl.iteration >= 1) {
-      // Edge (4): the host gradient buffer must have been handed to the optimizer (G_cp).
-      auto prev = task.book->Get(sl.iteration - 1);
-      for (int o : owners) grad_down.WaitEvent(prev->gcp[static_cast<size_t>(o)]);
-    }
-    grad_down.Enqueue({Label(sl, "grads ", -1), sl.iteration, sl.index, -1}, [s] {
-      Guarded(*s, "gradient download", [&] {
-        for (size_t k = 0; k < s->param_ids.size(); ++k) {
-          const at::Tensor& g = s->params[k].grad();
-          if (g.defined()) s->ctx->store->AccumulateGrad(s->param_ids[k], s->dev->Download(g));
-        }
-      });
-      s->params.clear();
-      s->weights.layers.clear();
-    });
-    if (task.book) {
-      auto ev = task.book->Get(sl.iteration);
-      grad_down.Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
-        for (int l = first; l < first + n; ++l) ev->grads[static_cast<size_t>(l)]->CountDown();
-      });
-    }
-    // The stage is done when its outputs and its gradients are on host.
+    // Priority-aware download (paper §4.2.2): the gradients go down in chunks between the
+    // activation downloads of the stage that runs next on this worker (chunk j after its
+    // output j); the next Submit — or Flush, when none follows — issues them.
     auto outputs = MakeEvent();
     act_down.RecordEvent(outputs);
-    grad_down.WaitEvent(outputs);
-    grad_down.RecordEvent(done);
+    EventPtr last_compute = computed.back();
+    pending_grads_ = [s, owners, outputs, done, last_compute, gd = &grad_down](const std::vector<EventPtr>& gates) {
+      const planning::StageSlot& sl = s->task.slot;
+      gd->WaitEvent(last_compute);
+      if (s->task.book && sl.iteration >= 1) {
+        // Edge (4): the host gradient buffer must have been handed to the optimizer (G_cp).
+        auto prev = s->task.book->Get(sl.iteration - 1);
+        for (int o : owners) gd->WaitEvent(prev->gcp[static_cast<size_t>(o)]);
+      }
+      // Whole tensors (a gradient is accumulated on the host as one piece), LPT-packed.
+      std::vector<planning::TensorExtent> extents;
+      int64_t largest = 1;
+      for (int id : s->param_ids) {
+        const HostParam& p = s->ctx->store->param(id);
+        extents.push_back({p.name, p.trainable ? static_cast<int64_t>(p.master.nbytes()) : 0});
+        largest = std::max(largest, extents.back().bytes);
+      }
+      std::vector<std::vector<planning::TransferPiece>> chunks;
+      auto plan = planning::PlanTransferWindows(extents, std::max<int>(1, static_cast<int>(gates.size())), largest);
+      if (plan.ok()) {
+        chunks = std::move(plan->windows);
+      } else {
+        chunks.emplace_back();
+        for (size_t t = 0; t < extents.size(); ++t) chunks.back().push_back({static_cast<int>(t), 0, extents[t].bytes});
+      }
+      for (size_t w = 0; w < chunks.size(); ++w) {
+        if (chunks[w].empty()) continue;
+        if (w < gates.size()) gd->WaitEvent(gates[w]);
+        gd->Enqueue({absl::StrCat(Label(sl, "grads ", -1), " c", w), sl.iteration, sl.index, -1},
+                    [s, pieces = std::move(chunks[w])] {
+                      Guarded(*s, "gradient download", [&] {
+                        for (const planning::TransferPiece& pc : pieces) {
+                          const size_t k = static_cast<size_t>(pc.tensor);
+                          if (k < s->grads.size() && s->grads[k].defined()) {
+                            s->ctx->store->AccumulateGrad(s->param_ids[k], s->dev->Download(s->grads[k]));
+                          }
+                        }
+                      });
+                    });
+      }
+      gd->Enqueue({}, [s] { s->grads.clear(); });
+      if (s->task.book) {
+        auto ev = s->task.book->Get(sl.iteration);
+        gd->Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
+          for (int l = first; l < first + n; ++l) ev->grads[static_cast<size_t>(l)]->CountDown();
+        });
+      }
+      // The stage is done when its outputs and its gradients are on host.
+      gd->WaitEvent(outputs);
+      gd->RecordEvent(done);
+    };
   } else {
     act_down.Enqueue({}, [s] {
       s->params.clear();
@@ -299,6 +346,13 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     act_down.RecordEvent(done);
   }
   return done;
+}
+
+void DeviceWorker::Flush() {
+  if (!pending_grads_) return;
+  auto pending = std::move(pending_grads_);
+  pending_grads_ = nullptr;
+  pending({});
 }
 
 }  // namespace rp::workers

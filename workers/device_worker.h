@@ -6,15 +6,20 @@
 //              at most one micro-batch ahead of compute;
 //   compute:   per micro-batch, run the stage (forward / fused B_1 / backward);
 //   act-down:  per micro-batch, download outputs (next stage's input, checkpoints, input grads);
-//   grad-down: after the last micro-batch, download the weight gradients accumulated on the
-//              device into the host fp32 buffers.
+//   grad-down: after the last micro-batch (the weights are freed then, their gradients kept),
+//              download the gradients into the host fp32 buffers — in chunks between the
+//              activation downloads of the next stage submitted to this worker (paper §4.2.2).
 // Nothing survives the stage: weights, inputs and gradients are released when it completes.
 //
-// Contract: Submit is called from one thread (the controller) in dispatch order; it returns at
-// once. The returned event is set when the stage has fully finished (also on failure: errors
-// go to the RunContext). At most one further stage's weights are uploaded ahead of compute.
+// Contract: Submit and Flush are called from one thread (the controller) in dispatch order;
+// they return at once. The returned event is set when the stage has fully finished (also on
+// failure: errors go to the RunContext) — for a training stage that needs the next Submit to
+// this worker or a Flush, which issue its gradient download: call Flush when no further stage
+// follows for now (the controller does after each iteration's dispatch), before waiting on the
+// events. At most one further stage's weights are uploaded ahead of compute.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,6 +43,8 @@ class DeviceWorker {
   explicit DeviceWorker(Device* device) : device_(device) {}
   Device* device() const { return device_; }
   EventPtr Submit(const StageTask& task, std::shared_ptr<RunContext> ctx);
+  // Issues the last training stage's gradient download without waiting for a next stage.
+  void Flush();
 
  private:
   Device* device_;
@@ -47,6 +54,9 @@ class DeviceWorker {
   // Input-upload events of the previously submitted stage (the one running while the next
   // stage's weights go up): weight chunk j is issued after its input j.
   std::vector<EventPtr> prev_inputs_uploaded_;
+  // The last training stage's gradient download, waiting for the next stage's activation-download
+  // events to interleave with (called with them by the next Submit, with none by Flush).
+  std::function<void(const std::vector<EventPtr>&)> pending_grads_;
 };
 
 }  // namespace rp::workers

@@ -17,7 +17,8 @@
 #include "absl/flags/usage.h"
 #include "scheduler/engine.h"
 
-ABSL_FLAG(std::string, devices, "cpu:2", "Devices: cpu:N, cuda (every GPU) or cuda:I,J,... (a GPU listed twice gets two workers)");
+ABSL_FLAG(std::string, devices, "cpu:2",
+          "Devices: cpu:N, cuda (every GPU) or cuda:I,J,... (a GPU listed twice gets two workers)");
 ABSL_FLAG(int, steps, 100, "Optimizer steps");
 ABSL_FLAG(std::string, mode, "async", "Optimizer mode: sync or async (staleness 1)");
 ABSL_FLAG(std::string, precision, "fp32", "Master copy / compute precision: fp32, bf16 or fp16");

@@ -226,6 +226,57 @@ TEST(ControllerSchedule, WeightChunksFillTheWindowsBetweenTheRunningStagesInputU
   EXPECT_EQ(up, 2 * want);
 }
 
+// Priority-aware gradient download (paper §4.2.2): a training stage's gradients go down in
+// chunks between the activation downloads of the next stage on that worker (chunk j after its
+// output j); the last training stage of a worker in the iteration is flushed in one chunk.
+TEST(ControllerSchedule, GradientChunksFillTheWindowsBetweenTheNextStagesOutputDownloads) {
+  const TransformerConfig cfg = TinyLlama();
+  const planning::Partition p{{2, 2}, 2, {1, 1, 2}};  // S = 6
+  const int N = 2, M = 8, MR = 4;
+  auto e = MakeEngine(cfg, N, p, M, MR, {});
+  auto st = e->controller->RunIteration(RandomTokens(2 * M, 8, cfg.vocab, 5));
+  ASSERT_TRUE(st.ok()) << st.status();
+  std::map<int, std::vector<int>> slots_of_worker;
+  std::map<int, std::map<int, double>> chunk_start;  // slot -> chunk -> start
+  std::map<int, std::map<int, double>> output_end;   // slot -> micro-batch -> end of its download
+  std::map<int, int> first_mb;
+  for (const auto& en : e->timeline.Entries()) {
+    if (en.slot < 0) continue;
+    if (en.stream == "compute" && en.microbatch >= 0) {
+      auto& v = slots_of_worker[en.worker];
+      if (std::find(v.begin(), v.end(), en.slot) == v.end()) v.push_back(en.slot);
+      first_mb[en.slot] = first_mb.count(en.slot) ? std::min(first_mb[en.slot], en.microbatch) : en.microbatch;
+    }
+    if (en.stream == "grad-down") {
+      const auto c = en.label.rfind(" c");
+      ASSERT_NE(c, std::string::npos) << en.label;
+      chunk_start[en.slot][std::stoi(en.label.substr(c + 2))] = en.start_s;
+    }
+    if (en.stream == "act-down") output_end[en.slot][en.microbatch] = en.end_s;
+  }
+  int gated = 0, flushed = 0;
+  for (auto& [w, slots] : slots_of_worker) {
+    std::sort(slots.begin(), slots.end());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int a = slots[i];
+      if (!chunk_start.count(a)) continue;  // a forward stage: no gradients
+      if (i + 1 == slots.size()) {
+        EXPECT_EQ(chunk_start[a].size(), 1u) << "the worker's last training stage is flushed whole";
+        ++flushed;
+        continue;
+      }
+      const int b = slots[i + 1];
+      ASSERT_EQ(chunk_start[a].size(), static_cast<size_t>(MR)) << "slot " << a;
+      for (int j = 0; j < MR; ++j) {
+        EXPECT_GE(chunk_start[a][j], output_end[b][first_mb[b] + j]) << "slot " << a << " chunk " << j;
+        ++gated;
+      }
+    }
+  }
+  EXPECT_EQ(flushed, N);
+  EXPECT_EQ(gated, (8 - N) * MR);  // 8 training slots (2 rounds x (B_1 + 3 backward)), minus the flushed
+}
+
 // The automatic partition under a per-stage memory cap counts the activations autograd keeps
 // (from the model shape at the profiled batches' micro-batch shape), not only the weights: with
 // long sequences and a cap far above the whole model's weights the plan must still split.
