@@ -45,6 +45,17 @@ void Guarded(StageState& s, const char* what, Fn&& fn) {
   }
 }
 
+// LPT-packed transfer chunks (planning::PlanTransferWindows); should planning ever fail, one
+// chunk of whole tensors, so no tensor is ever left untransferred.
+std::vector<std::vector<planning::TransferPiece>> PlanChunks(const std::vector<planning::TensorExtent>& extents,
+                                                             int windows, int64_t split_threshold_bytes) {
+  auto plan = planning::PlanTransferWindows(extents, std::max(1, windows), split_threshold_bytes);
+  if (plan.ok()) return std::move(plan->windows);
+  std::vector<std::vector<planning::TransferPiece>> one(1);
+  for (size_t t = 0; t < extents.size(); ++t) one[0].push_back({static_cast<int>(t), 0, extents[t].bytes});
+  return one;
+}
+
 std::string Label(const planning::StageSlot& sl, const char* what, int mb) {
   const char* k = sl.kind == SlotKind::kForward ? "F" : "B";
   std::string s = absl::StrCat(what, k, sl.stage);
@@ -117,14 +128,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
       const HostParam& p = ctx->store->param(id);
       extents.push_back({p.name, static_cast<int64_t>(p.master.nbytes())});
     }
-    const int windows = std::max<int>(1, static_cast<int>(prev_inputs_uploaded_.size()));
-    auto plan = planning::PlanTransferWindows(extents, windows);
-    if (plan.ok()) {
-      chunks = std::move(plan->windows);
-    } else {  // cannot happen with windows >= 1 and real sizes; stay correct anyway: one chunk
-      chunks.emplace_back();
-      for (size_t t = 0; t < extents.size(); ++t) chunks.back().push_back({static_cast<int>(t), 0, extents[t].bytes});
-    }
+    chunks = PlanChunks(extents, static_cast<int>(prev_inputs_uploaded_.size()), /*split: fair share*/ 0);
   }
   auto params_ready = MakeEvent();
   up.Enqueue({}, [s] {
@@ -304,14 +308,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
         extents.push_back({p.name, p.trainable ? static_cast<int64_t>(p.master.nbytes()) : 0});
         largest = std::max(largest, extents.back().bytes);
       }
-      std::vector<std::vector<planning::TransferPiece>> chunks;
-      auto plan = planning::PlanTransferWindows(extents, std::max<int>(1, static_cast<int>(gates.size())), largest);
-      if (plan.ok()) {
-        chunks = std::move(plan->windows);
-      } else {
-        chunks.emplace_back();
-        for (size_t t = 0; t < extents.size(); ++t) chunks.back().push_back({static_cast<int>(t), 0, extents[t].bytes});
-      }
+      auto chunks = PlanChunks(extents, static_cast<int>(gates.size()), /*no split*/ largest);
       for (size_t w = 0; w < chunks.size(); ++w) {
         if (chunks[w].empty()) continue;
         if (w < gates.size()) gd->WaitEvent(gates[w]);
