@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -43,7 +44,8 @@ ABSL_FLAG(int, iterations, 4, "measured iterations");
 ABSL_FLAG(std::string, mode, "async", "optimizer mode: async or sync");
 ABSL_FLAG(bool, resident, true, "also run with weights kept resident (transfer overlap)");
 ABSL_FLAG(std::string, max_seq, "", "comma-separated sequence lengths to try at micro-batch 1, ascending");
-ABSL_FLAG(double, max_seq_seconds, 240, "stop the max-sequence search after this many seconds");
+ABSL_FLAG(double, max_seq_seconds, 400,
+          "seconds since the program started after which no further max-sequence try may end (predicted)");
 ABSL_FLAG(double, stage_memory_gib, 0,
           "per-stage GPU memory cap for the automatic partition (0 = the engine default: 90 % of the card / 2)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON here");
@@ -250,6 +252,7 @@ Partition LongSequencePartition(const TransformerConfig& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto program_start = Clock::now();
   absl::ParseCommandLine(argc, argv);
   const std::string devices = absl::GetFlag(FLAGS_devices);
   const bool cuda = IsCuda(devices);
@@ -296,31 +299,7 @@ int main(int argc, char** argv) {
     if (!resident.ok) std::fprintf(stderr, "resident run failed: %s\n", resident.error.c_str());
   }
 
-  // Max sequence length at micro-batch 1.
-  std::vector<std::pair<int64_t, std::string>> tries;
-  int64_t max_ok = 0;
-  const auto search_start = Clock::now();
-  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_max_seq), ',', absl::SkipEmpty())) {
-    int64_t len = 0;
-    if (!absl::SimpleAtoi(s, &len)) continue;
-    if (std::chrono::duration<double>(Clock::now() - search_start).count() > absl::GetFlag(FLAGS_max_seq_seconds)) {
-      tries.emplace_back(len, "not tried (time budget)");
-      continue;
-    }
-    const auto t0 = Clock::now();
-    RunResult r =
-        Run(store, devices, false, LongSequencePartition(cfg), len, 1, 1, 0, 1, rp::planning::OptimizerMode::kSync);
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (r.ok) {
-      max_ok = std::max(max_ok, len);
-      tries.emplace_back(len, absl::StrCat("ok: ", static_cast<int64_t>(r.tokens_per_s), " tokens/s, GPU peak ",
-                                           r.gpu_peak >> 20, " MiB, ", static_cast<int64_t>(secs), " s"));
-    } else {
-      tries.emplace_back(len, "failed: " + r.error.substr(0, 160));
-      break;
-    }
-  }
-
+  // The main table first (flushed), so a run cut short during the max-sequence search keeps it.
   const int64_t tokens_per_iter = spm * M * seq;
   const double flops = IterationFlops(cfg, moving.partition, tokens_per_iter, seq);
   const double achieved = flops / moving.iteration_s / 1e12;
@@ -341,18 +320,58 @@ int main(int argc, char** argv) {
     std::printf("%-44s %12.3f\n", "transfer overlap: resident / streamed time",
                 resident.iteration_s / moving.iteration_s);
   }
-  for (const auto& [len, what] : tries) std::printf("max seq try %-32ld %s\n", static_cast<long>(len), what.c_str());
-  if (!tries.empty())
-    std::printf("%-44s %12ld\n", "longest sequence trained (micro-batch 1)", static_cast<long>(max_ok));
   std::printf("loss first/last iteration: %.4f / %.4f\n", moving.loss_first, moving.loss_last);
-
-  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+  std::fflush(stdout);
+  int64_t max_ok = 0;
+  auto write_json = [&] {
+    const std::string path = absl::GetFlag(FLAGS_json);
+    if (path.empty()) return;
     std::ofstream out(path);
     out << "{\"gemm_tflops\": " << peak << ", \"tokens_per_s\": " << moving.tokens_per_s
         << ", \"iteration_s\": " << moving.iteration_s << ", \"hfu\": " << achieved / peak
         << ", \"bubble\": " << moving.bubble << ", \"resident_tokens_per_s\": " << resident.tokens_per_s
         << ", \"partition\": \"" << moving.partition.ToString() << "\", \"max_seq_ok\": " << max_ok
         << ", \"gpu_peak_bytes\": " << moving.gpu_peak << "}\n";
+  };
+  write_json();
+
+  // Max sequence length at micro-batch 1: lengths in ascending order; a length is not started
+  // when the previous try's time, scaled by (length ratio)^1.5, would pass the deadline
+  // (--max_seq_seconds from the start of the program).
+  const double deadline = absl::GetFlag(FLAGS_max_seq_seconds);
+  int64_t prev_len = 0;
+  double prev_secs = 0;
+  bool any = false;
+  for (absl::string_view sv : absl::StrSplit(absl::GetFlag(FLAGS_max_seq), ',', absl::SkipEmpty())) {
+    int64_t len = 0;
+    if (!absl::SimpleAtoi(sv, &len)) continue;
+    any = true;
+    const double now = std::chrono::duration<double>(Clock::now() - program_start).count();
+    const double predicted = prev_len > 0 ? prev_secs * std::pow(static_cast<double>(len) / prev_len, 1.5) : 0;
+    if (now + predicted > deadline) {
+      std::printf("max seq try %-32ld not tried (predicted %.0f s, %.0f s left)\n", static_cast<long>(len), predicted,
+                  deadline - now);
+      std::fflush(stdout);
+      break;
+    }
+    const auto t0 = Clock::now();
+    RunResult r =
+        Run(store, devices, false, LongSequencePartition(cfg), len, 1, 1, 0, 1, rp::planning::OptimizerMode::kSync);
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r.ok) {
+      max_ok = std::max(max_ok, len);
+      std::printf("max seq try %-32ld ok: %ld tokens/s, GPU peak %ld MiB, %.0f s\n", static_cast<long>(len),
+                  static_cast<long>(r.tokens_per_s), static_cast<long>(r.gpu_peak >> 20), secs);
+      prev_len = len;
+      prev_secs = secs;
+      write_json();
+    } else {
+      std::printf("max seq try %-32ld failed: %s\n", static_cast<long>(len), r.error.substr(0, 200).c_str());
+      std::fflush(stdout);
+      break;
+    }
+    std::fflush(stdout);
   }
+  if (any) std::printf("%-44s %12ld\n", "longest sequence trained (micro-batch 1)", static_cast<long>(max_ok));
   return 0;
 }

@@ -90,7 +90,7 @@ MAXSEQ="131072,294912"
 if [ "$REMAIN" -lt 300 ]; then MAXSEQ=""; fi
 set +e
 timeout $((REMAIN - 15)) "$BUILD/tests/bench/gpu_bench" --devices=cuda:0 --model=qwen3-1.7b --seq=2048 \
-  --microbatches=32 --warmup=3 --iterations=4 --max_seq="$MAXSEQ" --max_seq_seconds=$((REMAIN - 200)) \
+  --microbatches=32 --warmup=3 --iterations=4 --max_seq="$MAXSEQ" --max_seq_seconds=$((REMAIN - 30)) \
   --json="$OUT/bench.json" ${RP_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
 BENCH_RC=$?
 set -e
