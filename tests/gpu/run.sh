@@ -3,7 +3,8 @@
 # CUDA PyTorch but none of our Debian libraries (the lent device machine: ../shared/DEVICE.md).
 #
 #   here (a Debian 12 machine with network):  bash tests/gpu/run.sh --fetch
-#       downloads the .deb files the engine build needs into .devdeps/ (git-ignored, ~3 MB)
+#       downloads the .deb files the engine build needs, plus CMake and ninja wheels (used only
+#       where the machine's own are missing or older than 3.25), into .devdeps/ (git-ignored, ~30 MB)
 #   there (the command given to the device tool, with carry [".devdeps"]):
 #       OUT=/some/dir bash tests/gpu/run.sh
 #
@@ -25,6 +26,11 @@ PKGS="libabsl-dev libabsl20220623 libgtest-dev libgmock-dev nlohmann-json3-dev z
 if [ "${1:-}" = --fetch ]; then
   mkdir -p "$DEBS"
   (cd "$DEBS" && apt-get download $PKGS)
+  # CMake >= 3.25 and ninja as PyPI wheels (static manylinux binaries, ~28 MB), used there only
+  # when the machine's own are missing or too old.
+  FETCH_PY="${RP_PYTHON:-/opt/roundpipe/venv/bin/python}"
+  "$FETCH_PY" -m pip download "cmake>=3.25,<4" ninja --only-binary :all: --platform manylinux2014_x86_64 \
+    --python-version 3.12 --no-deps -d "$DEBS" -q
   ls -la "$DEBS"
   exit 0
 fi
@@ -56,13 +62,36 @@ PREFIXES="$TORCH_PREFIX;$DD/usr"
 export LD_LIBRARY_PATH="$DD/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ARCH="$("$PY" -c 'import torch; c = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(f"{c[0]}.{c[1]}")')"
 
+# Build tools: the machine's, unless missing or older than our CMakeLists needs (3.25); then the
+# wheels fetched with --fetch.
+CMAKE=cmake
+NINJA_ARGS=()
+unpack_wheel() { "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"; }
+have_cmake="$(cmake --version 2>/dev/null | head -1 | awk '{print $3}')"
+if [ -z "$have_cmake" ] || [ "$(printf '%s\n3.25\n' "$have_cmake" | sort -V | head -1)" != 3.25 ]; then
+  whl="$(ls "$DEBS"/cmake-*.whl 2>/dev/null | head -1)"
+  [ -n "$whl" ] || { echo "cmake ${have_cmake:-missing} < 3.25 and no cmake wheel in $DEBS" >&2; exit 2; }
+  unpack_wheel "$whl" "$BUILD/tools"
+  chmod +x "$BUILD"/tools/cmake/data/bin/*
+  CMAKE="$BUILD/tools/cmake/data/bin/cmake"
+fi
+if ! command -v ninja >/dev/null 2>&1; then
+  whl="$(ls "$DEBS"/ninja-*.whl 2>/dev/null | head -1)"
+  [ -n "$whl" ] || { echo "no ninja and no ninja wheel in $DEBS" >&2; exit 2; }
+  unpack_wheel "$whl" "$BUILD/tools"
+  NINJA="$(ls "$BUILD"/tools/ninja-*.data/scripts/ninja)"
+  chmod +x "$NINJA"
+  NINJA_ARGS=(-DCMAKE_MAKE_PROGRAM="$NINJA")
+fi
+say "cmake: $("$CMAKE" --version | head -1)"
+
 t0=$(date +%s)
 if ! {
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
+  "$CMAKE" -S "$ROOT" -B "$BUILD" -G Ninja "${NINJA_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
     -DCMAKE_PREFIX_PATH="$PREFIXES" -DTorch_DIR="$TORCH_PREFIX/Torch" -DTORCH_CUDA_ARCH_LIST="$ARCH" \
     -DZLIB_ROOT="$DD/usr" -DZLIB_INCLUDE_DIR="$DD/usr/include" \
     -DZLIB_LIBRARY="$ZLIB_SO" &&
-    cmake --build "$BUILD" -j "$(nproc)" --target cuda_backend_test gpu_bench
+    "$CMAKE" --build "$BUILD" -j "$(nproc)" --target cuda_backend_test gpu_bench
 } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
   say "BUILD FAILED after $(($(date +%s) - t0)) s (see build.log)"
