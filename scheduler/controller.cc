@@ -196,7 +196,15 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
   measured_ = measured;
   auto r =
       planning::AutoPartition({&measured, static_cast<int>(workers_.size()), opt_.microbatches, opt_.stage_memory_cap});
-  if (r.ok()) planned_ = *r;
+  if (r.ok()) {
+    planned_ = *r;
+    plan_problem_.clear();
+  } else {
+    // Keep the profiling partition (one layer per slot: the smallest stages there are) and say
+    // why; planning is retried after every further iteration.
+    plan_problem_ =
+        absl::StrCat("automatic partition failed (", r.status().message(), "); running one layer per stage slot");
+  }
 }
 
 Controller::~Controller() {
@@ -411,6 +419,7 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
   st.activation_peak_bytes = acts_.peak_bytes();
   st.partition = f.partition.ToString();
   if (planned_ && planned_->partition == f.partition) st.predicted_bubble = planned_->predicted_bubble;
+  st.partition_problem = plan_problem_;
   st.worker_busy_s.assign(workers_.size(), 0);
   if (timeline_) {
     double first = 1e300, last = 0;

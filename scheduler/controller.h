@@ -90,11 +90,12 @@ struct IterationStats {
   std::vector<double> worker_busy_s;  // compute-stream busy time per worker
   double bubble_ratio = 0;            // 1 - sum(busy) / (N x pipeline span)
   int64_t activation_peak_bytes = 0;
-  std::string partition;         // the partition this iteration ran with
-  double predicted_bubble = 0;   // the planner's estimate for it (automatic partitions only)
-  double loss_scale = 1;         // dynamic loss scale used for this iteration's gradients
-  bool skipped_step = false;     // fp16: gradients overflowed, the step was skipped
-  double optimizer_seconds = 0;  // wall time of this iteration's optimizer step
+  std::string partition;          // the partition this iteration ran with
+  std::string partition_problem;  // non-empty: the automatic partition could not be planned (why)
+  double predicted_bubble = 0;    // the planner's estimate for it (automatic partitions only)
+  double loss_scale = 1;          // dynamic loss scale used for this iteration's gradients
+  bool skipped_step = false;      // fp16: gradients overflowed, the step was skipped
+  double optimizer_seconds = 0;   // wall time of this iteration's optimizer step
 };
 
 class Controller {
@@ -160,6 +161,7 @@ class Controller {
   std::unique_ptr<planning::MeasuredProfile> profile_;
   int profiled_iterations_ = 0;
   int64_t last_microbatch_rows_ = 0, last_seq_len_ = 0;  // shape of the latest batch's micro-batches
+  std::string plan_problem_;                             // why the latest automatic planning failed
   std::optional<planning::PartitionResult> planned_;
   std::optional<planning::CostModel> measured_;
   std::map<int, InFlight> inflight_;

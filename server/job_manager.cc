@@ -100,6 +100,7 @@ struct JobManager::Managed {
   std::thread pump, feeder;
   std::chrono::steady_clock::time_point last_step_at{}, last_persist{};
   double ema_step_s = 0;
+  std::string partition_problem;  // the last automatic-partition problem logged
 };
 
 JobManager::JobManager(scheduler::Engine* engine, JobStore* store, DaemonMetrics* metrics, JobManagerOptions options)
@@ -618,6 +619,10 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           }
           job->last_step_at = now;
           if (!st.partition.empty()) rec.set_partition(st.partition);
+          if (st.partition_problem != job->partition_problem) {  // log changes only, not every step
+            if (!st.partition_problem.empty()) Log()->warn("[{}] {}", job->id, st.partition_problem);
+            job->partition_problem = st.partition_problem;
+          }
           v1::StepMetrics* m = out.mutable_step();
           m->set_step(p->step());
           m->set_loss(st.loss);

@@ -318,6 +318,28 @@ TEST(ControllerAutoPartition, MemoryCapCountsActivationsAtTheBatchShape) {
   EXPECT_GE(fused_or_backward, 2) << p.ToString();
 }
 
+// A cap no single layer fits: the job goes on with the smallest stages there are (one layer per
+// slot) and every iteration says why.
+TEST(ControllerAutoPartition, AnImpossibleCapKeepsOneLayerPerSlotAndSaysWhy) {
+  const TransformerConfig cfg = TinyLlama();
+  ControllerOptions o;
+  o.auto_partition = true;
+  o.profile_iterations = 2;
+  o.microbatches = 2;
+  o.stage_memory_cap = 1024;  // bytes: not even the smallest layer's weights fit
+  auto e = rp::testing::MakeRig(cfg, 1, o);
+  ASSERT_TRUE(e->controller);
+  IterationStats last;
+  for (int it = 0; it < 4; ++it) {
+    auto st = e->controller->RunIteration(RandomTokens(4, 16, cfg.vocab, 60 + it));
+    ASSERT_TRUE(st.ok()) << st.status();
+    if (it < 1) EXPECT_TRUE(st->partition_problem.empty()) << "still profiling: " << st->partition_problem;
+    last = *st;
+  }
+  EXPECT_NE(last.partition_problem.find("automatic partition failed"), std::string::npos) << last.partition_problem;
+  EXPECT_EQ(last.partition, "F[1,1,1,1,1] B1=1 B[1,1,1,1,1]");
+}
+
 TEST(ControllerErrors, BadBatchesAreRejectedAndTheEngineStaysUsable) {
   const TransformerConfig cfg = TinyQwen3();
   auto e = MakeEngine(cfg, 2, {{2, 1}, 2, {2, 1}}, 2, 0, {});
