@@ -59,7 +59,8 @@ FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights&
   const int64_t hidden = hn.size(-1);
   at::Tensor flat = hn.reshape({-1, hidden});
   models::HeadLossGrad lg =
-      models::ChunkedHeadLossAndGrad(flat.detach(), head[1].detach(), labels.reshape({-1}), loss_scale, chunk_tokens);
+      models::ChunkedHeadLossAndGrad(flat.detach(), head[1].detach(), labels.reshape({-1}), loss_scale, chunk_tokens,
+                                     /*weight_grad=*/head[1].requires_grad());
   // Backpropagate through the final norm and the blocks; the head weight's gradient was formed
   // chunk by chunk and is added by hand.
   if (flat.requires_grad()) flat.backward(lg.grad_hidden);  // (not with a frozen base and no adapter here)

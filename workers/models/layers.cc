@@ -168,11 +168,11 @@ at::Tensor FinalNorm(const TransformerConfig& c, const at::Tensor& norm_weight, 
 }
 
 HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weight, const at::Tensor& labels,
-                                    double scale, int64_t chunk) {
+                                    double scale, int64_t chunk, bool weight_grad) {
   HeadLossGrad r;
   const int64_t T = hn.size(0);
   r.grad_hidden = at::zeros_like(hn);
-  r.grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+  if (weight_grad) r.grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
   // On a GPU with a bf16/fp16 model the three head GEMMs run in the model's dtype on tensor
   // cores (fp32 accumulation inside cuBLAS), with logits, softmax and the loss in fp32 — the
   // head of a 150k-vocabulary model is the largest GEMM of the network. On the CPU backend (and
@@ -198,7 +198,7 @@ HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weig
     g.mul_((vf * scale).unsqueeze(1));
     if (low_precision) g = g.to(weight.scalar_type());
     r.grad_hidden.narrow(0, start, n).copy_(at::matmul(g, wf));
-    r.grad_weight.add_(at::matmul(g.t(), hc));
+    if (weight_grad) r.grad_weight.add_(at::matmul(g.t(), hc));
   }
   return r;
 }

@@ -57,10 +57,11 @@ struct HeadLossGrad {
   double loss_sum = 0;     // unscaled sum over non-ignored tokens
   int64_t tokens = 0;      // non-ignored tokens
   at::Tensor grad_hidden;  // [T, h], dtype of hn
-  at::Tensor grad_weight;  // [V, h], fp32
+  at::Tensor grad_weight;  // [V, h], fp32 (undefined when not asked for)
 };
+// `weight_grad` false (a frozen head, e.g. LoRA): the weight-gradient GEMM is skipped.
 HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weight, const at::Tensor& labels,
-                                    double scale, int64_t chunk = 4096);
+                                    double scale, int64_t chunk = 4096, bool weight_grad = true);
 
 // Next-token labels for tokens [b, s]: labels[:, t] = tokens[:, t+1], the last position -100.
 at::Tensor ShiftLabels(const at::Tensor& tokens);

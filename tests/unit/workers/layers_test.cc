@@ -30,6 +30,11 @@ TEST(ChunkedHead, LossAndGradientsEqualFullLogitsAutograd) {
     EXPECT_TRUE(at::allclose(got.grad_hidden, hr.grad(), 1e-5, 1e-6)) << chunk;
     EXPECT_TRUE(at::allclose(got.grad_weight, wr.grad(), 1e-5, 1e-6)) << chunk;
   }
+  // A frozen head: same loss and input gradient, no weight gradient formed.
+  HeadLossGrad frozen = ChunkedHeadLossAndGrad(hn, w, labels, scale, 7, /*weight_grad=*/false);
+  EXPECT_NEAR(frozen.loss_sum, loss_sum.item<double>(), 1e-4);
+  EXPECT_TRUE(at::allclose(frozen.grad_hidden, hr.grad(), 1e-5, 1e-6));
+  EXPECT_FALSE(frozen.grad_weight.defined());
 }
 
 // Llama-3 rope scaling, checked per frequency against the published rule.
