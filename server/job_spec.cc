@@ -291,10 +291,10 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
     e.auto_partition = true;
   }
 
-  if (!spec.devices().empty() && spec.devices() != ctx.daemon_devices) {
+  if (!spec.devices().empty() && spec.devices() != "auto" && spec.devices() != ctx.daemon_devices) {
     return absl::FailedPreconditionError(absl::StrCat("devices: this daemon runs every job on all its devices (",
                                                       ctx.daemon_devices,
-                                                      "); leave devices empty or name exactly those"));
+                                                      "); leave devices empty (or \"auto\") or name exactly those"));
   }
   if (spec.checkpoint().every_steps() < 0 || spec.checkpoint().keep_last() < 0) {
     return absl::InvalidArgumentError("checkpoint: every_steps and keep_last must not be negative");

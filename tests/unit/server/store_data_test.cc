@@ -145,6 +145,11 @@ TEST(JobSpec, PresetsDefaultsAndOverrides) {
   EXPECT_TRUE(r->streamed);
   EXPECT_EQ(r->output_dir, (d / "out").string());
   for (const auto& name : TransformerPresetNames()) EXPECT_TRUE(TransformerPreset(name).ok()) << name;
+  // Devices: empty, "auto" or exactly the daemon's.
+  for (const char* devices : {"auto", "cpu:2"}) {
+    s.set_devices(devices);
+    EXPECT_TRUE(ResolveJobSpec(s, Ctx(d)).ok()) << devices;
+  }
 }
 
 TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
