@@ -84,10 +84,16 @@ if ! command -v ninja >/dev/null 2>&1; then
   NINJA_ARGS=(-DCMAKE_MAKE_PROGRAM="$NINJA")
 fi
 say "cmake: $("$CMAKE" --version | head -1)"
+# LibTorch's CMake config looks for the CUDA toolkit: point it at the nvcc on PATH when there is one.
+CUDA_ARGS=()
+if command -v nvcc >/dev/null 2>&1; then
+  CUDA_ARGS=(-DCUDAToolkit_ROOT="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")")
+  say "nvcc: $(nvcc --version | tail -1)"
+fi
 
 t0=$(date +%s)
 if ! {
-  "$CMAKE" -S "$ROOT" -B "$BUILD" -G Ninja "${NINJA_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
+  "$CMAKE" -S "$ROOT" -B "$BUILD" -G Ninja "${NINJA_ARGS[@]}" "${CUDA_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
     -DCMAKE_PREFIX_PATH="$PREFIXES" -DTorch_DIR="$TORCH_PREFIX/Torch" -DTORCH_CUDA_ARCH_LIST="$ARCH" \
     -DZLIB_ROOT="$DD/usr" -DZLIB_INCLUDE_DIR="$DD/usr/include" \
     -DZLIB_LIBRARY="$ZLIB_SO" &&
