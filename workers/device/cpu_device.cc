@@ -42,65 +42,29 @@ void MarkTransferStart() {
 }  // namespace
 
 CpuStream::CpuStream(int worker, StreamKind kind, Timeline* timeline)
-    : worker_(worker), kind_(kind), timeline_(timeline), thread_([this] { Loop(); }) {}
+    : worker_(worker), kind_(kind), timeline_(timeline) {
+  Start();
+}
 
-CpuStream::~CpuStream() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+CpuStream::~CpuStream() { Stop(); }
+
+void CpuStream::ThreadBegin() { current_stream_kind = static_cast<int>(kind_); }
+
+void CpuStream::RunOp(Op& op) {
+  double t0 = timeline_ && !op.info.label.empty() ? timeline_->Now() : 0;
+  current_op_start = &t0;
+  current_timeline = timeline_;
+  current_op_started = kind_ == StreamKind::kCompute;
+  try {
+    op.fn();  // operations report their own errors (see device.h); this is the safety net
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "roundpipe: uncaught exception on %s stream of cpu:%d: %s\n", StreamKindName(kind_), worker_,
+                 e.what());
   }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void CpuStream::Enqueue(OpInfo info, std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({std::move(info), std::move(fn)});
-  }
-  cv_.notify_all();
-}
-
-void CpuStream::WaitEvent(EventPtr e) {
-  Enqueue({}, [e] { e->Wait(); });
-}
-
-void CpuStream::RecordEvent(EventPtr e) {
-  Enqueue({}, [e] { e->Set(); });
-}
-
-void CpuStream::Synchronize() {
-  auto e = MakeEvent();
-  RecordEvent(e);
-  e->Wait();
-}
-
-void CpuStream::Loop() {
-  current_stream_kind = static_cast<int>(kind_);
-  for (;;) {
-    Op op;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop requested and drained
-      op = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    double t0 = timeline_ && !op.info.label.empty() ? timeline_->Now() : 0;
-    MaybeDelayForTest();
-    current_op_start = &t0;
-    current_timeline = timeline_;
-    current_op_started = kind_ == StreamKind::kCompute;
-    try {
-      op.fn();  // operations report their own errors (see device.h); this is the safety net
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "roundpipe: uncaught exception on %s stream of cpu:%d: %s\n", StreamKindName(kind_), worker_,
-                   e.what());
-    }
-    if (timeline_ && !op.info.label.empty()) {
-      timeline_->Add({worker_, StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,
-                      op.info.microbatch, t0, timeline_->Now()});
-    }
+  current_op_start = nullptr;
+  if (timeline_ && !op.info.label.empty()) {
+    timeline_->Add({worker_, StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,
+                    op.info.microbatch, t0, timeline_->Now()});
   }
 }
 

@@ -6,39 +6,23 @@
 // Contract: see device.h. Destruction drains and joins the stream threads.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
-
 #include "workers/device/device.h"
+#include "workers/device/queued_stream.h"
 
 namespace rp::workers {
 
-class CpuStream final : public Stream {
+class CpuStream final : public QueuedStream {
  public:
   CpuStream(int worker, StreamKind kind, Timeline* timeline);
   ~CpuStream() override;
-  void Enqueue(OpInfo info, std::function<void()> fn) override;
-  void WaitEvent(EventPtr e) override;
-  void RecordEvent(EventPtr e) override;
-  void Synchronize() override;
 
  private:
-  struct Op {
-    OpInfo info;
-    std::function<void()> fn;
-  };
-  void Loop();
+  void ThreadBegin() override;
+  void RunOp(Op& op) override;
 
   const int worker_;
   const StreamKind kind_;
   Timeline* const timeline_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> queue_;
-  bool stop_ = false;
-  std::thread thread_;
 };
 
 class CpuDevice final : public Device {

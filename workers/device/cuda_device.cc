@@ -12,7 +12,6 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
-#include "workers/device/test_hooks.h"
 
 namespace rp::workers {
 namespace {
@@ -35,110 +34,71 @@ void CudaStream::MarkTransferStart() {
   if (started_) return;
   started_ = true;
   if (timeline_ != nullptr) host_start_ = timeline_->Now();
-  if (start_event_ != nullptr) (void)cudaEventRecord(start_event_, stream_.stream());
+  if (start_ != nullptr) (void)cudaEventRecord(start_, stream_.stream());
 }
 
 CudaStream::CudaStream(CudaDevice* device, StreamKind kind, c10::cuda::CUDAStream stream, Timeline* timeline)
-    : device_(device), kind_(kind), stream_(stream), timeline_(timeline), thread_([this] { Loop(); }) {}
-
-CudaStream::~CudaStream() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
+    : device_(device), kind_(kind), stream_(stream), timeline_(timeline) {
+  Start();
 }
 
-void CudaStream::Push(Op op) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(op));
-  }
-  cv_.notify_all();
-}
+CudaStream::~CudaStream() { Stop(); }
 
-void CudaStream::Enqueue(OpInfo info, std::function<void()> fn) { Push({std::move(info), std::move(fn), true}); }
-
-void CudaStream::WaitEvent(EventPtr e) {
-  Push({{}, [e] { e->Wait(); }, false});
-}
-
-// Every device operation before this one has completed when its turn comes (see the header).
-void CudaStream::RecordEvent(EventPtr e) {
-  Push({{}, [e] { e->Set(); }, false});
-}
-
-void CudaStream::Synchronize() {
-  auto e = MakeEvent();
-  RecordEvent(e);
-  e->Wait();
-}
-
-void CudaStream::Loop() {
+void CudaStream::ThreadBegin() {
   current_stream = this;
-  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device_->gpu()));
-  c10::cuda::CUDAStreamGuard stream_guard(stream_);
-  cudaEvent_t start = nullptr, end = nullptr;
-  const bool events_ok = cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&end) == cudaSuccess;
-  if (!events_ok) {
+  device_guard_.emplace(static_cast<c10::DeviceIndex>(device_->gpu()));
+  stream_guard_.emplace(stream_);
+  if (cudaEventCreate(&start_) != cudaSuccess || cudaEventCreate(&end_) != cudaSuccess) {
     std::fprintf(stderr, "roundpipe: %s stream of %s: cannot create CUDA events: %s\n", StreamKindName(kind_),
                  device_->name().c_str(), cudaGetErrorString(cudaGetLastError()));
+    start_ = end_ = nullptr;  // completion then falls back to stream synchronisation
   }
-  for (;;) {
-    Op op;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) break;  // stop requested and drained
-      op = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    if (!op.device_work) {
-      op.fn();
-      continue;
-    }
-    const bool timed = timeline_ != nullptr && !op.info.label.empty();
-    MaybeDelayForTest();
-    // The busy interval starts with the operation's first device work: at once for compute; for
-    // a copy stream at its first transfer (MarkTransferStart), so time spent waiting on the host
-    // (an input upload blocking until another worker produced the activation) is not "busy".
-    started_ = false;
-    start_event_ = events_ok ? start : nullptr;
-    host_start_ = timed ? timeline_->Now() : 0;
-    if (kind_ == StreamKind::kCompute) MarkTransferStart();
-    try {
-      op.fn();  // operations report their own errors (device.h); this is the safety net
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "roundpipe: uncaught exception on %s stream of %s: %s\n", StreamKindName(kind_),
-                   device_->name().c_str(), e.what());
-    }
-    // Completion: the next operation (and any host Event recorded after this one) starts only
-    // when the GPU has finished this one's work.
-    MarkTransferStart();  // no-op if the operation already did device work
-    cudaError_t err = events_ok ? cudaEventRecord(end, stream_.stream()) : cudaErrorInvalidValue;
-    err = err == cudaSuccess ? cudaEventSynchronize(end) : cudaStreamSynchronize(stream_.stream());
-    if (err != cudaSuccess) {
-      // A sticky error (e.g. an illegal address) also fails the next operation's first CUDA
-      // call, which the DeviceWorker turns into the iteration's error.
-      std::fprintf(stderr, "roundpipe: CUDA error on %s stream of %s after '%s': %s\n", StreamKindName(kind_),
-                   device_->name().c_str(), op.info.label.c_str(), cudaGetErrorString(err));
-    }
-    keep_alive_.clear();
-    if (timed) {
-      const double host_end = timeline_->Now();
-      float ms = 0;
-      double start_s = host_start_;
-      if (events_ok && err == cudaSuccess && cudaEventElapsedTime(&ms, start, end) == cudaSuccess) {
-        start_s = std::max(host_start_, host_end - ms / 1e3);  // GPU-measured duration
-      }
-      timeline_->Add({device_->index(), StreamKindName(kind_), std::move(op.info.label), op.info.iteration,
-                      op.info.slot, op.info.microbatch, start_s, host_end});
-    }
-  }
-  if (start) (void)cudaEventDestroy(start);
-  if (end) (void)cudaEventDestroy(end);
+}
+
+void CudaStream::ThreadEnd() {
+  if (start_ != nullptr) (void)cudaEventDestroy(start_);
+  if (end_ != nullptr) (void)cudaEventDestroy(end_);
+  stream_guard_.reset();
+  device_guard_.reset();
   current_stream = nullptr;
+}
+
+void CudaStream::RunOp(Op& op) {
+  const bool timed = timeline_ != nullptr && !op.info.label.empty();
+  // The busy interval starts with the operation's first device work: at once for compute; for
+  // a copy stream at its first transfer (MarkTransferStart), so time spent waiting on the host
+  // (an input upload blocking until another worker produced the activation) is not "busy".
+  started_ = false;
+  host_start_ = timed ? timeline_->Now() : 0;
+  if (kind_ == StreamKind::kCompute) MarkTransferStart();
+  try {
+    op.fn();  // operations report their own errors (device.h); this is the safety net
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "roundpipe: uncaught exception on %s stream of %s: %s\n", StreamKindName(kind_),
+                 device_->name().c_str(), e.what());
+  }
+  // Completion: the next operation (and any host Event recorded after this one) starts only
+  // when the GPU has finished this one's work.
+  MarkTransferStart();  // no-op if the operation already did device work
+  cudaError_t err = end_ != nullptr ? cudaEventRecord(end_, stream_.stream()) : cudaErrorInvalidValue;
+  err = err == cudaSuccess ? cudaEventSynchronize(end_) : cudaStreamSynchronize(stream_.stream());
+  if (err != cudaSuccess) {
+    // A sticky error (e.g. an illegal address) also fails the next operation's first CUDA
+    // call, which the DeviceWorker turns into the iteration's error.
+    std::fprintf(stderr, "roundpipe: CUDA error on %s stream of %s after '%s': %s\n", StreamKindName(kind_),
+                 device_->name().c_str(), op.info.label.c_str(), cudaGetErrorString(err));
+  }
+  keep_alive_.clear();
+  if (timed) {
+    const double host_end = timeline_->Now();
+    float ms = 0;
+    double start_s = host_start_;
+    if (start_ != nullptr && err == cudaSuccess && cudaEventElapsedTime(&ms, start_, end_) == cudaSuccess) {
+      start_s = std::max(host_start_, host_end - ms / 1e3);  // GPU-measured duration
+    }
+    timeline_->Add({device_->index(), StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,
+                    op.info.microbatch, start_s, host_end});
+  }
 }
 
 CudaDevice::CudaDevice(int index, int gpu, std::string name, std::shared_ptr<PinnedArena> arena,

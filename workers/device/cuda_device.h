@@ -24,32 +24,28 @@
 // this device's streams. Construction needs a visible GPU; use CreateDevices.
 #pragma once
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include <condition_variable>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
+#include <optional>
 #include <vector>
 
 #include "workers/device/device.h"
 #include "workers/device/pinned_arena.h"
+#include "workers/device/queued_stream.h"
 
 namespace rp::workers {
 
 class CudaDevice;
 
-class CudaStream final : public Stream {
+class CudaStream final : public QueuedStream {
  public:
   CudaStream(CudaDevice* device, StreamKind kind, c10::cuda::CUDAStream stream, Timeline* timeline);
   ~CudaStream() override;
-  void Enqueue(OpInfo info, std::function<void()> fn) override;
-  void WaitEvent(EventPtr e) override;
-  void RecordEvent(EventPtr e) override;
-  void Synchronize() override;
 
   StreamKind kind() const { return kind_; }
   const c10::cuda::CUDAStream& cuda() const { return stream_; }
@@ -62,27 +58,21 @@ class CudaStream final : public Stream {
   void MarkTransferStart();
 
  private:
-  struct Op {
-    OpInfo info;
-    std::function<void()> fn;
-    bool device_work = true;  // false: host-only bookkeeping (waits, event sets)
-  };
-  void Push(Op op);
-  void Loop();
+  void ThreadBegin() override;
+  void ThreadEnd() override;
+  void RunOp(Op& op) override;
 
   CudaDevice* const device_;
   const StreamKind kind_;
   const c10::cuda::CUDAStream stream_;
   Timeline* const timeline_;
-  std::vector<at::Tensor> keep_alive_;  // stream thread only
-  bool started_ = false;                // stream thread only: the running op's timing
-  cudaEvent_t start_event_ = nullptr;
+  // Stream thread only:
+  std::vector<at::Tensor> keep_alive_;
+  std::optional<c10::cuda::CUDAGuard> device_guard_;
+  std::optional<c10::cuda::CUDAStreamGuard> stream_guard_;
+  cudaEvent_t start_ = nullptr, end_ = nullptr;  // timing + completion of the running operation
+  bool started_ = false;
   double host_start_ = 0;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> queue_;
-  bool stop_ = false;
-  std::thread thread_;
 };
 
 class CudaDevice final : public Device {

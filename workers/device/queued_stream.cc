@@ -1,0 +1,66 @@
+#include "workers/device/queued_stream.h"
+
+#include "workers/device/test_hooks.h"
+
+namespace rp::workers {
+
+void QueuedStream::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void QueuedStream::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void QueuedStream::Push(Op op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(op));
+  }
+  cv_.notify_all();
+}
+
+void QueuedStream::Enqueue(OpInfo info, std::function<void()> fn) { Push({std::move(info), std::move(fn), true}); }
+
+void QueuedStream::WaitEvent(EventPtr e) {
+  Push({{}, [e] { e->Wait(); }, false});
+}
+
+void QueuedStream::RecordEvent(EventPtr e) {
+  Push({{}, [e] { e->Set(); }, false});
+}
+
+void QueuedStream::Synchronize() {
+  auto e = MakeEvent();
+  RecordEvent(e);
+  e->Wait();
+}
+
+void QueuedStream::Loop() {
+  ThreadBegin();
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) break;  // stop requested and drained
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    MaybeDelayForTest();  // race-hunting tests: a random delay before any operation
+    if (op.device_work) {
+      RunOp(op);
+    } else {
+      op.fn();
+    }
+  }
+  ThreadEnd();
+}
+
+}  // namespace rp::workers

@@ -1,0 +1,53 @@
+// queued_stream.h — what the CPU and CUDA streams share: an ordered operation queue drained by
+// one host thread per stream. Backends say how one operation runs (RunOp); waits and event sets
+// are host-only bookkeeping operations in the same queue, so they keep their place in the order.
+//
+// Contract: Enqueue/WaitEvent/RecordEvent/Synchronize are thread-safe (device.h). A derived
+// class calls Start() at the end of its constructor and Stop() first thing in its destructor
+// (the thread calls the derived RunOp, so it must not outlive the derived object); Stop drains
+// the queue, then joins.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "workers/device/device.h"
+
+namespace rp::workers {
+
+class QueuedStream : public Stream {
+ public:
+  void Enqueue(OpInfo info, std::function<void()> fn) final;
+  void WaitEvent(EventPtr e) final;
+  // Set once every operation before it has finished — on CUDA, finished on the GPU too.
+  void RecordEvent(EventPtr e) final;
+  void Synchronize() final;
+
+ protected:
+  struct Op {
+    OpInfo info;
+    std::function<void()> fn;
+    bool device_work = true;  // false: host-only bookkeeping (a wait, an event set)
+  };
+  void Start();
+  void Stop();
+  virtual void ThreadBegin() {}
+  virtual void ThreadEnd() {}
+  // Runs one device operation on the stream thread (host-only operations just run their fn).
+  virtual void RunOp(Op& op) = 0;
+
+ private:
+  void Push(Op op);
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace rp::workers
