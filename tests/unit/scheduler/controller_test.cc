@@ -170,6 +170,37 @@ TEST(ControllerSchedule, TimelineShowsRoundRobinAndPipelining) {
   EXPECT_EQ(e->controller->activations().live_slots(), 0u);  // everything consumed and freed
 }
 
+// What the chunked-transfer tests read from a timeline: per worker the slots it ran (dispatch
+// order), per slot the start of each chunk ("... cJ") on `chunk_stream`, the end of each
+// micro-batch's operation on `io_stream`, and the slot's first micro-batch.
+struct ChunkSchedule {
+  std::map<int, std::vector<int>> slots_of_worker;
+  std::map<int, std::map<int, double>> chunk_start;  // slot -> chunk -> start
+  std::map<int, std::map<int, double>> io_end;       // slot -> micro-batch -> end
+  std::map<int, int> first_mb;
+};
+
+ChunkSchedule ReadChunkSchedule(const workers::Timeline& tl, const std::string& chunk_stream,
+                                const std::string& io_stream) {
+  ChunkSchedule c;
+  for (const auto& en : tl.Entries()) {
+    if (en.slot < 0) continue;
+    if (en.stream == "compute" && en.microbatch >= 0) {
+      auto& v = c.slots_of_worker[en.worker];
+      if (std::find(v.begin(), v.end(), en.slot) == v.end()) v.push_back(en.slot);
+      c.first_mb[en.slot] = c.first_mb.count(en.slot) ? std::min(c.first_mb[en.slot], en.microbatch) : en.microbatch;
+    }
+    if (en.stream == chunk_stream) {
+      const auto pos = en.label.rfind(" c");
+      EXPECT_NE(pos, std::string::npos) << en.label;
+      if (pos != std::string::npos) c.chunk_start[en.slot][std::stoi(en.label.substr(pos + 2))] = en.start_s;
+    }
+    if (en.stream == io_stream) c.io_end[en.slot][en.microbatch] = en.end_s;
+  }
+  for (auto& [w, slots] : c.slots_of_worker) std::sort(slots.begin(), slots.end());
+  return c;
+}
+
 // Priority-aware weight upload (paper §4.2.2): a stage's weights go up in M_R chunks, chunk j
 // only after the input upload of micro-batch j of the stage running before it on that worker.
 TEST(ControllerSchedule, WeightChunksFillTheWindowsBetweenTheRunningStagesInputUploads) {
@@ -179,33 +210,15 @@ TEST(ControllerSchedule, WeightChunksFillTheWindowsBetweenTheRunningStagesInputU
   auto e = MakeEngine(cfg, N, p, M, MR, {});
   auto st = e->controller->RunIteration(RandomTokens(2 * M, 8, cfg.vocab, 3));
   ASSERT_TRUE(st.ok()) << st.status();
-  std::map<int, std::vector<int>> slots_of_worker;   // dispatch order
-  std::map<int, std::map<int, double>> chunk_start;  // slot -> chunk -> start
-  std::map<int, std::map<int, double>> input_end;    // slot -> j-th input -> end
-  std::map<int, int> first_mb;
-  for (const auto& en : e->timeline.Entries()) {
-    if (en.slot < 0) continue;
-    if (en.stream == "compute" && en.microbatch >= 0) {
-      auto& v = slots_of_worker[en.worker];
-      if (std::find(v.begin(), v.end(), en.slot) == v.end()) v.push_back(en.slot);
-      first_mb[en.slot] = first_mb.count(en.slot) ? std::min(first_mb[en.slot], en.microbatch) : en.microbatch;
-    }
-    if (en.stream == "param-up") {
-      const auto c = en.label.rfind(" c");
-      ASSERT_NE(c, std::string::npos) << en.label;
-      chunk_start[en.slot][std::stoi(en.label.substr(c + 2))] = en.start_s;
-    }
-    if (en.stream == "act-up") input_end[en.slot][en.microbatch] = en.end_s;
-  }
+  ChunkSchedule c = ReadChunkSchedule(e->timeline, "param-up", "act-up");
   int checked = 0;
-  for (auto& [w, slots] : slots_of_worker) {
-    std::sort(slots.begin(), slots.end());
-    ASSERT_EQ(chunk_start[slots[0]].size(), 1u) << "nothing runs before the first stage: one chunk";
+  for (auto& [w, slots] : c.slots_of_worker) {
+    ASSERT_EQ(c.chunk_start[slots[0]].size(), 1u) << "nothing runs before the first stage: one chunk";
     for (size_t i = 1; i < slots.size(); ++i) {
       const int prev = slots[i - 1], cur = slots[i];
-      ASSERT_EQ(chunk_start[cur].size(), static_cast<size_t>(MR)) << "slot " << cur;
+      ASSERT_EQ(c.chunk_start[cur].size(), static_cast<size_t>(MR)) << "slot " << cur;
       for (int j = 0; j < MR; ++j) {
-        EXPECT_GE(chunk_start[cur][j], input_end[prev][first_mb[prev] + j]) << "slot " << cur << " chunk " << j;
+        EXPECT_GE(c.chunk_start[cur][j], c.io_end[prev][c.first_mb[prev] + j]) << "slot " << cur << " chunk " << j;
         ++checked;
       }
     }
@@ -236,39 +249,21 @@ TEST(ControllerSchedule, GradientChunksFillTheWindowsBetweenTheNextStagesOutputD
   auto e = MakeEngine(cfg, N, p, M, MR, {});
   auto st = e->controller->RunIteration(RandomTokens(2 * M, 8, cfg.vocab, 5));
   ASSERT_TRUE(st.ok()) << st.status();
-  std::map<int, std::vector<int>> slots_of_worker;
-  std::map<int, std::map<int, double>> chunk_start;  // slot -> chunk -> start
-  std::map<int, std::map<int, double>> output_end;   // slot -> micro-batch -> end of its download
-  std::map<int, int> first_mb;
-  for (const auto& en : e->timeline.Entries()) {
-    if (en.slot < 0) continue;
-    if (en.stream == "compute" && en.microbatch >= 0) {
-      auto& v = slots_of_worker[en.worker];
-      if (std::find(v.begin(), v.end(), en.slot) == v.end()) v.push_back(en.slot);
-      first_mb[en.slot] = first_mb.count(en.slot) ? std::min(first_mb[en.slot], en.microbatch) : en.microbatch;
-    }
-    if (en.stream == "grad-down") {
-      const auto c = en.label.rfind(" c");
-      ASSERT_NE(c, std::string::npos) << en.label;
-      chunk_start[en.slot][std::stoi(en.label.substr(c + 2))] = en.start_s;
-    }
-    if (en.stream == "act-down") output_end[en.slot][en.microbatch] = en.end_s;
-  }
+  ChunkSchedule c = ReadChunkSchedule(e->timeline, "grad-down", "act-down");
   int gated = 0, flushed = 0;
-  for (auto& [w, slots] : slots_of_worker) {
-    std::sort(slots.begin(), slots.end());
+  for (auto& [w, slots] : c.slots_of_worker) {
     for (size_t i = 0; i < slots.size(); ++i) {
       const int a = slots[i];
-      if (!chunk_start.count(a)) continue;  // a forward stage: no gradients
+      if (!c.chunk_start.count(a)) continue;  // a forward stage: no gradients
       if (i + 1 == slots.size()) {
-        EXPECT_EQ(chunk_start[a].size(), 1u) << "the worker's last training stage is flushed whole";
+        EXPECT_EQ(c.chunk_start[a].size(), 1u) << "the worker's last training stage is flushed whole";
         ++flushed;
         continue;
       }
       const int b = slots[i + 1];
-      ASSERT_EQ(chunk_start[a].size(), static_cast<size_t>(MR)) << "slot " << a;
+      ASSERT_EQ(c.chunk_start[a].size(), static_cast<size_t>(MR)) << "slot " << a;
       for (int j = 0; j < MR; ++j) {
-        EXPECT_GE(chunk_start[a][j], output_end[b][first_mb[b] + j]) << "slot " << a << " chunk " << j;
+        EXPECT_GE(c.chunk_start[a][j], c.io_end[b][c.first_mb[b] + j]) << "slot " << a << " chunk " << j;
         ++gated;
       }
     }
