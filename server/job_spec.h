@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "roundpipe/v1/jobs.pb.h"
 #include "scheduler/engine.h"
+#include "workers/models/presets.h"
 #include "workers/models/transformer_config.h"
 
 namespace rp::server {
@@ -35,9 +36,9 @@ struct ResolvedJob {
   std::string output_dir;  // resolved
 };
 
-// Model presets (see jobs.proto ModelSpec.preset).
-std::vector<std::string> TransformerPresetNames();
-absl::StatusOr<workers::models::TransformerConfig> TransformerPreset(const std::string& name);
+// Model presets (jobs.proto ModelSpec.preset): workers/models/presets.h.
+using workers::models::TransformerPreset;
+using workers::models::TransformerPresetNames;
 
 absl::StatusOr<ResolvedJob> ResolveJobSpec(const roundpipe::v1::JobSpec& spec, const JobSpecContext& ctx);
 

@@ -8,7 +8,7 @@
 //   * the same partition with weights kept resident on the GPU (DeviceOptions::
 //     keep_weights_resident: no weight uploads) — the ratio is what transfers cost;
 //   * optionally the longest sequence that trains at micro-batch 1 (--max_seq list).
-// On a machine without a GPU it runs the same code on the CPU backend with --model=tiny (a
+// On a machine without a GPU it runs the same code on the CPU backend with --model=qwen3-tiny (a
 // check of the bench itself; the numbers then mean nothing).
 //   build/tests/bench/gpu_bench --devices=cuda:0 --iterations=4 --json=$OUT/bench.json
 #include <ATen/ATen.h>
@@ -33,9 +33,10 @@
 #include "scheduler/engine.h"
 #include "workers/device/device.h"
 #include "workers/models/layers.h"
+#include "workers/models/presets.h"
 
 ABSL_FLAG(std::string, devices, "cuda:0", "device spec (cuda:0, cuda:0,0, cpu:1 ...)");
-ABSL_FLAG(std::string, model, "qwen3-1.7b", "qwen3-1.7b or tiny");
+ABSL_FLAG(std::string, model, "qwen3-1.7b", "model preset (workers/models/presets.h), e.g. qwen3-1.7b or qwen3-tiny");
 ABSL_FLAG(int64_t, seq, 2048, "sequence length");
 ABSL_FLAG(int64_t, sequences_per_microbatch, 1, "sequences per micro-batch");
 ABSL_FLAG(int, microbatches, 16, "micro-batches per iteration (M)");
@@ -55,33 +56,6 @@ namespace {
 using rp::planning::Partition;
 using rp::workers::models::TransformerConfig;
 using Clock = std::chrono::steady_clock;
-
-TransformerConfig Model(const std::string& name) {
-  TransformerConfig c;
-  c.family = "qwen3";
-  c.qk_norm = true;
-  c.rope_theta = 1000000;
-  c.rms_eps = 1e-6;
-  if (name == "qwen3-1.7b") {
-    c.vocab = 151936;
-    c.hidden = 2048;
-    c.intermediate = 6144;
-    c.num_blocks = 28;
-    c.num_heads = 16;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.tied_embeddings = true;
-  } else {
-    c.vocab = 512;
-    c.hidden = 64;
-    c.intermediate = 128;
-    c.num_blocks = 4;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 16;
-  }
-  return c;
-}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -256,13 +230,19 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string devices = absl::GetFlag(FLAGS_devices);
   const bool cuda = IsCuda(devices);
-  const TransformerConfig cfg = Model(absl::GetFlag(FLAGS_model));
+  auto preset = rp::workers::models::TransformerPreset(absl::GetFlag(FLAGS_model));
+  if (!preset.ok()) {
+    std::fprintf(stderr, "gpu_bench: --model: %s\n", std::string(preset.status().message()).c_str());
+    return 2;
+  }
+  const TransformerConfig cfg = *preset;
   const int64_t seq = absl::GetFlag(FLAGS_seq);
   const int M = absl::GetFlag(FLAGS_microbatches);
   const auto mode =
       absl::GetFlag(FLAGS_mode) == "sync" ? rp::planning::OptimizerMode::kSync : rp::planning::OptimizerMode::kAsync;
   if (cuda && rp::workers::VisibleCudaDevices() == 0) {
-    std::fprintf(stderr, "gpu_bench: --devices=%s but no CUDA GPU is visible (try --devices=cpu:1 --model=tiny)\n",
+    std::fprintf(stderr,
+                 "gpu_bench: --devices=%s but no CUDA GPU is visible (try --devices=cpu:1 --model=qwen3-tiny)\n",
                  devices.c_str());
     return 2;
   }
