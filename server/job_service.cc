@@ -63,7 +63,7 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
             grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "StreamBatches: job_id is required on the first batch"));
         return;
       }
-      if (absl::Status st = manager_->OpenStream(batch_.job_id()); !st.ok()) {
+      if (absl::Status st = Guarded("StreamBatches", [&] { return manager_->OpenStream(batch_.job_id()); }); !st.ok()) {
         Finish(ToGrpcStatus(st));
         return;
       }
@@ -75,7 +75,9 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
           absl::StrCat("StreamBatches: one stream feeds one job (", job_id_, "), got a batch for ", batch_.job_id())));
       return;
     }
-    absl::Status st = manager_->FeedAsync(job_id_, batch_, [this](absl::Status fed) { OnFed(fed); });
+    absl::Status st = Guarded("StreamBatches", [&] {
+      return manager_->FeedAsync(job_id_, batch_, [this](absl::Status fed) { OnFed(fed); });
+    });
     if (!st.ok()) Finish(Rejected(st));
   }
 
@@ -128,7 +130,7 @@ class EventWriter final : public grpc::ServerWriteReactor<v1::JobEvent> {
       return;
     }
     channel_->writer = this;
-    if (absl::Status st = manager->Subscribe(req.job_id(), channel_); !st.ok()) {
+    if (absl::Status st = Guarded("WatchJob", [&] { return manager->Subscribe(req.job_id(), channel_); }); !st.ok()) {
       std::lock_guard<std::mutex> lock(channel_->mu);
       channel_->finished = true;
       Finish(ToGrpcStatus(st));
@@ -202,7 +204,7 @@ void WatchChannel::WriteDone(bool ok) {
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* req,
                                                     v1::Job* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, manager_->Submit(req->spec()), resp);
+  return Reply(ctx, Guarded("SubmitJob", [&] { return manager_->Submit(req->spec()); }), resp);
 }
 
 grpc::ServerReadReactor<v1::Batch>* JobServiceImpl::StreamBatches(grpc::CallbackServerContext* ctx,
@@ -218,31 +220,31 @@ grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(grpc::CallbackS
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                                  v1::Job* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, manager_->Get(req->job_id()), resp);
+  return Reply(ctx, Guarded("GetJob", [&] { return manager_->Get(req->job_id()); }), resp);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
                                                    v1::ListJobsResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, manager_->List(*req), resp);
+  return Reply(ctx, Guarded("ListJobs", [&] { return manager_->List(*req); }), resp);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
                                                     v1::Job* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, manager_->Cancel(req->job_id()), resp);
+  return Reply(ctx, Guarded("CancelJob", [&] { return manager_->Cancel(req->job_id()); }), resp);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::PauseJob(grpc::CallbackServerContext* ctx, const v1::PauseJobRequest* req,
                                                    v1::Job* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, manager_->Pause(req->job_id()), resp);
+  return Reply(ctx, Guarded("PauseJob", [&] { return manager_->Pause(req->job_id()); }), resp);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* ctx, const v1::ResumeJobRequest* req,
                                                     v1::Job* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, manager_->Resume(req->job_id()), resp);
+  return Reply(ctx, Guarded("ResumeJob", [&] { return manager_->Resume(req->job_id()); }), resp);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Checkpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
@@ -251,7 +253,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::Checkpoint(grpc::CallbackServerContext
   // Waits for the job's next iteration boundary: off the callback thread.
   auto* r = ctx->DefaultReactor();
   manager_->RunInBackground([this, r, job = req->job_id(), resp] {
-    auto result = manager_->Checkpoint(job);
+    auto result = Guarded("Checkpoint", [&] { return manager_->Checkpoint(job); });
     if (result.ok()) *resp = *result;
     r->Finish(ToGrpcStatus(result.status()));
   });
@@ -265,7 +267,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ExportModel(grpc::CallbackServerContex
   // Writing a model can take a while: off the callback thread.
   auto* r = ctx->DefaultReactor();
   manager_->RunInBackground([this, r, job = req->job_id(), dir = req->output_dir(), merge = req->merge_lora(), resp] {
-    auto path = manager_->Export(job, dir, merge);
+    auto path = Guarded("ExportModel", [&] { return manager_->Export(job, dir, merge); });
     if (path.ok()) resp->set_path(*path);
     r->Finish(ToGrpcStatus(path.status()));
   });

@@ -1,5 +1,10 @@
 #include "server/job_spec.h"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
+#include <cmath>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,24 +18,65 @@ namespace v1 = roundpipe::v1;
 using workers::models::TransformerConfig;
 
 int64_t EstimateHostBytes(const TransformerConfig& m, int master_bytes) {
-  int64_t params = m.vocab * m.hidden * (m.tied_embeddings ? 1 : 2) + m.hidden;
-  const int64_t q = static_cast<int64_t>(m.num_heads) * m.head_dim,
-                kv = static_cast<int64_t>(m.num_kv_heads) * m.head_dim;
-  params += m.num_blocks * (2 * m.hidden + m.hidden * (q + 2 * kv) + q * m.hidden + 3 * m.hidden * m.intermediate +
-                            (m.qk_norm ? 2 * m.head_dim : 0));
-  if (m.lora.rank <= 0) return params * (4 /*fp32*/ + master_bytes + 4 /*grad*/ + 8 /*moments*/);
-  // LoRA: the frozen base keeps only its master copy; the adapters train as usual.
-  int64_t adapters = 0;
-  const int64_t r = m.lora.rank;
-  for (const std::string& t : m.lora.targets) {
-    const int64_t in = t == "o_proj" ? q : t == "down_proj" ? m.intermediate : m.hidden;
-    const int64_t out = t == "q_proj"                          ? q
-                        : (t == "k_proj" || t == "v_proj")     ? kv
-                        : (t == "gate_proj" || t == "up_proj") ? m.intermediate
-                                                               : m.hidden;
-    adapters += m.num_blocks * r * (in + out);
+  // In double, saturated: the sizes come from clients and files, and an estimate must never wrap.
+  const double vocab = static_cast<double>(m.vocab), hidden = static_cast<double>(m.hidden),
+               inter = static_cast<double>(m.intermediate), blocks = m.num_blocks, head_dim = m.head_dim;
+  const double q = m.num_heads * head_dim, kv = m.num_kv_heads * head_dim;
+  double params = vocab * hidden * (m.tied_embeddings ? 1 : 2) + hidden;
+  params +=
+      blocks * (2 * hidden + hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter + (m.qk_norm ? 2 * head_dim : 0));
+  double bytes;
+  if (m.lora.rank <= 0) {
+    bytes = params * (4 /*fp32*/ + master_bytes + 4 /*grad*/ + 8 /*moments*/);
+  } else {
+    // LoRA: the frozen base keeps only its master copy; the adapters train as usual.
+    double adapters = 0;
+    const double r = m.lora.rank;
+    for (const std::string& t : m.lora.targets) {
+      const double in = t == "o_proj" ? q : t == "down_proj" ? inter : hidden;
+      const double out = t == "q_proj"                          ? q
+                         : (t == "k_proj" || t == "v_proj")     ? kv
+                         : (t == "gate_proj" || t == "up_proj") ? inter
+                                                                : hidden;
+      adapters += blocks * r * (in + out);
+    }
+    bytes = params * master_bytes + adapters * (4 + master_bytes + 4 + 8);
   }
-  return params * master_bytes + adapters * (4 + master_bytes + 4 + 8);
+  constexpr double kMax = 9.0e18;  // below INT64_MAX (9.22e18)
+  return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
+}
+
+absl::Status CheckFiniteNumbers(const google::protobuf::Message& msg, const std::string& prefix) {
+  const google::protobuf::Descriptor* d = msg.GetDescriptor();
+  const google::protobuf::Reflection* r = msg.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    const std::string name = prefix.empty() ? std::string(f->name()) : absl::StrCat(prefix, ".", f->name());
+    const int n = f->is_repeated() ? r->FieldSize(msg, f) : 1;
+    for (int k = 0; k < n; ++k) {
+      double v = 0;
+      switch (f->cpp_type()) {
+        case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+          v = f->is_repeated() ? r->GetRepeatedDouble(msg, f, k) : r->GetDouble(msg, f);
+          break;
+        case google::protobuf::FieldDescriptor::CPPTYPE_FLOAT:
+          v = f->is_repeated() ? r->GetRepeatedFloat(msg, f, k) : r->GetFloat(msg, f);
+          break;
+        case google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE:
+          if (f->is_repeated() || r->HasField(msg, f)) {
+            const auto& sub = f->is_repeated() ? r->GetRepeatedMessage(msg, f, k) : r->GetMessage(msg, f);
+            if (absl::Status st = CheckFiniteNumbers(sub, name); !st.ok()) return st;
+          }
+          continue;
+        default:
+          continue;
+      }
+      if (!std::isfinite(v)) {
+        return absl::InvalidArgumentError(absl::StrCat(name, ": ", v, " is not a finite number"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 namespace {
@@ -103,6 +149,7 @@ absl::StatusOr<TransformerConfig> ResolveModel(const v1::ModelSpec& m, const Job
 }  // namespace
 
 absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpecContext& ctx) {
+  if (absl::Status st = CheckFiniteNumbers(spec, ""); !st.ok()) return st;
   ResolvedJob r;
   scheduler::JobSpec& e = r.engine;
   e.name = spec.name().empty() ? "job" : spec.name();
@@ -143,12 +190,13 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
     default:
       return absl::InvalidArgumentError(absl::StrCat("precision: unknown value ", spec.precision()));
   }
-  if (ctx.host_memory_budget > 0) {
+  if (ctx.host_memory_budget) {
     const int64_t need = EstimateHostBytes(e.model, static_cast<int>(c10::elementSize(e.master_dtype)));
-    if (need > ctx.host_memory_budget) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("model: needs about ", need >> 20, " MiB of host memory for its ", "states, the daemon has ",
-                       ctx.host_memory_budget >> 20, " MiB available; choose a smaller model"));
+    const int64_t budget = ctx.host_memory_budget();
+    if (need > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat("model: needs about ", need >> 20,
+                                                       " MiB of host memory for its ", "states, the daemon has ",
+                                                       budget >> 20, " MiB available now; choose a smaller model"));
     }
   }
 
@@ -157,6 +205,10 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   if (o.lr() < 0 || o.eps() < 0 || o.weight_decay() < 0 || o.max_grad_norm() < 0) {
     return absl::InvalidArgumentError("optimizer: lr, eps, weight_decay and max_grad_norm must not be negative");
   }
+  if (o.lr() > 1 || o.eps() > 1 || o.weight_decay() > 1) {
+    return absl::InvalidArgumentError("optimizer: lr, eps and weight_decay must be at most 1");
+  }
+  if (o.max_grad_norm() > 1e6) return absl::InvalidArgumentError("optimizer.max_grad_norm: at most 1e6 (0 = no clip)");
   if (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1) {
     return absl::InvalidArgumentError("optimizer: beta1 and beta2 must lie in [0, 1)");
   }
@@ -186,6 +238,11 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   if (b.global_batch() < 0 || b.micro_batch() < 0 || b.sequence_length() < 0 || b.microbatches_per_round() < 0) {
     return absl::InvalidArgumentError("batching: sizes must not be negative");
   }
+  constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
+  if (b.global_batch() > kMaxGlobalBatch || b.micro_batch() > kMaxGlobalBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batching: global_batch and micro_batch must be at most ", kMaxGlobalBatch));
+  }
   const int64_t micro = b.micro_batch() > 0 ? b.micro_batch() : 1;
   r.global_batch = b.global_batch() > 0 ? b.global_batch() : micro * ctx.num_devices;
   r.sequence_length = b.sequence_length() > 0 ? b.sequence_length() : 256;
@@ -194,6 +251,12 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
         absl::StrCat("batching: global_batch ", r.global_batch, " is not a multiple of micro_batch ", micro));
   }
   if (r.sequence_length > (int64_t{1} << 20)) return absl::InvalidArgumentError("batching: sequence_length above 1M");
+  constexpr int64_t kMaxStepTokens = int64_t{1} << 28;
+  if (r.global_batch * r.sequence_length > kMaxStepTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batching: global_batch x sequence_length = ", r.global_batch * r.sequence_length,
+                     " tokens per step, above ", kMaxStepTokens));
+  }
   e.microbatches = static_cast<int>(r.global_batch / micro);
   if (e.microbatches < ctx.num_devices) {
     return absl::InvalidArgumentError(absl::StrCat("batching: global_batch / micro_batch = ", e.microbatches,
@@ -241,8 +304,9 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
                                                       ctx.daemon_devices,
                                                       "); leave devices empty (or \"auto\") or name exactly those"));
   }
-  if (spec.checkpoint().every_steps() < 0 || spec.checkpoint().keep_last() < 0) {
-    return absl::InvalidArgumentError("checkpoint: every_steps and keep_last must not be negative");
+  if (spec.checkpoint().every_steps() < 0 || spec.checkpoint().keep_last() < 0 ||
+      spec.checkpoint().keep_last() > 1000) {
+    return absl::InvalidArgumentError("checkpoint: every_steps must not be negative, keep_last in [0, 1000]");
   }
   e.checkpoint_every = spec.checkpoint().every_steps();
   e.checkpoint_keep_last = spec.checkpoint().keep_last() > 0 ? spec.checkpoint().keep_last() : 3;
@@ -268,6 +332,18 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
     case v1::DataSource::SOURCE_NOT_SET:
       r.streamed = true;
       break;
+  }
+  if (r.streamed && ctx.max_message_bytes > 0) {
+    // A streamed batch is one message: packed varint token ids (< vocab) plus a packed bool mask.
+    int64_t id_bytes = 1;
+    for (int64_t v = e.model.vocab - 1; v >= 128; v >>= 7) ++id_bytes;
+    const int64_t need = r.global_batch * r.sequence_length * (id_bytes + 1) + 256;
+    if (need > ctx.max_message_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batching: a streamed batch of global_batch x sequence_length = ", r.global_batch * r.sequence_length,
+          " tokens needs up to ", need, " bytes, above this daemon's max_message_bytes (", ctx.max_message_bytes,
+          "); lower global_batch or sequence_length, use a token file, or raise maxMessageBytes"));
+    }
   }
   if (!spec.output_dir().empty()) {
     auto out = ResolveInsideRoots(spec.output_dir(), ctx.allowed_roots, "output_dir");

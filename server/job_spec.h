@@ -5,6 +5,7 @@
 // Contract: pure functions (they stat the paths a spec names), any thread.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,9 @@ struct JobSpecContext {
   std::vector<std::string> allowed_roots;
   std::string default_output_dir;  // used when the spec names none
   int max_queued_batches = 8;
-  int64_t host_memory_budget = 0;  // bytes a job's host model state may take; 0 = unchecked
+  // Bytes a new job's host model state may take, asked at each admission; empty = unchecked.
+  std::function<int64_t()> host_memory_budget;
+  int64_t max_message_bytes = 0;  // the daemon's gRPC message limit (streamed batches must fit); 0 = unchecked
 };
 
 struct ResolvedJob {
@@ -42,8 +45,13 @@ using workers::models::TransformerPresetNames;
 
 absl::StatusOr<ResolvedJob> ResolveJobSpec(const roundpipe::v1::JobSpec& spec, const JobSpecContext& ctx);
 
+// InvalidArgument naming the first double/float field (dotted path, repeated ones included) of
+// `msg` that is NaN or infinite.
+absl::Status CheckFiniteNumbers(const google::protobuf::Message& msg, const std::string& prefix);
+
 // Host bytes the engine keeps for a model (fp32 copy, master copy, gradients, AdamW moments;
-// with LoRA only the master copy of the frozen base plus the adapters' full state).
+// with LoRA only the master copy of the frozen base plus the adapters' full state). Never
+// overflows: saturates near INT64_MAX.
 int64_t EstimateHostBytes(const workers::models::TransformerConfig& model, int master_bytes);
 
 }  // namespace rp::server

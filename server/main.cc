@@ -26,6 +26,7 @@
 #include "server/admin_service.h"
 #include "server/auth.h"
 #include "server/config.h"
+#include "server/host_memory.h"
 #include "server/job_manager.h"
 #include "server/job_service.h"
 #include "server/job_store.h"
@@ -159,7 +160,8 @@ int main(int argc, char** argv) {
   mo.spec.num_devices = static_cast<int>((*engine)->Stats().devices.size());
   mo.spec.allowed_roots.assign(config.allowed_roots().begin(), config.allowed_roots().end());
   mo.spec.max_queued_batches = config.max_queued_batches();
-  mo.spec.host_memory_budget = static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE) * 3 / 4;
+  mo.spec.host_memory_budget = rp::server::HostMemoryBudgetNow;
+  mo.spec.max_message_bytes = config.max_message_bytes();
   auto manager = rp::server::JobManager::Create(engine->get(), store->get(), &metrics, mo);
   if (!manager.ok()) return Fail(std::string(manager.status().message()));
 

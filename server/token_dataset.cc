@@ -7,69 +7,12 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <regex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "workers/io/npy_header.h"
 
 namespace rp::server {
-
-namespace {
-
-// Parses a .npy header; sets the payload offset, element size/signedness and element count.
-absl::Status ParseNpy(const unsigned char* p, size_t size, size_t* offset, int* bytes, bool* is_signed,
-                      int64_t* count) {
-  if (size < 10 || std::memcmp(p, "\x93NUMPY", 6) != 0)
-    return absl::InvalidArgumentError("not a .npy file (bad magic)");
-  const int major = p[6];
-  size_t header_len = 0, start = 0;
-  if (major == 1) {
-    header_len = p[8] | (p[9] << 8);
-    start = 10;
-  } else if (major == 2 || major == 3) {
-    if (size < 12) return absl::InvalidArgumentError(".npy: truncated header");
-    header_len = static_cast<size_t>(p[8]) | (static_cast<size_t>(p[9]) << 8) | (static_cast<size_t>(p[10]) << 16) |
-                 (static_cast<size_t>(p[11]) << 24);
-    start = 12;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(".npy: unsupported version ", major));
-  }
-  if (start + header_len > size) return absl::InvalidArgumentError(".npy: header runs past the end of the file");
-  const std::string header(reinterpret_cast<const char*>(p + start), header_len);
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex("'descr':\\s*'([<>|=]?)([uif])(\\d)'"))) {
-    return absl::InvalidArgumentError(".npy: no descr in header");
-  }
-  if (m[1] == ">") return absl::InvalidArgumentError(".npy: big-endian data is not supported");
-  const std::string kind = m[2];
-  const int b = std::stoi(m[3]);
-  if (kind == "f" || (kind == "u" && b != 2 && b != 4) || (kind == "i" && b != 4 && b != 8)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(".npy: token dtype ", kind, b, " not supported (use uint16, uint32, int32 or int64)"));
-  }
-  if (absl::StrContains(header, "'fortran_order': True")) {
-    return absl::InvalidArgumentError(".npy: fortran_order arrays are not supported");
-  }
-  if (!std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)"))) {
-    return absl::InvalidArgumentError(".npy: no shape in header");
-  }
-  int64_t n = 1;
-  const std::string dims = m[1];
-  std::regex num("\\d+");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it) {
-    n *= std::stoll(it->str());
-  }
-  *offset = start + header_len;
-  *bytes = b;
-  *is_signed = kind == "i";
-  *count = n;
-  if (*offset + static_cast<size_t>(n) * b > size) {
-    return absl::InvalidArgumentError(".npy: the shape promises more data than the file holds");
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 TokenDataset::~TokenDataset() {
   if (map_) munmap(const_cast<unsigned char*>(map_), map_size_);
@@ -100,12 +43,14 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const std::stri
     format = absl::EndsWith(path, ".npy") ? TokenFileFormat::kNpy : TokenFileFormat::kBinUint16;
   }
   if (format == TokenFileFormat::kNpy) {
-    size_t offset = 0;
-    if (absl::Status s = ParseNpy(d->map_, d->map_size_, &offset, &d->element_bytes_, &d->is_signed_, &d->num_tokens_);
-        !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("token file '", path, "': ", s.message()));
+    auto layout = workers::io::ParseNpyHeader(d->map_, d->map_size_);
+    if (!layout.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("token file '", path, "': ", layout.status().message()));
     }
-    d->data_ = d->map_ + offset;
+    d->element_bytes_ = layout->element_bytes;
+    d->is_signed_ = layout->is_signed;
+    d->num_tokens_ = layout->count;
+    d->data_ = d->map_ + layout->data_offset;
   } else {
     d->element_bytes_ = format == TokenFileFormat::kBinUint32 ? 4 : 2;
     if (d->map_size_ % d->element_bytes_ != 0) {

@@ -45,6 +45,25 @@ void SyncPath(const fs::path& p, bool directory) {
   }
 }
 
+// Typed access to meta.json fields that never throws: a field of the wrong type is absent.
+std::string StringField(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+}
+int64_t IntField(const nlohmann::json& j, const char* key, int64_t fallback) {
+  return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : fallback;
+}
+double NumberField(const nlohmann::json& j, const char* key, double fallback) {
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+}
+// A partition entry: a layer count in [0, 1<<20] (anything else is damage).
+bool LayerCount(const nlohmann::json& x, int* out) {
+  if (!x.is_number_integer()) return false;
+  const int64_t v = x.get<int64_t>();
+  if (v < 0 || v > (int64_t{1} << 20)) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
 absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::string& dir) {
   const auto& p = j.contains("partition") ? j["partition"] : nlohmann::json();
   if (!p.is_object() || !p.contains("forward") || !p["forward"].is_array() || !p.contains("fused") ||
@@ -52,18 +71,28 @@ absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::
     return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has no partition"));
   }
   CheckpointMeta m;
-  try {  // a field of the wrong type is damage, not a crash
-    m.step = j.value("step", int64_t{0});
-    m.batches_consumed = j.value("batches_consumed", int64_t{0});
-    m.loss_scale = j.value("loss_scale", 1.0);
-    m.good_steps = j.value("good_steps", int64_t{0});
-    for (const auto& x : p["forward"]) m.forward.push_back(x.is_number_integer() ? x.get<int>() : 0);
-    m.fused = p["fused"].get<int>();
-    for (const auto& x : p["backward"]) m.backward.push_back(x.is_number_integer() ? x.get<int>() : 0);
-    m.note = j.contains("note") && j["note"].is_string() ? j["note"].get<std::string>() : "";
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json: ", e.what()));
+  m.step = IntField(j, "step", -1);
+  m.batches_consumed = IntField(j, "batches_consumed", -1);
+  m.loss_scale = NumberField(j, "loss_scale", 1.0);
+  m.good_steps = IntField(j, "good_steps", 0);
+  if (m.step < 0 || m.batches_consumed < 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has no valid step / batches_consumed"));
   }
+  int fused = 0;
+  if (!LayerCount(p["fused"], &fused)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has a bad partition"));
+  }
+  m.fused = fused;
+  for (const char* side : {"forward", "backward"}) {
+    for (const auto& x : p[side]) {
+      int v = 0;
+      if (!LayerCount(x, &v)) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has a bad partition"));
+      }
+      (std::string(side) == "forward" ? m.forward : m.backward).push_back(v);
+    }
+  }
+  m.note = StringField(j, "note");
   return m;
 }
 
@@ -141,7 +170,8 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
   std::stringstream ss;
   ss << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "roundpipe-checkpoint-1" || !j.contains("crc32")) {
+  if (j.is_discarded() || !j.is_object() || StringField(j, "format") != "roundpipe-checkpoint-1" ||
+      !j.contains("crc32")) {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json is damaged"));
   }
   for (const char* file : {"weights.safetensors", "optimizer.safetensors"}) {
@@ -157,7 +187,7 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
   auto opt = SafetensorsFile::Open((dir / "optimizer.safetensors").string());
   if (!opt.ok()) return absl::DataLossError(std::string(opt.status().message()));
   AdamWState st;
-  st.step = j.contains("adamw_step") && j["adamw_step"].is_number_integer() ? j["adamw_step"].get<int64_t>() : 0;
+  st.step = IntField(j, "adamw_step", 0);
   st.m.resize(static_cast<size_t>(store->num_params()));
   st.v.resize(static_cast<size_t>(store->num_params()));
   for (int i = 0; i < store->num_params(); ++i) {
@@ -185,7 +215,7 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   std::stringstream ss;
   ss << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "roundpipe-checkpoint-1") {
+  if (j.is_discarded() || !j.is_object() || StringField(j, "format") != "roundpipe-checkpoint-1") {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json is damaged"));
   }
   return MetaFromJson(j, dir);

@@ -90,9 +90,12 @@ absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
   if (!text.ok()) return text.status();
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("adapter_config.json: not a JSON object");
-  if (j.value("peft_type", std::string()) != "LORA") return absl::InvalidArgumentError("adapter_config.json: not LORA");
+  if (!(j.contains("peft_type") && j["peft_type"].is_string() && j["peft_type"] == "LORA"))
+    return absl::InvalidArgumentError("adapter_config.json: not LORA");
   models::LoraConfig c;
-  if (!j.contains("r") || !j["r"].is_number_integer()) return absl::InvalidArgumentError("adapter_config.json: no r");
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1 || j["r"].get<int64_t>() > 65536) {
+    return absl::InvalidArgumentError("adapter_config.json: r must be an integer in [1, 65536]");
+  }
   c.rank = j["r"].get<int>();
   c.alpha = j.contains("lora_alpha") && j["lora_alpha"].is_number() ? j["lora_alpha"].get<double>() : 8.0;
   if (!j.contains("target_modules") || !j["target_modules"].is_array()) {
@@ -102,7 +105,8 @@ absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
     if (!t.is_string()) return absl::InvalidArgumentError("adapter_config.json: target_modules must be strings");
     c.targets.push_back(t.get<std::string>());
   }
-  if (j.value("use_dora", false) || j.value("use_rslora", false)) {
+  auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
+  if (flag("use_dora") || flag("use_rslora")) {
     return absl::InvalidArgumentError("adapter_config.json: DoRA / rsLoRA are not supported");
   }
   return c;

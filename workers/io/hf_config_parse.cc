@@ -1,4 +1,5 @@
 // ParseHfConfig / ReadHfConfig: no LibTorch here (the config fuzzer builds this file alone).
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,14 +18,17 @@ absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& text)
     if (!j.contains(key) || j[key].is_null()) {
       return required ? bad(absl::StrCat("missing ", key)) : absl::OkStatus();
     }
-    if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
-      return bad(absl::StrCat(key, " must be a positive integer"));
+    // Unsigned values above int64 and anything above 2^31 are refused here (never truncated).
+    if (!j[key].is_number_integer() || (j[key].is_number_unsigned() && j[key].get<uint64_t>() > (uint64_t{1} << 31)) ||
+        j[key].get<int64_t>() <= 0 || j[key].get<int64_t>() > (int64_t{1} << 31) - 1)
+      return bad(absl::StrCat(key, " must be a positive integer below 2^31"));
     *out = j[key].get<int64_t>();
     return absl::OkStatus();
   };
   auto get_num = [&](const char* key, double* out) -> absl::Status {
     if (!j.contains(key) || j[key].is_null()) return absl::OkStatus();
-    if (!j[key].is_number() || j[key].get<double>() <= 0) return bad(absl::StrCat(key, " must be a positive number"));
+    if (!j[key].is_number() || !(j[key].get<double>() > 0) || !std::isfinite(j[key].get<double>()))
+      return bad(absl::StrCat(key, " must be a finite positive number"));
     *out = j[key].get<double>();
     return absl::OkStatus();
   };
@@ -66,7 +70,8 @@ absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& text)
   if (j.contains("mlp_bias") && j["mlp_bias"].is_boolean() && j["mlp_bias"].get<bool>()) {
     return bad("mlp_bias: true is not supported");
   }
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu") return bad("hidden_act must be silu");
+  if (j.contains("hidden_act") && !(j["hidden_act"].is_string() && j["hidden_act"] == "silu"))
+    return bad("hidden_act must be silu");
   if (type == "mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     return bad("sliding_window attention is not supported (set it to null for full attention)");
   }

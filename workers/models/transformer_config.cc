@@ -1,6 +1,7 @@
 #include "workers/models/transformer_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -17,13 +18,31 @@ absl::Status TransformerConfig::Validate() const {
         "model: vocab, hidden, intermediate, blocks, heads, kv heads and head_dim must be "
         "positive");
   }
+  // Upper bounds far above any published decoder (Llama-3.1-405B: vocab 128256, hidden 16384,
+  // intermediate 53248, 126 blocks, 128 heads): sizes from untrusted files stay far from overflow
+  // in every product the engine and the planner form.
+  struct Bound {
+    const char* field;
+    int64_t value, max;
+  };
+  for (const Bound& b : {Bound{"vocab", vocab, int64_t{1} << 24}, Bound{"hidden", hidden, int64_t{1} << 16},
+                         Bound{"intermediate", intermediate, int64_t{1} << 20}, Bound{"num_blocks", num_blocks, 1024},
+                         Bound{"num_heads", num_heads, 1024}, Bound{"num_kv_heads", num_kv_heads, 1024},
+                         Bound{"head_dim", head_dim, 4096}}) {
+    if (b.value > b.max) {
+      return absl::InvalidArgumentError(absl::StrCat("model: ", b.field, " ", b.value, " is above the limit ", b.max));
+    }
+  }
   if (num_heads % num_kv_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: heads (", num_heads, ") must be a multiple of kv heads (", num_kv_heads, ")"));
   }
   if (head_dim % 2 != 0) return absl::InvalidArgumentError("model: head_dim must be even (rotary embedding)");
-  if (lora.rank < 0 || (lora.rank > 0 && !(lora.alpha > 0))) {
-    return absl::InvalidArgumentError("model: lora rank must be >= 0 and alpha > 0");
+  if (lora.rank < 0 || (lora.rank > 0 && !(lora.alpha > 0 && std::isfinite(lora.alpha)))) {
+    return absl::InvalidArgumentError("model: lora rank must be >= 0 and alpha a finite number > 0");
+  }
+  if (lora.rank > hidden) {
+    return absl::InvalidArgumentError(absl::StrCat("model: lora rank ", lora.rank, " is above hidden (", hidden, ")"));
   }
   if (lora.rank > 0 && lora.targets.empty()) return absl::InvalidArgumentError("model: lora needs target modules");
   for (const std::string& t : lora.targets) {
@@ -33,8 +52,20 @@ absl::Status TransformerConfig::Validate() const {
           "model: lora target '", t, "' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
     }
   }
-  if (!(rope_theta > 0) || !(rms_eps > 0))
-    return absl::InvalidArgumentError("model: rope_theta and rms_eps must be > 0");
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
+    return absl::InvalidArgumentError("model: rope_theta must be a finite number > 0");
+  }
+  if (!(rms_eps > 0) || !(rms_eps < 1)) return absl::InvalidArgumentError("model: rms_eps must lie in (0, 1)");
+  if (rope_scaling.factor != 0) {
+    const RopeScaling& r = rope_scaling;
+    if (!(r.factor > 0) || !std::isfinite(r.factor) || !(r.low_freq_factor > 0) || !std::isfinite(r.low_freq_factor) ||
+        !(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor) ||
+        r.original_max_position <= 0 || r.original_max_position > (int64_t{1} << 24)) {
+      return absl::InvalidArgumentError(
+          "model: rope scaling needs finite factor > 0, 0 < low_freq_factor < high_freq_factor and "
+          "original_max_position in [1, 2^24]");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -218,7 +218,7 @@ TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
   }
   // A model too large for the host budget is refused before anything is allocated.
   JobSpecContext small = Ctx(d);
-  small.host_memory_budget = int64_t{1} << 30;
+  small.host_memory_budget = [] { return int64_t{1} << 30; };
   v1::JobSpec big = base();
   big.mutable_model()->set_preset("llama-3.1-8b");
   big.mutable_batching()->set_global_batch(2);
@@ -226,7 +226,7 @@ TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
   // LoRA on the same 8B base fits in ~16 GiB (2 bytes per frozen base parameter, bf16), where full
   // fine-tuning needs ~130 GiB.
   JobSpecContext host20g = Ctx(d);
-  host20g.host_memory_budget = int64_t{20} << 30;
+  host20g.host_memory_budget = [] { return int64_t{20} << 30; };
   EXPECT_EQ(ResolveJobSpec(big, host20g).status().code(), absl::StatusCode::kResourceExhausted);
   big.mutable_model()->mutable_lora()->set_rank(16);
   auto lora = ResolveJobSpec(big, host20g);
