@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/cost_model.h"
 #include "workers/io/checkpoint.h"
+#include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
 #include "workers/models/layers.h"
 
@@ -325,7 +326,8 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
                                                   int keep_last, const std::string& note) {
   if (root.empty()) return absl::FailedPreconditionError("the job has no checkpoint directory");
   const std::string dir = absl::StrCat(root, "/step-", step);
-  if (std::filesystem::exists(std::filesystem::path(dir) / "meta.json")) return CheckpointInfo{dir, step, consumed};
+  if (workers::io::KindOf(dir + "/meta.json") == workers::io::FileKind::kFile)
+    return CheckpointInfo{dir, step, consumed};
   const OptimizerSnapshot snap = c.Snapshot();
   workers::io::CheckpointMeta meta;
   meta.step = step;
@@ -337,10 +339,11 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
   meta.backward = c.partition().backward;
   meta.note = note;
   if (absl::Status st = workers::io::WriteCheckpoint(dir, store, snap.adamw, meta); !st.ok()) return st;
+  // Pruning never follows a symlink and stays beneath the daemon's roots (confined_fs).
   const auto all = workers::io::ListCheckpoints(root);
-  std::error_code ec;
-  for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i)
-    std::filesystem::remove_all(all[i], ec);
+  for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i) {
+    (void)workers::io::RemoveTree(all[i]);
+  }
   return CheckpointInfo{dir, step, consumed};
 }
 

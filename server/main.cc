@@ -33,6 +33,7 @@
 #include "server/metrics.h"
 #include "server/process/thread_stack_floor.h"
 #include "server/rpc_metrics.h"
+#include "workers/io/confined_fs.h"
 
 ABSL_FLAG(std::string, config, "", "DaemonConfig JSON file (proto/roundpipe/v1/config.proto); flags override it");
 ABSL_FLAG(std::vector<std::string>, listen, {},
@@ -122,6 +123,17 @@ int main(int argc, char** argv) {
   const std::filesystem::path state_dir = config.state_dir();
   std::filesystem::create_directories(state_dir / "jobs", ec);
   if (ec) return Fail(absl::StrCat("state_dir ", state_dir.string(), ": ", ec.message()));
+  const std::string jobs_dir = std::filesystem::canonical(state_dir / "jobs", ec).string();
+  if (ec) return Fail(absl::StrCat("state_dir ", state_dir.string(), "/jobs: ", ec.message()));
+  {
+    // From here on every file the engine reads, writes, renames or deletes for a job is opened
+    // beneath these directories at the moment of use (workers/io/confined_fs.h).
+    std::vector<std::string> confine(config.allowed_roots().begin(), config.allowed_roots().end());
+    confine.push_back(jobs_dir);
+    if (absl::Status st = rp::workers::io::ConfineTo(confine); !st.ok()) {
+      return Fail(absl::StrCat("allowed_roots: ", st.message()), 2);
+    }
+  }
   auto tokens = rp::server::ReadTokenFiles(config);
   if (!tokens.ok()) return Fail(std::string(tokens.status().message()), 2);
   rp::server::Authenticator auth(*tokens);
@@ -155,7 +167,7 @@ int main(int argc, char** argv) {
   if (!engine.ok()) return Fail(std::string(engine.status().message()), 2);
 
   rp::server::JobManagerOptions mo;
-  mo.jobs_dir = (state_dir / "jobs").string();
+  mo.jobs_dir = jobs_dir;
   mo.spec.daemon_devices = config.devices();
   mo.spec.num_devices = static_cast<int>((*engine)->Stats().devices.size());
   mo.spec.allowed_roots.assign(config.allowed_roots().begin(), config.allowed_roots().end());

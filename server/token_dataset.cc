@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "workers/io/confined_fs.h"
 #include "workers/io/npy_header.h"
 
 namespace rp::server {
@@ -21,24 +22,19 @@ TokenDataset::~TokenDataset() {
 absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const std::string& path, TokenFileFormat format,
                                                                  int64_t global_batch, int64_t sequence_length) {
   if (global_batch < 1 || sequence_length < 1) return absl::InvalidArgumentError("dataset: empty batch shape");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("token file '", path, "': ", std::strerror(errno)));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("token file '", path, "' is not a regular file"));
-  }
+  // A regular file beneath the daemon's roots, opened at use (confined_fs): no FIFO, no escape.
+  uint64_t bytes = 0;
+  auto fd = workers::io::OpenForRead(path, &bytes);
+  if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("token file: ", fd.status().message()));
   std::unique_ptr<TokenDataset> d(new TokenDataset());
-  d->map_size_ = static_cast<size_t>(st.st_size);
+  d->map_size_ = static_cast<size_t>(bytes);
   if (d->map_size_ > 0) {
-    void* m = mmap(nullptr, d->map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* m = mmap(nullptr, d->map_size_, PROT_READ, MAP_PRIVATE, fd->get(), 0);
     if (m == MAP_FAILED) {
-      ::close(fd);
       return absl::InternalError(absl::StrCat("token file '", path, "': mmap: ", std::strerror(errno)));
     }
     d->map_ = static_cast<const unsigned char*>(m);
   }
-  ::close(fd);
   if (format == TokenFileFormat::kAuto) {
     format = absl::EndsWith(path, ".npy") ? TokenFileFormat::kNpy : TokenFileFormat::kBinUint16;
   }

@@ -14,7 +14,7 @@ fi
 [ -f "$BUILD/build.ninja" ] || cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$BUILD" >/dev/null
 corpus="$BUILD/corpus"
-mkdir -p "$corpus/st" "$corpus/cfg"
+mkdir -p "$corpus/st" "$corpus/cfg" "$corpus/npy"
 printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"__metadata__":{"format":"pt"}}' >"$corpus/st/seed1"
 printf '\x08\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}}' >"$corpus/st/seed2"
 cat >"$corpus/cfg/llama.json" <<'JSON'
@@ -23,7 +23,16 @@ JSON
 cat >"$corpus/cfg/qwen3.json" <<'JSON'
 {"model_type":"qwen3","vocab_size":96,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"tie_word_embeddings":true,"rope_scaling":null}
 JSON
-for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg"; do
+# .npy seeds: a 1-d uint16 and a 2-d int64 array with their payloads.
+python3 - "$corpus/npy" <<'PY'
+import struct, sys
+for name, descr, shape, count, size in (("u2", "<u2", "(8,)", 8, 2), ("i8", "<i8", "(2, 3)", 6, 8)):
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+    with open(sys.argv[1] + "/" + name, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + bytes(count * size))
+PY
+for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg" "npy_header_fuzzer npy"; do
   set -- $t
   echo "fuzz: $1 for ${SECONDS_EACH}s"
   mkdir -p "$BUILD/artifacts"

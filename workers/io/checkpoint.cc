@@ -6,14 +6,16 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
-#include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "workers/io/atomic_dir.h"
+#include "workers/io/confined_fs.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/io/safetensors_writer.h"
 #include "workers/store/host_model_store.h"
@@ -25,24 +27,26 @@ namespace fs = std::filesystem;
 namespace {
 
 absl::StatusOr<uint32_t> FileCrc(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return absl::DataLossError(absl::StrCat("checkpoint: missing ", p.string()));
+  auto fd = OpenForRead(p.string(), nullptr);
+  if (!fd.ok()) return absl::DataLossError(absl::StrCat("checkpoint: ", fd.status().message()));
   uLong crc = crc32(0L, Z_NULL, 0);
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const std::streamsize n = in.gcount();
-    if (n > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
+  std::vector<unsigned char> buf(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd->get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::DataLossError(absl::StrCat("checkpoint: read ", p.string(), ": ", std::strerror(errno)));
+    if (n == 0) break;
+    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
   }
   return static_cast<uint32_t>(crc);
 }
 
-void SyncPath(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd >= 0) {
-    (void)::fsync(fd);
-    ::close(fd);
-  }
+// meta.json: a regular file of at most 1 MiB, parsed without exceptions.
+absl::StatusOr<nlohmann::json> ReadMetaJson(const fs::path& dir) {
+  auto text = ReadSmallFile((dir / "meta.json").string(), uint64_t{1} << 20);
+  if (!text.ok())
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json: ", text.status().message()));
+  return nlohmann::json::parse(*text, nullptr, false);
 }
 
 // Typed access to meta.json fields that never throws: a field of the wrong type is absent.
@@ -100,18 +104,9 @@ absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::
 
 absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& store, const AdamWState& adamw,
                              const CheckpointMeta& meta) {
-  const fs::path dir = fs::path(dir_in).lexically_normal();
-  std::error_code ec;
-  if (fs::exists(dir, ec)) return absl::AlreadyExistsError(absl::StrCat("checkpoint: ", dir.string(), " exists"));
-  const fs::path parent = dir.parent_path();
-  fs::create_directories(parent, ec);
-  const fs::path tmp = parent / absl::StrFormat(".%s.tmp-%08x", dir.filename().string(), std::random_device{}());
-  fs::create_directory(tmp, ec);
-  if (ec) return absl::InternalError(absl::StrCat("checkpoint: cannot create ", tmp.string(), ": ", ec.message()));
-  auto fail = [&](absl::Status st) {
-    fs::remove_all(tmp, ec);
-    return st;
-  };
+  auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
+  if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat("checkpoint: ", out.status().message()));
+  auto fail = [](absl::Status st) { return absl::Status(st.code(), absl::StrCat("checkpoint: ", st.message())); };
   // Weights: the fp32 copy of every parameter (the master copy is its rounding).
   std::vector<TensorDecl> wdecl, odecl;
   std::vector<at::Tensor> wt, ot;
@@ -131,7 +126,7 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
   for (auto [file, decls, tensors] :
        {std::tuple{"weights.safetensors", &wdecl, &wt}, std::tuple{"optimizer.safetensors", &odecl, &ot}}) {
     SafetensorsWriter w;
-    if (absl::Status st = w.Open((tmp / file).string(), *decls); !st.ok()) return fail(st);
+    if (absl::Status st = w.Open(out->PathOf(file), *decls); !st.ok()) return fail(st);
     for (const at::Tensor& t : *tensors) {
       if (absl::Status st = w.Add(t); !st.ok()) return fail(st);
     }
@@ -146,30 +141,20 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
                       {"partition", {{"forward", meta.forward}, {"fused", meta.fused}, {"backward", meta.backward}}},
                       {"note", meta.note}};
   for (const char* file : {"weights.safetensors", "optimizer.safetensors"}) {
-    auto crc = FileCrc(tmp / file);
+    auto crc = FileCrc(out->PathOf(file));
     if (!crc.ok()) return fail(crc.status());
     j["crc32"][file] = *crc;
   }
-  {
-    std::ofstream out(tmp / "meta.json");
-    out << j.dump(2) << "\n";
-    if (!out) return fail(absl::InternalError("checkpoint: cannot write meta.json"));
-  }
-  SyncPath(tmp / "meta.json", false);
-  SyncPath(tmp, true);
-  fs::rename(tmp, dir, ec);
-  if (ec) return fail(absl::InternalError(absl::StrCat("checkpoint: rename: ", ec.message())));
-  SyncPath(parent, true);
+  if (absl::Status st = out->WriteFile("meta.json", j.dump(2) + "\n"); !st.ok()) return fail(st);
+  if (absl::Status st = out->Commit(); !st.ok()) return fail(st);
   return absl::OkStatus();
 }
 
 absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostModelStore* store, AdamWState* adamw) {
   const fs::path dir(dir_in);
-  std::ifstream in(dir / "meta.json");
-  if (!in) return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": no meta.json"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  auto parsed = ReadMetaJson(dir);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (j.is_discarded() || !j.is_object() || StringField(j, "format") != "roundpipe-checkpoint-1" ||
       !j.contains("crc32")) {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json is damaged"));
@@ -210,11 +195,9 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
 }
 
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / "meta.json");
-  if (!in) return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": no meta.json"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  auto parsed = ReadMetaJson(dir);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (j.is_discarded() || !j.is_object() || StringField(j, "format") != "roundpipe-checkpoint-1") {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json is damaged"));
   }
@@ -223,14 +206,15 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
 
 std::vector<std::string> ListCheckpoints(const std::string& parent) {
   std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !fs::exists(e.path() / "meta.json", ec)) continue;
-    try {
-      found.emplace_back(std::stoll(name.substr(5)), e.path().string());
-    } catch (...) {
-    }
+  auto names = ListDir(parent);
+  if (!names.ok()) return {};
+  for (const std::string& name : *names) {
+    int64_t step = 0;
+    if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step) || step < 0) continue;
+    const std::string dir = (fs::path(parent) / name).string();
+    // A real directory (a symlink planted in the checkpoint root is not a checkpoint) with a meta.json.
+    if (KindOf(dir) != FileKind::kDirectory || KindOf(dir + "/meta.json") != FileKind::kFile) continue;
+    found.emplace_back(step, dir);
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> out;

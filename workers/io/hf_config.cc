@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "workers/io/confined_fs.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/store/host_model_store.h"
 
@@ -20,13 +21,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-absl::StatusOr<std::string> ReadText(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", p.string(), "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+// JSON files of a model or adapter directory: regular files beneath the roots, bounded.
+absl::StatusOr<std::string> ReadText(const fs::path& p) { return ReadSmallFile(p.string(), uint64_t{64} << 20); }
 
 }  // namespace
 
@@ -35,8 +31,8 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
   std::map<std::string, std::string> file_of;
   std::vector<std::string> files;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  std::error_code ec;
-  if (fs::exists(index, ec)) {
+  const bool sharded = KindOf(index.string()) != FileKind::kMissing;
+  if (sharded) {
     auto text = ReadText(index);
     if (!text.ok()) return text.status();
     nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
@@ -59,7 +55,7 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
   for (const auto& f : files) {
     auto sf = SafetensorsFile::Open((fs::path(dir) / f).string());
     if (!sf.ok()) return sf.status();
-    if (!fs::exists(index, ec)) {
+    if (!sharded) {
       for (const auto& t : (*sf)->tensors()) file_of[t.name] = f;
     }
     open[f] = std::move(*sf);

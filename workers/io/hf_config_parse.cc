@@ -1,11 +1,10 @@
 // ParseHfConfig / ReadHfConfig: no LibTorch here (the config fuzzer builds this file alone).
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
 
 namespace rp::workers::io {
@@ -116,11 +115,8 @@ absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& text)
 }
 
 absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& dir) {
-  std::ifstream in(std::filesystem::path(dir) / "config.json", std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", dir, "/config.json'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto text = absl::StatusOr<std::string>(ss.str());
+  // A regular file beneath the daemon's roots, at most 1 MiB (a FIFO or /dev/zero cannot hold a reader).
+  auto text = ReadSmallFile((std::filesystem::path(dir) / "config.json").string(), uint64_t{1} << 20);
   if (!text.ok()) return text.status();
   return ParseHfConfig(*text);
 }

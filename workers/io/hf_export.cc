@@ -13,10 +13,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "workers/io/atomic_dir.h"
 #include "workers/io/safetensors_writer.h"
 
 namespace rp::workers::io {
 namespace fs = std::filesystem;
+
+namespace {
+// Errors from the directory writer, prefixed once.
+absl::Status Export(const absl::Status& st) { return absl::Status(st.code(), absl::StrCat("export: ", st.message())); }
+}  // namespace
 
 std::string HfConfigJson(const models::TransformerConfig& c, at::ScalarType dtype) {
   const bool qwen = c.family == "qwen3";
@@ -50,41 +56,12 @@ std::string HfConfigJson(const models::TransformerConfig& c, at::ScalarType dtyp
   return j.dump(2);
 }
 
-namespace {
-
-absl::Status WriteFileSynced(const fs::path& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return absl::InternalError(absl::StrCat("cannot create ", path.string()));
-  const bool ok =
-      std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  if (std::fclose(f) != 0 || !ok) return absl::InternalError(absl::StrCat("cannot write ", path.string()));
-  return absl::OkStatus();
-}
-
-void SyncDirectory(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    (void)::fsync(fd);
-    ::close(fd);
-  }
-}
-
-}  // namespace
-
 absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::TransformerConfig& config,
                                       const std::vector<NamedShape>& tensors,
                                       const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch,
                                       const HfExportOptions& options) {
-  const fs::path dir = fs::path(dir_in).lexically_normal();
-  std::error_code ec;
-  if (fs::exists(dir, ec)) return absl::AlreadyExistsError(absl::StrCat("export: ", dir.string(), " already exists"));
-  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
-  fs::create_directories(parent, ec);
-  if (ec) return absl::InternalError(absl::StrCat("export: cannot create ", parent.string(), ": ", ec.message()));
-  const fs::path tmp = parent / absl::StrFormat(".%s.tmp-%08x", dir.filename().string(), std::random_device{}());
-  fs::create_directory(tmp, ec);
-  if (ec) return absl::InternalError(absl::StrCat("export: cannot create ", tmp.string(), ": ", ec.message()));
-  auto cleanup = [&] { fs::remove_all(tmp, ec); };
+  auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
+  if (!out.ok()) return Export(out.status());
 
   std::vector<TensorDecl> decls;
   for (const auto& [name, shape] : tensors) decls.push_back({name, options.dtype, shape});
@@ -112,27 +89,22 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
       total += NumBytes(decls[i]);
     }
     SafetensorsWriter w;
-    if (absl::Status st = w.Open((tmp / file).string(), part, {{"format", "pt"}}); !st.ok()) return cleanup(), st;
+    if (absl::Status st = w.Open(out->PathOf(file), part, {{"format", "pt"}}); !st.ok()) return Export(st);
     for (const TensorDecl& d : part) {
       auto t = fetch(d.name);
-      if (!t.ok()) return cleanup(), t.status();
-      if (absl::Status st = w.Add(*t); !st.ok()) return cleanup(), st;
+      if (!t.ok()) return t.status();
+      if (absl::Status st = w.Add(*t); !st.ok()) return Export(st);
     }
-    if (absl::Status st = w.Finish(); !st.ok()) return cleanup(), st;
+    if (absl::Status st = w.Finish(); !st.ok()) return Export(st);
   }
   if (shards.size() > 1) {
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    if (absl::Status st = WriteFileSynced(tmp / "model.safetensors.index.json", index.dump(2)); !st.ok()) {
-      return cleanup(), st;
-    }
+    if (absl::Status st = out->WriteFile("model.safetensors.index.json", index.dump(2)); !st.ok()) return Export(st);
   }
-  if (absl::Status st = WriteFileSynced(tmp / "config.json", HfConfigJson(config, options.dtype)); !st.ok()) {
-    return cleanup(), st;
+  if (absl::Status st = out->WriteFile("config.json", HfConfigJson(config, options.dtype)); !st.ok()) {
+    return Export(st);
   }
-  SyncDirectory(tmp);
-  fs::rename(tmp, dir, ec);
-  if (ec) return cleanup(), absl::InternalError(absl::StrCat("export: rename to ", dir.string(), ": ", ec.message()));
-  SyncDirectory(parent);
+  if (absl::Status st = out->Commit(); !st.ok()) return Export(st);
   return total;
 }
 
@@ -140,18 +112,9 @@ absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const model
                                           const std::vector<NamedShape>& tensors,
                                           const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch) {
   if (config.lora.rank <= 0) return absl::FailedPreconditionError("export: the model has no LoRA adapters");
-  const fs::path dir = fs::path(dir_in).lexically_normal();
-  std::error_code ec;
-  if (fs::exists(dir, ec)) return absl::AlreadyExistsError(absl::StrCat("export: ", dir.string(), " already exists"));
-  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
-  fs::create_directories(parent, ec);
-  const fs::path tmp = parent / absl::StrFormat(".%s.tmp-%08x", dir.filename().string(), std::random_device{}());
-  fs::create_directory(tmp, ec);
-  if (ec) return absl::InternalError(absl::StrCat("export: cannot create ", tmp.string(), ": ", ec.message()));
-  auto fail = [&](absl::Status st) {
-    fs::remove_all(tmp, ec);
-    return st;
-  };
+  auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
+  if (!out.ok()) return Export(out.status());
+  auto fail = [](absl::Status st) { return Export(std::move(st)); };
   std::vector<TensorDecl> decls;
   int64_t total = 0;
   for (const auto& [name, shape] : tensors) {
@@ -160,7 +123,7 @@ absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const model
     total += NumBytes(decls.back());
   }
   SafetensorsWriter w;
-  if (absl::Status st = w.Open((tmp / "adapter_model.safetensors").string(), decls, {{"format", "pt"}}); !st.ok()) {
+  if (absl::Status st = w.Open(out->PathOf("adapter_model.safetensors"), decls, {{"format", "pt"}}); !st.ok()) {
     return fail(st);
   }
   for (const TensorDecl& d : decls) {
@@ -174,11 +137,8 @@ absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const model
                       {"lora_dropout", 0.0},    {"target_modules", config.lora.targets},
                       {"bias", "none"},         {"fan_in_fan_out", false},
                       {"inference_mode", true}, {"base_model_name_or_path", nullptr}};
-  if (absl::Status st = WriteFileSynced(tmp / "adapter_config.json", j.dump(2)); !st.ok()) return fail(st);
-  SyncDirectory(tmp);
-  fs::rename(tmp, dir, ec);
-  if (ec) return fail(absl::InternalError(absl::StrCat("export: rename to ", dir.string(), ": ", ec.message())));
-  SyncDirectory(parent);
+  if (absl::Status st = out->WriteFile("adapter_config.json", j.dump(2)); !st.ok()) return fail(st);
+  if (absl::Status st = out->Commit(); !st.ok()) return fail(st);
   return total;
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "workers/io/confined_fs.h"
 
 namespace rp::workers::io {
 
@@ -33,22 +34,17 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("safetensors: cannot open '", path, "': ", std::strerror(errno)));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: '", path, "' is not a regular file"));
-  }
+  // Regular files beneath the daemon's roots only (confined_fs): a FIFO never blocks.
+  uint64_t bytes = 0;
+  auto fd = OpenForRead(path, &bytes);
+  if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("safetensors: ", fd.status().message()));
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
-  f->size_ = static_cast<size_t>(st.st_size);
+  f->size_ = static_cast<size_t>(bytes);
   if (f->size_ < 8) {
-    ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat("safetensors: '", path, "' is truncated (", f->size_, " bytes)"));
   }
-  void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd->get(), 0);
   if (m == MAP_FAILED)
     return absl::InternalError(absl::StrCat("safetensors: mmap '", path, "': ", std::strerror(errno)));
   f->map_ = static_cast<const unsigned char*>(m);

@@ -1,6 +1,7 @@
 #include "workers/io/safetensors_writer.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "workers/io/confined_fs.h"
 
 namespace rp::workers::io {
 
@@ -64,8 +66,12 @@ absl::Status SafetensorsWriter::Open(const std::string& path, const std::vector<
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
-  f_ = std::fopen(path.c_str(), "wb");
+  // A new file beneath the daemon's roots (confined_fs): never replaces or follows what exists.
+  auto fd = OpenConfined(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("cannot create ", fd.status().message()));
+  f_ = ::fdopen(fd->get(), "wb");
   if (!f_) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  fd->release();
   path_ = path;
   uint64_t len = text.size();
   unsigned char le[8];
@@ -101,7 +107,11 @@ absl::Status SafetensorsWriter::Finish() {
   const bool ok = std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0;
   const bool closed = std::fclose(f_) == 0;
   f_ = nullptr;
-  if (!ok || !closed) return absl::InternalError(absl::StrCat("flush ", path_, ": ", std::strerror(errno)));
+  if (!ok || !closed) {
+    const int err = errno;
+    const std::string text = absl::StrCat("flush ", path_, ": ", std::strerror(err));
+    return err == ENOSPC || err == EDQUOT ? absl::ResourceExhaustedError(text) : absl::InternalError(text);
+  }
   return absl::OkStatus();
 }
 
