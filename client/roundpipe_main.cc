@@ -148,6 +148,10 @@ int WatchJob(rp::client::Client& c, const std::string& id) {
                   e.checkpoint().path().c_str());
     } else if (e.event_case() == v1::JobEvent::kBatchRejected) {
       std::printf("\n[%s] batch rejected: %s\n", id.c_str(), e.batch_rejected().c_str());
+    } else if (e.event_case() == v1::JobEvent::kCheckpointFailed) {
+      if (dirty) std::printf("\n");
+      dirty = false;
+      std::printf("[%s] %s\n", id.c_str(), e.checkpoint_failed().c_str());
     }
   });
   if (dirty) std::printf("\n");

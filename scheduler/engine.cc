@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <filesystem>
 #include <future>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/cost_model.h"
@@ -60,6 +62,8 @@ struct Engine::Job {
   int64_t steps_done = 0;       // steps reported in this run
   int64_t consumed_offset = 0;  // batches consumed before this run
   int64_t consumed = 0;         // batches taken from the queue in this run
+  int checkpoint_failures = 0;  // policy checkpoints failed in a row (runner only)
+  std::string pause_reason;     // why the runner paused the job itself (guarded by mu)
 
   bool terminal() const { return IsTerminal(state); }
   void Emit(JobEvent e) {  // caller holds mu
@@ -70,6 +74,19 @@ struct Engine::Job {
   void SetState(JobState s, std::string message = "") {  // caller holds mu
     state = s;
     Emit({JobEvent::Kind::kState, s, {}, std::move(message)});
+  }
+  // A checkpoint result as an event (caller holds mu): written, or failed and why.
+  void ReportCheckpoint(const absl::StatusOr<CheckpointInfo>& info, int64_t step) {
+    if (info.ok()) {
+      JobEvent e{JobEvent::Kind::kCheckpoint, state, {}, ""};
+      e.checkpoint = *info;
+      Emit(e);
+      return;
+    }
+    JobEvent e{JobEvent::Kind::kCheckpointFailed, state, {}, ""};
+    e.message = absl::StrCat("checkpoint at step ", step, " failed: ", info.status().message());
+    e.checkpoint.step = step;
+    Emit(e);
   }
 };
 
@@ -356,7 +373,7 @@ absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& n
   {
     std::lock_guard<std::mutex> lock(job->mu);
     if (!job->controller_started) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", id, " has not started; nothing to checkpoint"));
+      return absl::FailedPreconditionError("the job has not started; nothing to checkpoint");
     }
     if (!job->terminal()) {
       auto promise = std::make_shared<std::promise<absl::StatusOr<CheckpointInfo>>>();
@@ -376,11 +393,9 @@ absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& n
   }
   auto info = WriteJobCheckpoint(*job->store, *job->controller, step, consumed, job->spec.checkpoint_root,
                                  job->spec.checkpoint_keep_last, note);
-  if (info.ok()) {
+  {
     std::lock_guard<std::mutex> lock(job->mu);
-    JobEvent e{JobEvent::Kind::kCheckpoint, job->state, {}, ""};
-    e.checkpoint = *info;
-    job->Emit(e);
+    job->ReportCheckpoint(info, step);
   }
   return info;
 }
@@ -445,7 +460,12 @@ void Engine::RunnerLoop() {
       cv_.wait(lock, [&] { return shutdown_ || (job = TakeRunnableLocked()) != nullptr; });
       if (shutdown_) return;
     }
-    RunJob(*job);
+    try {  // the job's barrier: an unexpected exception fails this job, never the daemon
+      RunJob(*job);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(job->mu);
+      if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("internal error: ", e.what()));
+    }
     // Checkpoint requests that raced with the end of the job: the store is final now.
     std::deque<Job::CheckpointRequest> reqs;
     JobState state;
@@ -460,9 +480,13 @@ void Engine::RunnerLoop() {
         if (r.done)
           r.done->set_value(absl::FailedPreconditionError("the job failed; no consistent state to checkpoint"));
       } else {
-        auto info = WriteJobCheckpoint(*job->store, *job->controller, job->first_step + job->steps_done,
-                                       job->consumed_offset + job->consumed, job->spec.checkpoint_root,
-                                       job->spec.checkpoint_keep_last, r.note);
+        const int64_t step = job->first_step + job->steps_done;
+        auto info = WriteJobCheckpoint(*job->store, *job->controller, step, job->consumed_offset + job->consumed,
+                                       job->spec.checkpoint_root, job->spec.checkpoint_keep_last, r.note);
+        {
+          std::lock_guard<std::mutex> lock(job->mu);
+          job->ReportCheckpoint(info, step);
+        }
         if (r.done) r.done->set_value(info);
       }
     }
@@ -501,7 +525,8 @@ void Engine::RunJob(Job& job) {
   }
   Controller& c = *job.controller;
   int64_t steps = 0;
-  std::optional<int> pending;  // async: the submitted iteration not yet awaited
+  int64_t skipped_in_a_row = 0;  // fp16 steps skipped for overflow, consecutively
+  std::optional<int> pending;    // async: the submitted iteration not yet awaited
   // Awaits the pending iteration and reports it; false when the job must stop (it failed).
   auto finish_pending = [&]() -> bool {
     if (!pending) return true;
@@ -519,6 +544,20 @@ void Engine::RunJob(Job& job) {
     ++steps;
     ++job.steps_done;
     job.Emit({JobEvent::Kind::kIteration, job.state, *st, ""});
+    const int64_t step = job.first_step + job.steps_done;
+    skipped_in_a_row = st->skipped_step ? skipped_in_a_row + 1 : 0;
+    if (st->skipped_step && (st->loss_scale <= 1.0 || skipped_in_a_row >= kMaxConsecutiveSkippedSteps)) {
+      job.SetState(JobState::kFailed,
+                   absl::StrCat("training diverged at step ", step, ": ", skipped_in_a_row,
+                                " step(s) in a row overflowed in fp16 (loss ", st->loss, ", loss scale ",
+                                st->loss_scale, "); lower the learning rate or train in bf16"));
+      return false;
+    }
+    if (!st->skipped_step && !std::isfinite(st->loss)) {
+      job.SetState(JobState::kFailed, absl::StrCat("training diverged at step ", step, ": the loss is ", st->loss,
+                                                   "; lower the learning rate"));
+      return false;
+    }
     return true;
   };
   auto end = [&](JobState s, std::string message) {
@@ -555,11 +594,19 @@ void Engine::RunJob(Job& job) {
       }
       auto info = WriteJobCheckpoint(*job.store, c, step, consumed, job.spec.checkpoint_root,
                                      job.spec.checkpoint_keep_last, r.note);
-      if (info.ok()) {
+      {
         std::lock_guard<std::mutex> lock(job.mu);
-        JobEvent e{JobEvent::Kind::kCheckpoint, job.state, {}, ""};
-        e.checkpoint = *info;
-        job.Emit(e);
+        job.ReportCheckpoint(info, step);
+        if (!r.done) {  // the policy: a disk that keeps failing pauses the job instead of losing its progress
+          job.checkpoint_failures = info.ok() ? 0 : job.checkpoint_failures + 1;
+          if (job.checkpoint_failures >= kMaxCheckpointFailures && !job.cancel) {
+            job.pause = true;
+            job.pause_reason = absl::StrCat("paused after ", job.checkpoint_failures,
+                                            " checkpoints in a row failed (last: ", info.status().message(),
+                                            "); fix the output directory, then resume");
+            job.checkpoint_failures = 0;
+          }
+        }
       }
       if (r.done) r.done->set_value(info);
     }
@@ -589,7 +636,7 @@ void Engine::RunJob(Job& job) {
       (void)c.Flush();
     }
     std::unique_lock<std::mutex> lock(job.mu);
-    job.SetState(JobState::kPaused);
+    job.SetState(JobState::kPaused, std::exchange(job.pause_reason, ""));
     for (;;) {
       job.cv.wait(lock, [&] { return !job.pause || job.cancel || !job.checkpoints.empty(); });
       if (job.checkpoints.empty()) break;

@@ -91,13 +91,23 @@ struct CheckpointInfo {
 };
 
 struct JobEvent {
-  enum class Kind { kState, kIteration, kBatchRejected, kCheckpoint } kind = Kind::kState;
+  // kCheckpointFailed: a checkpoint (policy or requested) could not be written; `message` says
+  // why. After kMaxCheckpointFailures policy failures in a row the job pauses.
+  enum class Kind { kState, kIteration, kBatchRejected, kCheckpoint, kCheckpointFailed } kind = Kind::kState;
   JobState state = JobState::kQueued;
   IterationStats stats;                        // kIteration
-  std::string message;                         // kState (failure reason), kBatchRejected
+  std::string message;                         // kState (failure reason), kBatchRejected, kCheckpointFailed
   std::chrono::system_clock::time_point time;  // when the engine emitted it
   CheckpointInfo checkpoint;                   // kCheckpoint
 };
+
+// Failure policies of the runner (both optimizer modes):
+//  - a job whose checkpoint policy failed this many times in a row pauses (fix the disk, resume);
+//  - fp16: a job fails when a step overflows with the loss scale at its floor (1), or when this
+//    many steps in a row overflowed (it diverged; skipping forever would report success);
+//  - any precision: a step whose loss is not finite fails the job, naming the step.
+inline constexpr int kMaxCheckpointFailures = 3;
+inline constexpr int kMaxConsecutiveSkippedSteps = 32;
 
 struct Batch {
   at::Tensor tokens;

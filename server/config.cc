@@ -44,6 +44,13 @@ void ApplyDefaults(roundpipe::v1::DaemonConfig* c) {
   if (c->max_queued_batches() == 0) c->set_max_queued_batches(8);
   if (c->drain_deadline_seconds() == 0) c->set_drain_deadline_seconds(120);
   if (c->log_level().empty()) c->set_log_level("info");
+  // gRPC resolves "localhost" to both 127.0.0.1 and ::1 and cannot bind port 0 on both at once:
+  // listen on the IPv4 loopback, which every client resolving "localhost" reaches.
+  for (int i = 0; i < c->listen_size(); ++i) {
+    if (absl::StartsWith(c->listen(i), "localhost:")) {
+      c->set_listen(i, absl::StrCat("127.0.0.1:", c->listen(i).substr(std::string("localhost:").size())));
+    }
+  }
 }
 
 bool IsLocalListenAddress(const std::string& a) {
@@ -96,6 +103,11 @@ absl::Status ValidateConfig(const roundpipe::v1::DaemonConfig& c) {
     if (colon == std::string::npos || !absl::SimpleAtoi(c.metrics_address().substr(colon + 1), &port) || port < 0 ||
         port > 65535) {
       problems.push_back(absl::StrCat("metrics_address '", c.metrics_address(), "': expected host:port"));
+    } else if (!IsLocalListenAddress(c.metrics_address()) && !c.allow_insecure_remote()) {
+      // /metrics has no authentication: exposing it beyond loopback is an explicit choice.
+      problems.push_back(absl::StrCat("metrics_address '", c.metrics_address(),
+                                      "': not a loopback address (the metrics endpoint has no authentication); set "
+                                      "allow_insecure_remote: true to expose it"));
     }
   }
   if (!c.tls().cert_file().empty() || !c.tls().key_file().empty()) {
@@ -112,7 +124,9 @@ absl::Status ValidateConfig(const roundpipe::v1::DaemonConfig& c) {
     if (!std::filesystem::is_directory(r, ec))
       problems.push_back(absl::StrCat("allowed_roots: '", r, "' is not a directory"));
   }
-  if (c.max_message_bytes() < 1024) problems.push_back("max_message_bytes must be >= 1024");
+  if (c.max_message_bytes() < 1024 || c.max_message_bytes() > (int64_t{1} << 31) - 1) {
+    problems.push_back("max_message_bytes must lie in [1024, 2147483647] (gRPC's limit is a 32-bit int)");
+  }
   if (c.max_queued_batches() < 1) problems.push_back("max_queued_batches must be >= 1");
   if (c.drain_deadline_seconds() < 1) problems.push_back("drain_deadline_seconds must be >= 1");
   const std::string& lv = c.log_level();

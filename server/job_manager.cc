@@ -12,9 +12,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "server/output_claim.h"
 #include "server/paths.h"
+#include "server/status_util.h"
 #include "server/token_dataset.h"
 #include "workers/io/checkpoint.h"
+#include "workers/io/confined_fs.h"
 #include "workers/io/hf_export.h"
 #include "workers/models/layers.h"
 
@@ -101,6 +104,8 @@ struct JobManager::Managed {
   std::chrono::steady_clock::time_point last_step_at{}, last_persist{};
   double ema_step_s = 0;
   std::string partition_problem;  // the last automatic-partition problem logged
+  int checkpoint_failures = 0;    // in this daemon run (the final message says so)
+  std::string last_checkpoint_failure;
 };
 
 JobManager::JobManager(scheduler::Engine* engine, JobStore* store, DaemonMetrics* metrics, JobManagerOptions options)
@@ -143,29 +148,60 @@ absl::Status JobManager::Recover() {
       job->record.set_state(v1::JOB_STATE_QUEUED);
     }
   }
+  // Ids never restart: a damaged or replaced store must not hand out the id (and so the default
+  // output dir and checkpoints) of a job that existed before.
+  int64_t highest_dir = 0;
+  if (auto names = workers::io::ListDir(options_.jobs_dir); names.ok()) {
+    for (const std::string& n : *names) {
+      int64_t seq = 0;
+      if (n.rfind("job-", 0) == 0 && absl::SimpleAtoi(n.substr(4), &seq)) highest_dir = std::max(highest_dir, seq);
+    }
+  }
+  if (highest_dir >= next_seq_) {
+    Log()->error(
+        "the job store lists {} job(s) but {} holds directories up to job-{:06d}: the store was damaged or "
+        "replaced; those jobs are not listed, new ids continue after them",
+        all->size(), options_.jobs_dir, highest_dir);
+    next_seq_ = highest_dir + 1;
+  }
   UpdateJobGauges();  // absolute counts before any pump moves them
+  auto fail = [&](const std::shared_ptr<Managed>& job, const std::string& why) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    CountTransition(job->record.state(), v1::JOB_STATE_FAILED);
+    job->record.set_state(v1::JOB_STATE_FAILED);
+    job->record.set_error(why);
+    *job->record.mutable_updated() = Now();
+    Persist(*job);
+    Log()->error("[{}] {}", job->id, why);
+  };
   for (auto& [job, pause] : readmit) {
     JobSpecContext ctx = options_.spec;
     ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
-    auto resolved = ResolveJobSpec(job->record.spec(), ctx);
-    absl::Status st = resolved.ok() ? absl::OkStatus() : resolved.status();
-    if (st.ok()) {
+    absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
+      auto resolved = ResolveJobSpec(job->record.spec(), ctx);
+      if (!resolved.ok()) return resolved.status();
       job->resolved = *resolved;
-      st = Admit(job);
-    }
+      if (absl::Status c = ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !c.ok()) return c;
+      return Admit(job);
+    });
     if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(job->mu);
-      CountTransition(job->record.state(), v1::JOB_STATE_FAILED);
-      job->record.set_state(v1::JOB_STATE_FAILED);
-      job->record.set_error(absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
-      Persist(*job);
+      fail(job, absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
       continue;
     }
     if (pause) (void)engine_->Pause(*job->engine_id);
     Log()->info("[{}] re-admitted after restart", job->id);
   }
   for (auto& [job, pause] : resume) {
-    if (ResumeFromCheckpoint(job)) {
+    bool resumed = false;
+    absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
+      resumed = ResumeFromCheckpoint(job);
+      return absl::OkStatus();
+    });
+    if (!st.ok()) {
+      fail(job, absl::StrCat("could not be resumed after a daemon restart: ", st.message()));
+      continue;
+    }
+    if (resumed) {
       if (pause) (void)engine_->Pause(*job->engine_id);
       continue;
     }
@@ -188,6 +224,10 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job) {
   auto resolved = ResolveJobSpec(job->record.spec(), ctx);
   if (!resolved.ok()) {
     Log()->warn("[{}] cannot resume: {}", job->id, std::string(resolved.status().message()));
+    return false;
+  }
+  if (absl::Status c = ClaimOutputDir(resolved->output_dir, OwnerToken(job->record)); !c.ok()) {
+    Log()->warn("[{}] cannot resume: {}", job->id, std::string(c.message()));
     return false;
   }
   for (const std::string& dir : workers::io::ListCheckpoints(resolved->engine.checkpoint_root)) {
@@ -271,8 +311,28 @@ absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
     job->engine_id = *eid;
     job->record.set_total_steps(total);
   }
-  job->pump = std::thread([this, job] { PumpLoop(job); });
-  job->feeder = std::thread([this, job] { FeederLoop(job); });
+  // Each job thread runs behind a barrier: an unexpected exception fails that job (logged), it
+  // never terminates the daemon.
+  job->pump = std::thread([this, job] {
+    absl::Status st = Guarded(absl::StrCat("[", job->id, "] event pump"), [&] {
+      PumpLoop(job);
+      return absl::OkStatus();
+    });
+    if (!st.ok()) (void)engine_->Cancel(*job->engine_id);
+  });
+  job->feeder = std::thread([this, job] {
+    absl::Status st = Guarded(absl::StrCat("[", job->id, "] feeder"), [&] {
+      FeederLoop(job);
+      return absl::OkStatus();
+    });
+    if (!st.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(job->mu);
+        job->fail_reason = std::string(st.message());
+      }
+      (void)engine_->Cancel(*job->engine_id);
+    }
+  });
   return absl::OkStatus();
 }
 
@@ -298,7 +358,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   job->record.set_state(v1::JOB_STATE_QUEUED);
   *job->record.mutable_created() = Now();
   *job->record.mutable_updated() = Now();
-  if (absl::Status st = Admit(job); !st.ok()) return st;
+  // The job owns its output dir from here on (no other job may share its checkpoints).
+  if (absl::Status st = ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("output_dir: ", st.message()));
+  }
+  if (absl::Status st = Admit(job); !st.ok()) {
+    (void)workers::io::RemoveTree(absl::StrCat(job->resolved.output_dir, "/", kOutputClaimFile));
+    return st;
+  }
   {
     std::lock_guard<std::mutex> lock(job->mu);
     Persist(*job);
@@ -581,13 +648,23 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
             message = job->fail_reason;
           }
           if (s == v1::JOB_STATE_FAILED) rec.set_error(message);
+          if (s == v1::JOB_STATE_SUCCEEDED && message.empty() && job->checkpoint_failures > 0) {
+            message = absl::StrCat("succeeded, but ", job->checkpoint_failures,
+                                   " checkpoint(s) failed (last: ", job->last_checkpoint_failure, ")");
+          }
           // The job's pump is the only writer of an admitted job's state; the counts in the
           // gauge move before watchers hear about the transition.
           CountTransition(rec.state(), s);
           rec.set_state(s);
-          if (s != v1::JOB_STATE_PAUSED || message.empty()) rec.set_message(message);
-          if (s == v1::JOB_STATE_PAUSED && message.empty() && rec.message().empty()) rec.set_message("paused");
-          if (s == v1::JOB_STATE_PAUSED && job->drained) rec.set_message("paused by a daemon drain");
+          if (s != v1::JOB_STATE_PAUSED) {
+            rec.set_message(message);
+          } else if (job->drained) {
+            rec.set_message("paused by a daemon drain");
+          } else if (!message.empty() && message != "paused before it started") {
+            rec.set_message(message);  // the engine paused it itself (e.g. checkpoints keep failing): say why
+          } else if (rec.message().empty()) {
+            rec.set_message("paused");
+          }
           if (s == v1::JOB_STATE_RUNNING) {
             rec.clear_message();
             if (!rec.has_started()) *rec.mutable_started() = out.time();
@@ -654,6 +731,18 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           out.mutable_checkpoint()->set_step(e.checkpoint.step);
           Publish(*job, out, false);
           Log()->info("[{}] checkpoint at step {}: {}", job->id, e.checkpoint.step, e.checkpoint.path);
+          break;
+        }
+        case scheduler::JobEvent::Kind::kCheckpointFailed: {
+          metrics_->checkpoint_failures.Increment();
+          ++job->checkpoint_failures;
+          job->last_checkpoint_failure = e.message;
+          rec.set_message(e.message);
+          *rec.mutable_updated() = Now();
+          Persist(*job);
+          out.set_checkpoint_failed(e.message);
+          Publish(*job, out, false);
+          Log()->error("[{}] {}", job->id, e.message);
           break;
         }
         case scheduler::JobEvent::Kind::kBatchRejected:
@@ -831,7 +920,7 @@ absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string&
     eid = *job->engine_id;
   }
   auto info = engine_->Checkpoint(eid, "requested");
-  if (!info.ok()) return info.status();
+  if (!info.ok()) return absl::Status(info.status().code(), absl::StrCat("job ", id, ": ", info.status().message()));
   v1::CheckpointResponse r;
   r.set_path(info->path);
   r.set_step(info->step);
@@ -852,14 +941,20 @@ int JobManager::Drain(std::chrono::seconds deadline) {
     {
       std::lock_guard<std::mutex> lock(j->mu);
       const v1::JobState s = j->record.state();
+      if (j->engine_id && s == v1::JOB_STATE_PAUSED && j->record.has_started()) {
+        // Paused by its user: it stays paused, but its state must survive the restart too.
+        const scheduler::JobId user_paused = *j->engine_id;
+        j->mu.unlock();
+        auto info = engine_->Checkpoint(user_paused, "drain");
+        j->mu.lock();
+        if (!info.ok()) Log()->warn("[{}] drain checkpoint: {}", j->id, std::string(info.status().message()));
+        continue;
+      }
       if (!j->engine_id || (s != v1::JOB_STATE_RUNNING && s != v1::JOB_STATE_QUEUED)) continue;
       eid = j->engine_id;
       j->drained = true;
     }
-    if (engine_->Pause(*eid).ok()) {
-      ++paused;
-      waiting.push_back(j);
-    }
+    if (engine_->Pause(*eid).ok()) waiting.push_back(j);
   }
   const auto until = std::chrono::steady_clock::now() + deadline;
   for (const auto& j : waiting) {
@@ -867,6 +962,7 @@ int JobManager::Drain(std::chrono::seconds deadline) {
     j->cv.wait_until(lock, until,
                      [&] { return j->record.state() == v1::JOB_STATE_PAUSED || Terminal(j->record.state()); });
     if (j->record.state() == v1::JOB_STATE_PAUSED) {
+      ++paused;  // counted (and logged below) once it really paused
       j->record.set_message("paused by a daemon drain");
       Persist(*j);
       const bool started = j->record.has_started();
@@ -909,7 +1005,10 @@ void JobManager::RunInBackground(std::function<void()> task) {
   }
   auto done = std::make_shared<std::atomic<bool>>(false);
   tasks_.push_back({std::thread([task = std::move(task), done] {
-                      task();
+                      (void)Guarded("background task", [&] {
+                        task();
+                        return absl::OkStatus();
+                      });
                       done->store(true);
                     }),
                     done});

@@ -89,7 +89,7 @@ absl::StatusOr<TransformerConfig> ResolveModel(const v1::ModelSpec& m, const Job
     auto dir = ResolveInsideRoots(m.hf_dir(), ctx.allowed_roots, "model.hf_dir");
     if (!dir.ok()) return dir.status();
     auto c = workers::io::ReadHfConfig(*dir);
-    if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("model.hf_dir: ", c.status().message()));
+    if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat("model.hf_dir: ", c.status().message()));
     *hf_dir = *dir;
     return *c;
   }

@@ -60,6 +60,11 @@ DaemonMetrics::DaemonMetrics(prometheus::Registry& r)
                            .Help("Streamed batches rejected as invalid")
                            .Register(r)
                            .Add({})),
+      checkpoint_failures(BuildCounter()
+                              .Name("roundpipe_checkpoint_failures_total")
+                              .Help("Checkpoints (policy, requested or drain) that could not be written")
+                              .Register(r)
+                              .Add({})),
       worker_busy(BuildCounter()
                       .Name("roundpipe_worker_busy_seconds_total")
                       .Help("Seconds each worker's stream spent executing operations")
@@ -96,6 +101,7 @@ std::vector<std::string> DaemonMetrics::FamilyNames() {
           "roundpipe_bubble_ratio",
           "roundpipe_batches_received_total",
           "roundpipe_batches_rejected_total",
+          "roundpipe_checkpoint_failures_total",
           "roundpipe_worker_busy_seconds_total",
           "roundpipe_transfer_bytes_total",
           "roundpipe_host_memory_bytes",

@@ -34,6 +34,7 @@ class DaemonMetrics {
   prometheus::Gauge& bubble_ratio;
   prometheus::Counter& batches_received;
   prometheus::Counter& batches_rejected;
+  prometheus::Counter& checkpoint_failures;
   prometheus::Family<prometheus::Counter>& worker_busy;     // {worker, stream}
   prometheus::Family<prometheus::Counter>& transfer_bytes;  // {direction, kind}
   prometheus::Family<prometheus::Gauge>& host_memory;       // {pool}

@@ -105,7 +105,8 @@ void OptimizerWorker::Process(const StepRequest& r) {
   if (r.ctx->failed()) apply = false;
   if (!finite && !scaler_.enabled() && !r.ctx->failed()) {
     res.status = absl::FailedPreconditionError(
-        absl::StrCat("optimizer: gradient norm of iteration ", r.iteration, " is ", res.grad_norm, "; step skipped"));
+        absl::StrCat("optimizer: gradient norm of iteration ", r.iteration, " is ", res.grad_norm,
+                     " (training diverged, or the model holds non-finite weights); step skipped"));
   }
   res.skipped = !apply;
   if (apply) {

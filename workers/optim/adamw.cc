@@ -80,7 +80,9 @@ absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad
   }
   const double norm = GradNorm(store) / grad_divisor;
   if (!std::isfinite(norm)) {
-    return absl::FailedPreconditionError(absl::StrCat("optimizer: gradient norm is ", norm, "; step skipped"));
+    return absl::FailedPreconditionError(absl::StrCat("optimizer: gradient norm is ", norm,
+                                                      " (training diverged, or the model holds non-finite weights); "
+                                                      "step skipped"));
   }
   double clip = 1.0 / grad_divisor;
   if (opt_.max_grad_norm > 0 && norm > opt_.max_grad_norm) clip *= opt_.max_grad_norm / (norm + 1e-6);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 
+#include "server/config.h"
 #include "server/host_memory.h"
 #include "server/job_spec.h"
 #include "server/status_util.h"
@@ -254,6 +255,32 @@ TEST(HostMemory, MemAvailableIsReadNotMemFree) {
   EXPECT_EQ(ParseMemAvailable("MemFree: 5 kB\n"), -1);
   EXPECT_EQ(ParseMemAvailable("MemAvailable: lots kB\n"), -1);
   EXPECT_GT(HostMemoryBudgetNow(), 0);
+}
+
+}  // namespace
+}  // namespace rp::server
+
+namespace rp::server {
+namespace {
+
+TEST(Config, MessageLimitMetricsExposureAndLocalhost) {
+  roundpipe::v1::DaemonConfig c;
+  ApplyDefaults(&c);
+  c.set_max_message_bytes(int64_t{1} << 32);  // used to wrap to 0 in the int the gRPC builder takes
+  absl::Status st = ValidateConfig(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("max_message_bytes"), std::string::npos) << st;
+  c.set_max_message_bytes(64 << 20);
+  c.set_metrics_address("0.0.0.0:9464");  // unauthenticated metrics on every interface
+  st = ValidateConfig(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("metrics_address"), std::string::npos) << st;
+  c.set_allow_insecure_remote(true);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  roundpipe::v1::DaemonConfig l;
+  l.add_listen("localhost:0");
+  ApplyDefaults(&l);
+  EXPECT_EQ(l.listen(0), "127.0.0.1:0");
 }
 
 }  // namespace
