@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/cost_model.h"
+#include "workers/io/atomic_dir.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
@@ -360,6 +361,12 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
   const auto all = workers::io::ListCheckpoints(root);
   for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i) {
     (void)workers::io::RemoveTree(all[i]);
+  }
+  // Temporaries torn by a crash mid-write (the job's writes are serialised by run_mu: none is live).
+  if (auto names = workers::io::ListDir(root); names.ok()) {
+    for (const std::string& n : *names) {
+      if (workers::io::IsAtomicDirTemporary(n)) (void)workers::io::RemoveTree(root + "/" + n);
+    }
   }
   return CheckpointInfo{dir, step, consumed};
 }

@@ -10,6 +10,7 @@
 
 #include <thread>
 
+#include "server/status_util.h"
 #include "workers/optim/cpu_adamw.h"
 
 #ifndef RP_VERSION
@@ -70,10 +71,11 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Drain(grpc::CallbackServerContext* c
   }
   const int64_t secs = req->deadline_seconds() > 0 ? req->deadline_seconds() : default_drain_seconds_;
   // Waiting for running jobs to reach their pause point happens off the callback thread.
-  manager_->RunInBackground([this, r, resp, secs] {
+  absl::Status queued = manager_->RunInBackground([this, r, resp, secs] {
     resp->set_jobs_paused(manager_->Drain(std::chrono::seconds(secs)));
     r->Finish(grpc::Status::OK);
   });
+  if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
   return r;
 }
 

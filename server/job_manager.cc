@@ -993,7 +993,7 @@ int JobManager::active_jobs() const {
   return n;
 }
 
-void JobManager::RunInBackground(std::function<void()> task) {
+absl::Status JobManager::RunInBackground(std::function<void()> task) {
   std::lock_guard<std::mutex> lock(tasks_mu_);
   for (auto it = tasks_.begin(); it != tasks_.end();) {  // reap finished ones
     if (it->done->load()) {
@@ -1002,6 +1002,11 @@ void JobManager::RunInBackground(std::function<void()> task) {
     } else {
       ++it;
     }
+  }
+  if (static_cast<int>(tasks_.size()) >= kMaxBackgroundTasks) {
+    return absl::ResourceExhaustedError(absl::StrCat(kMaxBackgroundTasks,
+                                                     " requests (submit/export/checkpoint/drain) are in progress; "
+                                                     "retry when one has finished"));
   }
   auto done = std::make_shared<std::atomic<bool>>(false);
   tasks_.push_back({std::thread([task = std::move(task), done] {
@@ -1012,6 +1017,7 @@ void JobManager::RunInBackground(std::function<void()> task) {
                       done->store(true);
                     }),
                     done});
+  return absl::OkStatus();
 }
 
 void JobManager::Shutdown() {

@@ -80,9 +80,12 @@ class JobManager {
   int Drain(std::chrono::seconds deadline);
   bool draining() const;
   int active_jobs() const;
-  // Runs slow request work (export, checkpoint, drain) off the gRPC callback threads; Shutdown
-  // joins these threads, so none outlives the manager.
-  void RunInBackground(std::function<void()> task);
+  // Runs request work that touches files or waits (submit, export, checkpoint, drain) off the
+  // gRPC callback threads, so no client can hold them; Shutdown joins these threads, so none
+  // outlives the manager. At most kMaxBackgroundTasks run at once: beyond that
+  // ResourceExhausted (the task is not run; the caller answers the RPC with it).
+  static constexpr int kMaxBackgroundTasks = 64;
+  absl::Status RunInBackground(std::function<void()> task);
   // Stops feeders and pumps (the engine's Shutdown cancels what still runs).
   void Shutdown();
 

@@ -204,7 +204,16 @@ void WatchChannel::WriteDone(bool ok) {
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* req,
                                                     v1::Job* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, Guarded("SubmitJob", [&] { return manager_->Submit(req->spec()); }), resp);
+  // Admission reads the model dir and token file: off the callback thread, so a slow or hostile
+  // file system can never hold the threads every other RPC needs.
+  auto* r = ctx->DefaultReactor();
+  absl::Status queued = manager_->RunInBackground([this, r, req, resp] {
+    auto job = Guarded("SubmitJob", [&] { return manager_->Submit(req->spec()); });
+    if (job.ok()) *resp = *job;
+    r->Finish(ToGrpcStatus(job.status()));
+  });
+  if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
+  return r;
 }
 
 grpc::ServerReadReactor<v1::Batch>* JobServiceImpl::StreamBatches(grpc::CallbackServerContext* ctx,
@@ -252,11 +261,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::Checkpoint(grpc::CallbackServerContext
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
   // Waits for the job's next iteration boundary: off the callback thread.
   auto* r = ctx->DefaultReactor();
-  manager_->RunInBackground([this, r, job = req->job_id(), resp] {
+  absl::Status queued = manager_->RunInBackground([this, r, job = req->job_id(), resp] {
     auto result = Guarded("Checkpoint", [&] { return manager_->Checkpoint(job); });
     if (result.ok()) *resp = *result;
     r->Finish(ToGrpcStatus(result.status()));
   });
+  if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
   return r;
 }
 
@@ -266,11 +276,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::ExportModel(grpc::CallbackServerContex
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
   // Writing a model can take a while: off the callback thread.
   auto* r = ctx->DefaultReactor();
-  manager_->RunInBackground([this, r, job = req->job_id(), dir = req->output_dir(), merge = req->merge_lora(), resp] {
-    auto path = Guarded("ExportModel", [&] { return manager_->Export(job, dir, merge); });
-    if (path.ok()) resp->set_path(*path);
-    r->Finish(ToGrpcStatus(path.status()));
-  });
+  absl::Status queued = manager_->RunInBackground(
+      [this, r, job = req->job_id(), dir = req->output_dir(), merge = req->merge_lora(), resp] {
+        auto path = Guarded("ExportModel", [&] { return manager_->Export(job, dir, merge); });
+        if (path.ok()) resp->set_path(*path);
+        r->Finish(ToGrpcStatus(path.status()));
+      });
+  if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
   return r;
 }
 

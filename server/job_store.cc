@@ -62,7 +62,7 @@ absl::Status JobStore::Put(int64_t seq, const roundpipe::v1::Job& job) {
 absl::StatusOr<std::vector<std::pair<int64_t, roundpipe::v1::Job>>> JobStore::LoadAll() {
   std::lock_guard<std::mutex> lock(mu_);
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT seq, record FROM jobs ORDER BY seq", -1, &stmt, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_, "SELECT seq, record, id FROM jobs ORDER BY seq", -1, &stmt, nullptr) != SQLITE_OK) {
     return SqlError(db_, "prepare");
   }
   std::vector<std::pair<int64_t, roundpipe::v1::Job>> out;
@@ -71,9 +71,14 @@ absl::StatusOr<std::vector<std::pair<int64_t, roundpipe::v1::Job>>> JobStore::Lo
     roundpipe::v1::Job job;
     const void* p = sqlite3_column_blob(stmt, 1);
     const int n = sqlite3_column_bytes(stmt, 1);
-    if (!job.ParseFromArray(p, n)) {
-      sqlite3_finalize(stmt);
-      return absl::DataLossError("job store: a job record does not parse");
+    if (!job.ParseFromArray(p, n) || job.id().empty()) {
+      // A damaged row costs that job, never the daemon: it is listed FAILED, saying why.
+      const unsigned char* id = sqlite3_column_text(stmt, 2);
+      job.Clear();
+      job.set_id(id ? reinterpret_cast<const char*>(id) : absl::StrCat("damaged-row-", sqlite3_column_int64(stmt, 0)));
+      job.set_state(roundpipe::v1::JOB_STATE_FAILED);
+      job.set_error(
+          "the job store's record of this job is damaged (it does not parse); its spec and progress are lost");
     }
     out.emplace_back(sqlite3_column_int64(stmt, 0), std::move(job));
   }

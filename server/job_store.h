@@ -24,7 +24,8 @@ class JobStore {
 
   // Inserts or replaces the job (keyed by id; `seq` orders jobs by submission).
   absl::Status Put(int64_t seq, const roundpipe::v1::Job& job);
-  // Every stored job in submission order, with its seq.
+  // Every stored job in submission order, with its seq. A row whose record does not parse comes
+  // back as a FAILED job (its id, an error saying the record is damaged), never as an error.
   absl::StatusOr<std::vector<std::pair<int64_t, roundpipe::v1::Job>>> LoadAll();
   absl::StatusOr<int64_t> MaxSeq();
 

@@ -285,3 +285,42 @@ TEST(Config, MessageLimitMetricsExposureAndLocalhost) {
 
 }  // namespace
 }  // namespace rp::server
+
+#include <sqlite3.h>
+
+#include "server/job_store.h"
+
+namespace rp::server {
+namespace {
+
+TEST(JobStore, ADamagedRowCostsThatJobNotTheStore) {
+  const fs::path d = TempDir("store");
+  const std::string path = (d / "jobs.sqlite").string();
+  {
+    auto s = JobStore::Open(path);
+    ASSERT_TRUE(s.ok());
+    for (int i = 1; i <= 2; ++i) {
+      v1::Job j;
+      j.set_id("job-" + std::to_string(i));
+      j.set_state(v1::JOB_STATE_SUCCEEDED);
+      ASSERT_TRUE((*s)->Put(i, j).ok());
+    }
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE jobs SET record = x'ffffffff0a' WHERE id = 'job-1'", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto s = JobStore::Open(path);
+  ASSERT_TRUE(s.ok());
+  auto all = (*s)->LoadAll();
+  ASSERT_TRUE(all.ok()) << all.status();  // used to be DataLoss: the daemon refused to start
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].second.id(), "job-1");
+  EXPECT_EQ((*all)[0].second.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE((*all)[0].second.error().find("damaged"), std::string::npos);
+  EXPECT_EQ((*all)[1].second.state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace rp::server
