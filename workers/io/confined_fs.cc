@@ -107,6 +107,18 @@ absl::Status Locate(const std::string& path, const Root** root, std::string* rel
       absl::StrCat("'", path, "' is outside the allowed roots [", absl::StrJoin(names, ", "), "]"));
 }
 
+// After a failed openat(dir, name, O_NOFOLLOW ...): a symlink in the way reads as ELOOP (an
+// O_DIRECTORY open of a link says ENOTDIR), so escapes are PermissionDenied, not NotFound.
+void ExplainNoFollow(int dir, const char* name) {
+  const int err = errno;
+  struct stat st {};
+  if ((err == ENOTDIR || err == ELOOP) && ::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+    errno = ELOOP;
+    return;
+  }
+  errno = err;
+}
+
 // Kernels without openat2: one component at a time, no symlink at all.
 int WalkOpen(int root_fd, const std::string& rel, int flags, mode_t mode) {
   const fs::path r(rel);
@@ -124,6 +136,7 @@ int WalkOpen(int root_fd, const std::string& rel, int flags, mode_t mode) {
       return -1;
     }
     const int next = ::openat(dir, parts[i].c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) ExplainNoFollow(dir, parts[i].c_str());
     const int err = errno;
     ::close(dir);
     if (next < 0) {
@@ -138,6 +151,7 @@ int WalkOpen(int root_fd, const std::string& rel, int flags, mode_t mode) {
     return -1;
   }
   const int fd = ::openat(dir, parts.back().c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) ExplainNoFollow(dir, parts.back().c_str());
   const int err = errno;
   ::close(dir);
   errno = err;
@@ -379,6 +393,8 @@ FileKind KindOf(const std::string& path) {
   if (S_ISREG(st.st_mode)) return FileKind::kFile;
   return FileKind::kOther;
 }
+
+void UseOpenat2ForTest(bool use) { g_openat2.store(use ? 1 : 0); }
 
 void SyncPath(const std::string& path) {
   auto fd = OpenConfined(path, O_RDONLY | O_NONBLOCK);

@@ -78,4 +78,7 @@ FileKind KindOf(const std::string& path);
 // fsync of a file or directory (best effort).
 void SyncPath(const std::string& path);
 
+// Tests only: behave as on a kernel without openat2 (the O_NOFOLLOW walk) or back.
+void UseOpenat2ForTest(bool use);
+
 }  // namespace rp::workers::io
