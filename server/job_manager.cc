@@ -95,6 +95,8 @@ struct JobManager::Managed {
   std::unique_ptr<TokenDataset> dataset;
   std::deque<FeedItem> feed;
   bool input_end = false;   // no more streamed batches: close the engine's input after `feed`
+  bool ended = false;       // the job reached a terminal state: the feeder leaves
+  std::atomic<int> threads_running{0};  // pump + feeder still inside their loops (reaped at 0)
   bool stop = false;        // daemon shutdown: threads leave without touching the record
   std::string fail_reason;  // the feeder cancelled the job because its data was bad
   bool drained = false;     // paused by Drain (not by a user)
@@ -313,12 +315,14 @@ absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
   }
   // Each job thread runs behind a barrier: an unexpected exception fails that job (logged), it
   // never terminates the daemon.
+  job->threads_running = 2;
   job->pump = std::thread([this, job] {
     absl::Status st = Guarded(absl::StrCat("[", job->id, "] event pump"), [&] {
       PumpLoop(job);
       return absl::OkStatus();
     });
     if (!st.ok()) (void)engine_->Cancel(*job->engine_id);
+    --job->threads_running;
   });
   job->feeder = std::thread([this, job] {
     absl::Status st = Guarded(absl::StrCat("[", job->id, "] feeder"), [&] {
@@ -332,11 +336,27 @@ absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
       }
       (void)engine_->Cancel(*job->engine_id);
     }
+    --job->threads_running;
   });
   return absl::OkStatus();
 }
 
+void JobManager::ReapJobThreads() {
+  std::vector<std::shared_ptr<Managed>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs = order_;
+  }
+  std::lock_guard<std::mutex> reap(reap_mu_);
+  for (const auto& j : jobs) {
+    if (j->threads_running.load() != 0) continue;
+    if (j->pump.joinable()) j->pump.join();
+    if (j->feeder.joinable()) j->feeder.join();
+  }
+}
+
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+  ReapJobThreads();  // ended jobs keep no threads
   int64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -599,9 +619,12 @@ void JobManager::FeederLoop(const std::shared_ptr<Managed>& job) {
     FeedItem item;
     {
       std::unique_lock<std::mutex> lock(job->mu);
-      job->cv.wait(lock, [&] { return job->stop || !job->feed.empty() || job->input_end; });
-      if (job->stop) {
-        for (auto& f : job->feed) f.done(absl::UnavailableError("the daemon is shutting down"));
+      job->cv.wait(lock, [&] { return job->stop || job->ended || !job->feed.empty() || job->input_end; });
+      if (job->stop || job->ended) {
+        for (auto& f : job->feed) {
+          f.done(job->stop ? absl::UnavailableError("the daemon is shutting down")
+                           : absl::FailedPreconditionError(absl::StrCat("job ", job->id, " has ended")));
+        }
         job->feed.clear();
         return;
       }
@@ -673,6 +696,7 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           out.set_state(s);
           out.set_message(message);
           ended = Terminal(s);
+          if (ended) job->ended = true;  // wakes the feeder (below): it leaves, its thread is reaped
           Persist(*job);
           Publish(*job, out, ended);
           job->cv.notify_all();
@@ -1041,9 +1065,12 @@ void JobManager::Shutdown() {
     }
     j->subscribers.clear();
   }
-  for (const auto& j : jobs) {
-    if (j->feeder.joinable()) j->feeder.join();
-    if (j->pump.joinable()) j->pump.join();
+  {
+    std::lock_guard<std::mutex> reap(reap_mu_);
+    for (const auto& j : jobs) {
+      if (j->feeder.joinable()) j->feeder.join();
+      if (j->pump.joinable()) j->pump.join();
+    }
   }
   std::vector<Task> tasks;
   {

@@ -101,6 +101,7 @@ class JobManager {
   // saying why `action` is impossible otherwise).
   absl::StatusOr<std::pair<std::shared_ptr<Managed>, scheduler::JobId>> LiveJob(const std::string& id,
                                                                                 const char* action);
+  void ReapJobThreads();  // joins the pump and feeder of jobs whose loops have returned
   void PumpLoop(const std::shared_ptr<Managed>& job);
   void FeederLoop(const std::shared_ptr<Managed>& job);
   void Publish(Managed& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
@@ -121,6 +122,8 @@ class JobManager {
   int64_t next_seq_ = 1;
   bool draining_ = false;
   bool shutdown_ = false;
+
+  std::mutex reap_mu_;  // serialises joining job threads (ReapJobThreads, Shutdown)
 
   struct Task {
     std::thread thread;
