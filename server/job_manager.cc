@@ -94,13 +94,13 @@ struct JobManager::Managed {
   ResolvedJob resolved;
   std::unique_ptr<TokenDataset> dataset;
   std::deque<FeedItem> feed;
-  bool input_end = false;   // no more streamed batches: close the engine's input after `feed`
-  bool ended = false;       // the job reached a terminal state: the feeder leaves
+  bool input_end = false;               // no more streamed batches: close the engine's input after `feed`
+  bool ended = false;                   // the job reached a terminal state: the feeder leaves
   std::atomic<int> threads_running{0};  // pump + feeder still inside their loops (reaped at 0)
-  bool stop = false;        // daemon shutdown: threads leave without touching the record
-  std::string fail_reason;  // the feeder cancelled the job because its data was bad
-  bool drained = false;     // paused by Drain (not by a user)
-  int64_t start_batch = 0;  // token file: first batch to feed (resumed jobs)
+  bool stop = false;                    // daemon shutdown: threads leave without touching the record
+  std::string fail_reason;              // the feeder cancelled the job because its data was bad
+  bool drained = false;                 // paused by Drain (not by a user)
+  int64_t start_batch = 0;              // token file: first batch to feed (resumed jobs)
   std::vector<std::shared_ptr<JobSubscriber>> subscribers;
   std::thread pump, feeder;
   std::chrono::steady_clock::time_point last_step_at{}, last_persist{};

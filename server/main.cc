@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -138,7 +139,19 @@ int main(int argc, char** argv) {
   if (!tokens.ok()) return Fail(std::string(tokens.status().message()), 2);
   rp::server::Authenticator auth(*tokens);
 
-  auto store = rp::server::JobStore::Open((state_dir / "jobs.sqlite").string());
+  const std::string store_path = (state_dir / "jobs.sqlite").string();
+  auto store = rp::server::JobStore::Open(store_path);
+  if (!store.ok() && std::filesystem::exists(store_path, ec)) {
+    // A store that is not a database any more must not keep the daemon down (a crash loop under
+    // systemd): keep it for inspection, start a new one; job ids continue after <state_dir>/jobs.
+    const std::string aside = absl::StrCat(store_path, ".damaged-", static_cast<long long>(time(nullptr)));
+    spdlog::error("job store {}: {}; moved it to {} and starting with an empty store", store_path,
+                  std::string(store.status().message()), aside);
+    for (const char* suffix : {"", "-wal", "-shm"}) {
+      std::filesystem::rename(store_path + suffix, aside + suffix, ec);
+    }
+    store = rp::server::JobStore::Open(store_path);
+  }
   if (!store.ok()) return Fail(std::string(store.status().message()));
 
   auto registry = std::make_shared<prometheus::Registry>();

@@ -58,6 +58,8 @@ def run(args, channel):
         elif kind == "state":
             final = jobs_pb2.JobState.Name(event.state)
             print(f"state {final} {event.message}".rstrip(), flush=True)
+        elif kind == "checkpoint_failed":
+            print(event.checkpoint_failed, flush=True)
     return 0 if final == "JOB_STATE_SUCCEEDED" else 1
 
 

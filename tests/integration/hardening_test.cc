@@ -421,6 +421,32 @@ TEST_F(HardeningTest, ATruncatedJobStoreNeverReusesIds) {
   EXPECT_NE(daemon_.Output().find("damaged or replaced"), std::string::npos);
 }
 
+// 10b. A job store that is no database at all (overwritten) moved aside, the daemon starts.
+TEST_F(HardeningTest, AGarbageJobStoreIsMovedAsideNotACrashLoop) {
+  ASSERT_TRUE(StartDaemon());
+  std::string first;
+  {
+    auto c = daemon_.Connect();
+    auto a = c->Submit(TinySpec());
+    ASSERT_TRUE(a.ok());
+    first = a->id();
+    EXPECT_EQ(daemon_.Stop(9), -1);
+  }
+  for (const char* suffix : {"-wal", "-shm"}) fs::remove(root_ + "/state/jobs.sqlite" + suffix);
+  std::ofstream(root_ + "/state/jobs.sqlite", std::ios::trunc) << std::string(8192, 'G');
+  ASSERT_TRUE(StartDaemon()) << daemon_.Output();
+  EXPECT_NE(daemon_.Output().find("moved it to"), std::string::npos);
+  auto c = daemon_.Connect();
+  auto b = c->Submit(TinySpec());
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(b->id(), first);
+  bool kept = false;
+  for (const auto& e : fs::directory_iterator(root_ + "/state")) {
+    kept |= e.path().filename().string().rfind("jobs.sqlite.damaged-", 0) == 0;
+  }
+  EXPECT_TRUE(kept);
+}
+
 // 11. A 100 KB job id echoed into the status made oversized trailers: RESOURCE_EXHAUSTED and a
 //     bystander stream on the same channel aborted. Now the message is bounded.
 TEST_F(HardeningTest, AnOversizedIdGetsABoundedErrorAndTheChannelSurvives) {
