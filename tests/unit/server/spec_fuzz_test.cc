@@ -3,7 +3,9 @@
 // strings, unknown enum values) go through ResolveJobSpec — the daemon's admission rules — as
 // serialized bytes and as JSON. It must never throw or crash, and every spec it accepts must hold
 // the engine's invariants (finite, bounded, valid model, no overflow in the sizes it derives).
-// RP_SPEC_FUZZ_ITERATIONS sets the count (default 4000; tests/bench/fuzz_soak.sh runs longer).
+// Then the same through a real JobManager (specs admitted, batches fed). RP_SPEC_FUZZ_ITERATIONS
+// sets the count (default 4000 specs, a tenth of that through the manager, at most 3000;
+// tests/bench/fuzz_soak.sh runs longer).
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
@@ -14,8 +16,14 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <thread>
 
+#include "prometheus/registry.h"
+#include "scheduler/engine.h"
+#include "server/job_manager.h"
 #include "server/job_spec.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
 
 namespace rp::server {
 namespace {
@@ -232,6 +240,103 @@ TEST(SpecFuzz, AdmissionNeverCrashesAndAcceptsOnlySaneSpecs) {
   }
   std::printf("spec fuzz: %d iterations, %d accepted\n", iterations, accepted);
   EXPECT_GT(accepted, iterations / 20);  // the mutator reaches the accepting paths too
+  fs::remove_all(root);
+}
+
+// A 2-block byte-level model (about 0.5 MiB of host state): admitted jobs stay cheap.
+v1::JobSpec Small() {
+  v1::JobSpec s;
+  auto* m = s.mutable_model();
+  m->set_family("llama");
+  m->set_vocab(256);
+  m->set_hidden(32);
+  m->set_intermediate(64);
+  m->set_num_blocks(2);
+  m->set_num_heads(2);
+  m->set_num_kv_heads(1);
+  m->set_head_dim(16);
+  s.mutable_batching()->set_global_batch(2);
+  s.mutable_batching()->set_sequence_length(8);
+  return s;
+}
+
+// The same mutations through the real handlers in-process (no network): a JobManager over a real
+// engine (cpu:1) and SQLite store. Accepted specs are admitted and cancelled; random Batch
+// messages go into a live streamed job through FeedAsync. Neither may crash or throw, and the
+// live job keeps training afterwards.
+TEST(SpecFuzz, TheJobManagerTakesMutatedSpecsAndBatches) {
+  const fs::path root = fs::temp_directory_path() / ("rp_handler_fuzz_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "jobs");
+  auto engine = scheduler::Engine::Create({"cpu:1"});
+  ASSERT_TRUE(engine.ok());
+  auto store = JobStore::Open((root / "jobs.sqlite").string());
+  ASSERT_TRUE(store.ok());
+  prometheus::Registry registry;
+  DaemonMetrics metrics(registry);
+  JobManagerOptions o;
+  o.jobs_dir = (root / "jobs").string();
+  o.spec.daemon_devices = "cpu:1";
+  o.spec.num_devices = 1;
+  o.spec.allowed_roots = {root.string()};
+  o.spec.max_message_bytes = 1 << 20;
+  o.spec.host_memory_budget = [] { return int64_t{8} << 20; };  // keeps accepted jobs small
+  auto manager = JobManager::Create(engine->get(), store->get(), &metrics, o);
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  const char* env = std::getenv("RP_SPEC_FUZZ_ITERATIONS");
+  const int iterations = std::min(env ? std::atoi(env) / 10 : 300, 3000);
+  int admitted = 0;
+  for (int i = 0; i < iterations; ++i) {
+    Mutator mut(static_cast<uint64_t>(i) * 104729 + 3, root.string());
+    v1::JobSpec spec = Small();
+    for (int k = 0; k < 1 + i % 4; ++k) mut.Mutate(&spec);
+    v1::JobSpec wire;
+    if (!wire.ParseFromString(spec.SerializeAsString())) continue;
+    auto job = (*manager)->Submit(wire);
+    if (!job.ok()) continue;
+    ++admitted;
+    EXPECT_TRUE((*manager)->Cancel(job->id()).ok() || (*manager)->Get(job->id()).ok());
+  }
+  // A live streamed job, fed mutated batches.
+  v1::JobSpec live = Small();
+  live.set_output_dir((root / "live").string());
+  auto job = (*manager)->Submit(live);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::atomic<int> fed{0};
+  int accepted_batches = 0;
+  for (int i = 0; i < iterations; ++i) {
+    Mutator mut(static_cast<uint64_t>(i) * 31337 + 5, root.string());
+    v1::Batch b;
+    b.set_batch(2);
+    b.set_sequence(8);
+    for (int t = 0; t < 16; ++t) b.add_tokens(t);
+    for (int k = 0; k < 1 + i % 3; ++k) mut.Mutate(&b);
+    v1::Batch wire;
+    if (!wire.ParseFromString(b.SerializeAsString())) continue;
+    absl::Status st = (*manager)->FeedAsync(job->id(), wire, [&](absl::Status) { ++fed; });
+    if (st.ok()) ++accepted_batches;
+  }
+  // A good batch still trains: the job is healthy.
+  v1::Batch good;
+  good.set_batch(2);
+  good.set_sequence(8);
+  for (int t = 0; t < 16; ++t) good.add_tokens(t % 256);
+  ASSERT_TRUE((*manager)->FeedAsync(job->id(), good, [&](absl::Status) { ++fed; }).ok());
+  ASSERT_TRUE((*manager)->EndStream(job->id(), false).ok());
+  for (int spin = 0; spin < 3000; ++spin) {
+    auto rec = (*manager)->Get(job->id());
+    ASSERT_TRUE(rec.ok());
+    if (rec->state() == v1::JOB_STATE_SUCCEEDED || rec->state() == v1::JOB_STATE_FAILED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto rec = (*manager)->Get(job->id());
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->state(), v1::JOB_STATE_SUCCEEDED) << rec->error();
+  EXPECT_GE(rec->progress().step(), 1);
+  std::printf("handler fuzz: %d specs (%d admitted), %d batches (%d accepted)\n", iterations, admitted, iterations,
+              accepted_batches);
+  (*manager)->Shutdown();
+  (*engine)->Shutdown();
   fs::remove_all(root);
 }
 
