@@ -333,6 +333,13 @@ TEST_F(HardeningTest, CheckpointFailuresAreReportedAndPauseTheJob) {
   const std::string out = root_ + "/data/small";
   fs::create_directories(out);
   const bool tmpfs = mount("tmpfs", out.c_str(), "tmpfs", 0, "size=64k") == 0;
+  struct Unmount {  // also when an assertion below ends the test early
+    std::string path;
+    bool mounted;
+    ~Unmount() {
+      if (mounted) umount2(path.c_str(), MNT_DETACH);
+    }
+  } unmount{out, tmpfs};
   if (!tmpfs) {  // no mount privilege: a file where the checkpoint dir must go fails every write too
     std::ofstream(out + "/checkpoints") << "in the way";
   }
@@ -358,7 +365,6 @@ TEST_F(HardeningTest, CheckpointFailuresAreReportedAndPauseTheJob) {
   EXPECT_NE(daemon_.Output().find("failed"), std::string::npos);
   ASSERT_TRUE(c->Cancel(job->id()).ok());
   daemon_.Stop(9);
-  if (tmpfs) umount2(out.c_str(), MNT_DETACH);
 }
 
 // 9. fp16 divergence: every step skipped with a NaN loss and the scale backing off forever; the
