@@ -10,6 +10,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -400,6 +401,54 @@ TEST_F(HardeningTest, DivergenceFailsTheJob) {
     ASSERT_TRUE(rec.ok());
     EXPECT_NE(rec->error().find("diverged"), std::string::npos) << rec->error();
   }
+}
+
+// 8 + 9. Non-finite or absurd spec values: lr NaN silently became 1e-4, inf/NaN elsewhere failed
+//    later with a misleading message or trained nothing, a 1e9 global batch waited forever, a
+//    config.json with 2^32+4 layers became 4, a 2^57 vocab overflowed the host estimate into
+//    UNIMPLEMENTED with no message. Now each is INVALID_ARGUMENT naming the field.
+TEST_F(HardeningTest, NonFiniteAndAbsurdSpecValuesAreRefusedNamingTheField) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  const double nan = std::nan(""), inf = HUGE_VAL;
+  struct Case {
+    std::string needle;
+    std::function<void(v1::JobSpec&)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {"optimizer.lr", [&](auto& s) { s.mutable_optimizer()->set_lr(nan); }},
+      {"optimizer.lr", [&](auto& s) { s.mutable_optimizer()->set_lr(inf); }},
+      {"optimizer.weight_decay", [&](auto& s) { s.mutable_optimizer()->set_weight_decay(nan); }},
+      {"optimizer.eps", [&](auto& s) { s.mutable_optimizer()->set_eps(inf); }},
+      {"min_lr_ratio", [&](auto& s) { s.mutable_optimizer()->mutable_lr_schedule()->set_min_lr_ratio(nan); }},
+      {"model.rms_eps", [&](auto& s) { s.mutable_model()->set_rms_eps(inf); }},
+      {"model.rope_theta", [&](auto& s) { s.mutable_model()->set_rope_theta(inf); }},
+      {"model.rope_scaling_factor", [&](auto& s) { s.mutable_model()->set_rope_scaling_factor(nan); }},
+      {"model.lora.alpha",
+       [&](auto& s) {
+         s.mutable_model()->mutable_lora()->set_rank(4);
+         s.mutable_model()->mutable_lora()->set_alpha(nan);
+       }},
+      {"global_batch", [&](auto& s) { s.mutable_batching()->set_global_batch(1000000000); }},
+      {"vocab", [&](auto& s) { s.mutable_model()->set_vocab(int64_t{1} << 57); }},
+  };
+  for (const Case& k : cases) {
+    v1::JobSpec spec = TinySpec();
+    k.mutate(spec);
+    auto r = c->Submit(spec);
+    ASSERT_FALSE(r.ok()) << k.needle;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << k.needle << ": " << r.status();
+    EXPECT_NE(r.status().message().find(k.needle), std::string::npos) << r.status();
+  }
+  const std::string dir = root_ + "/data/layers";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json")
+      << R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 4294967300, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16})";
+  auto r = c->Submit(HfSpec(dir));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("num_hidden_layers"), std::string::npos) << r.status();
 }
 
 // 10. A truncated (0-byte) jobs.sqlite: ids restarted at job-000001 and collided with the old
