@@ -13,6 +13,7 @@
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
+#include "workers/io/safetensors_reader.h"
 #include "workers/models/layers.h"
 
 namespace rp::scheduler {
@@ -40,9 +41,16 @@ bool IsTerminal(JobState s) { return s == JobState::kSucceeded || s == JobState:
 struct Engine::Job {
   JobId id = 0;
   JobSpec spec;
-  std::unique_ptr<workers::HostModelStore> store;
-  std::unique_ptr<Controller> controller;
+  // The job's host state. Both are released (reset under run_mu and mu) once a daemon job has
+  // ended and its final state is on disk; readers hold run_mu or copy the pointers under mu.
+  std::shared_ptr<workers::HostModelStore> store;
+  std::shared_ptr<Controller> controller;
   std::mutex run_mu;  // held while an iteration runs (Parameter reads wait for it)
+  // After the release: where the final weights are, and what export needs to know of them.
+  std::string final_checkpoint;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> final_shapes;
+  workers::models::TransformerConfig final_config;
+  std::unique_ptr<workers::io::SafetensorsFile> final_weights;  // opened on first Parameter() (run_mu)
 
   std::mutex mu;
   std::condition_variable cv;
@@ -182,7 +190,7 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   }
   auto job = std::make_shared<Job>();
   job->spec = spec;
-  job->store = std::make_unique<workers::HostModelStore>(spec.model, spec.master_dtype, spec.seed);
+  job->store = std::make_shared<workers::HostModelStore>(spec.model, spec.master_dtype, spec.seed);
   if (devices_.front()->torch_device().is_cuda()) {
     // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2).
     try {
@@ -254,7 +262,18 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
 absl::Status Engine::FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  if (absl::Status st = job->controller->ValidateBatch(batch.tokens, batch.labels); !st.ok()) return st;
+  std::shared_ptr<Controller> controller;
+  std::shared_ptr<workers::HostModelStore> store;  // the controller validates against its config
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->terminal() || !job->controller) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " accepts no more batches (", JobStateName(job->state), ")"));
+    }
+    controller = job->controller;
+    store = job->store;
+  }
+  if (absl::Status st = controller->ValidateBatch(batch.tokens, batch.labels); !st.ok()) return st;
   std::unique_lock<std::mutex> lock(job->mu);
   const bool room = job->cv.wait_for(lock, timeout, [&] {
     return job->cancel || job->input_closed || job->terminal() ||
@@ -285,13 +304,27 @@ absl::Status Engine::CloseInput(JobId id) {
 absl::Status Engine::Cancel(JobId id) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::lock_guard<std::mutex> lock(job->mu);
-  if (job->terminal()) return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
-  job->cancel = true;
-  if (job->state == JobState::kQueued || (job->state == JobState::kPaused && !job->controller_started)) {
-    job->SetState(JobState::kCancelled, "cancelled before it started");
+  bool never_ran = false;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->terminal()) return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
+    job->cancel = true;
+    if (job->state == JobState::kQueued || (job->state == JobState::kPaused && !job->controller_started)) {
+      job->SetState(JobState::kCancelled, "cancelled before it started");
+      never_ran = !job->controller_started;  // the runner will never take it
+    }
+    job->cv.notify_all();
   }
-  job->cv.notify_all();
+  if (never_ran && !job->spec.checkpoint_root.empty()) {  // a daemon job: nothing trained to keep
+    std::lock_guard<std::mutex> run(job->run_mu);
+    for (int i = 0; job->store && i < job->store->num_params(); ++i) {
+      job->final_shapes.emplace_back(job->store->param(i).name, job->store->param(i).shape);
+    }
+    if (job->store) job->final_config = job->store->config();
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->controller.reset();
+    job->store.reset();
+  }
   return absl::OkStatus();
 }
 
@@ -327,6 +360,8 @@ absl::Status Engine::Resume(JobId id) {
 absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> Engine::ParameterShapes(JobId id) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::lock_guard<std::mutex> run(job->run_mu);
+  if (!job->store) return job->final_shapes;
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (int i = 0; i < job->store->num_params(); ++i) {
     out.emplace_back(job->store->param(i).name, job->store->param(i).shape);
@@ -398,6 +433,12 @@ absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& n
     step = job->first_step + job->steps_done;
     consumed = job->consumed_offset + job->consumed;
   }
+  if (!job->store) {  // released: its final checkpoint holds exactly this state
+    if (job->final_checkpoint.empty()) {
+      return absl::FailedPreconditionError("the job ended without a consistent state to checkpoint");
+    }
+    return CheckpointInfo{job->final_checkpoint, step, consumed};
+  }
   auto info = WriteJobCheckpoint(*job->store, *job->controller, step, consumed, job->spec.checkpoint_root,
                                  job->spec.checkpoint_keep_last, note);
   {
@@ -410,7 +451,8 @@ absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& n
 absl::StatusOr<workers::models::TransformerConfig> Engine::ModelConfig(JobId id) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  return job->store->config();
+  std::lock_guard<std::mutex> run(job->run_mu);
+  return job->store ? job->store->config() : job->final_config;
 }
 
 absl::StatusOr<JobState> Engine::State(JobId id) const {
@@ -434,6 +476,21 @@ absl::StatusOr<at::Tensor> Engine::Parameter(JobId id, const std::string& name) 
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   std::lock_guard<std::mutex> run(job->run_mu);
+  if (!job->store) {  // released: read the final checkpoint
+    if (job->final_checkpoint.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " ended without weights to keep (it failed, or was cancelled before it started)"));
+    }
+    if (!job->final_weights) {
+      auto f = workers::io::SafetensorsFile::Open(job->final_checkpoint + "/weights.safetensors");
+      if (!f.ok()) return f.status();
+      job->final_weights = std::move(*f);
+    }
+    if (!job->final_weights->Find(name)) {
+      return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));
+    }
+    return job->final_weights->Read(name, at::kFloat);
+  }
   const int i = job->store->FindParam(name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));
   const workers::HostParam& p = job->store->param(i);
@@ -454,7 +511,7 @@ EngineStats Engine::Stats() const {
   for (const auto& [id, job] : jobs_) {
     std::lock_guard<std::mutex> jl(job->mu);
     if (!job->terminal()) ++s.jobs_active;
-    if (job->state == JobState::kRunning) s.host_model_bytes = job->store->HostBytes();
+    if (job->state == JobState::kRunning && job->store) s.host_model_bytes = job->store->HostBytes();
   }
   return s;
 }
@@ -481,7 +538,7 @@ void Engine::RunnerLoop() {
       reqs.swap(job->checkpoints);
       state = job->state;
     }
-    std::lock_guard<std::mutex> run(job->run_mu);
+    std::unique_lock<std::mutex> run(job->run_mu);
     for (auto& r : reqs) {
       if (state == JobState::kFailed) {
         if (r.done)
@@ -497,7 +554,29 @@ void Engine::RunnerLoop() {
         if (r.done) r.done->set_value(info);
       }
     }
+    ReleaseEnded(*job);
   }
+}
+
+// A daemon job (it has a checkpoint root) costs host memory only while it runs: once it ended
+// (its final checkpoint was written before the terminal state, see RunJob), the store and the
+// controller are freed; export, Parameter and Checkpoint read the final checkpoint. A failed
+// job's state is not consistent: it is freed at once. Without a root (library use) or when the
+// final checkpoint could not be written, the store stays. Caller holds run_mu.
+void Engine::ReleaseEnded(Job& job) {
+  if (!job.store || job.spec.checkpoint_root.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (!IsTerminal(job.state)) return;
+    if (job.state != JobState::kFailed && job.final_checkpoint.empty()) return;  // keep: nothing on disk
+  }
+  for (int i = 0; i < job.store->num_params(); ++i) {
+    job.final_shapes.emplace_back(job.store->param(i).name, job.store->param(i).shape);
+  }
+  job.final_config = job.store->config();
+  std::lock_guard<std::mutex> lock(job.mu);
+  job.controller.reset();
+  job.store.reset();
 }
 
 std::shared_ptr<Engine::Job> Engine::TakeRunnableLocked() {
@@ -572,6 +651,23 @@ void Engine::RunJob(Job& job) {
     {
       std::lock_guard<std::mutex> run(job.run_mu);
       (void)c.Flush();  // the store now holds every step
+      // A daemon job's final weights go to disk before it is reported ended: export works after
+      // any restart, and the host state can be released (ReleaseEnded).
+      if (!job.spec.checkpoint_root.empty()) {
+        int64_t step, consumed;
+        {
+          std::lock_guard<std::mutex> lock(job.mu);
+          step = job.first_step + job.steps_done;
+          consumed = job.consumed_offset + job.consumed;
+        }
+        const bool existed = workers::io::KindOf(absl::StrCat(job.spec.checkpoint_root, "/step-", step,
+                                                              "/meta.json")) == workers::io::FileKind::kFile;
+        auto info = WriteJobCheckpoint(*job.store, c, step, consumed, job.spec.checkpoint_root,
+                                       job.spec.checkpoint_keep_last, "final");
+        std::lock_guard<std::mutex> lock(job.mu);
+        if (!existed || !info.ok()) job.ReportCheckpoint(info, step);
+        if (info.ok()) job.final_checkpoint = info->path;
+      }
     }
     std::lock_guard<std::mutex> lock(job.mu);
     job.SetState(s, std::move(message));

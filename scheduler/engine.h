@@ -172,6 +172,7 @@ class Engine {
   Engine() = default;
   void RunnerLoop();
   void RunJob(Job& job);
+  void ReleaseEnded(Job& job);
   std::shared_ptr<Job> Find(JobId id) const;
   std::shared_ptr<Job> TakeRunnableLocked();  // highest priority queued job, or null (mu_ held)
 

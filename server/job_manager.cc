@@ -19,6 +19,7 @@
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hf_export.h"
+#include "workers/io/safetensors_reader.h"
 #include "workers/models/layers.h"
 
 namespace rp::server {
@@ -886,43 +887,72 @@ void JobManager::Unsubscribe(const std::string& id, JobSubscriber* subscriber) {
 absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in, bool merge_lora) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  scheduler::JobId eid;
+  std::optional<scheduler::JobId> eid;
   int64_t step;
+  v1::JobSpec spec;
   {
     std::lock_guard<std::mutex> lock(job->mu);
-    if (!job->engine_id) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " has no weights in this daemon: ", job->record.message()));
-    }
     const v1::JobState s = job->record.state();
     if (s != v1::JOB_STATE_SUCCEEDED && s != v1::JOB_STATE_CANCELLED && s != v1::JOB_STATE_PAUSED) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", id, " is ", v1::JobState_Name(s), "; export a job that is PAUSED or has finished (pause it first)"));
     }
-    eid = *job->engine_id;
+    eid = job->engine_id;
     step = job->record.progress().step();
+    spec = job->record.spec();
   }
+  // The job as admitted (a job listed from an earlier daemon run is resolved again).
+  JobSpecContext ctx = options_.spec;
+  ctx.host_memory_budget = nullptr;
+  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / id).string();
+  auto resolved = eid ? absl::StatusOr<ResolvedJob>(job->resolved) : ResolveJobSpec(spec, ctx);
+  if (!resolved.ok()) return resolved.status();
   std::string dir;
   if (dir_in.empty()) {
-    dir = (std::filesystem::path(job->resolved.output_dir) / absl::StrCat("export-step", step)).string();
+    dir = (std::filesystem::path(resolved->output_dir) / absl::StrCat("export-step", step)).string();
   } else {
-    auto resolved = ResolveInsideRoots(dir_in, options_.spec.allowed_roots, "output_dir");
-    if (!resolved.ok()) return resolved.status();
-    dir = *resolved;
+    auto inside = ResolveInsideRoots(dir_in, options_.spec.allowed_roots, "output_dir");
+    if (!inside.ok()) return inside.status();
+    dir = *inside;
   }
-  auto shapes = engine_->ParameterShapes(eid);
-  if (!shapes.ok()) return shapes.status();
-  auto config = engine_->ModelConfig(eid);
-  if (!config.ok()) return config.status();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  workers::models::TransformerConfig config;
+  std::function<absl::StatusOr<at::Tensor>(const std::string&)> fetch;
+  std::unique_ptr<workers::io::SafetensorsFile> weights;
+  if (eid) {
+    auto s = engine_->ParameterShapes(*eid);
+    if (!s.ok()) return s.status();
+    shapes = std::move(*s);
+    auto c = engine_->ModelConfig(*eid);
+    if (!c.ok()) return c.status();
+    config = *c;
+    fetch = [this, e = *eid](const std::string& name) { return engine_->Parameter(e, name); };
+  } else {
+    // From an earlier daemon run: the job's final weights are its newest checkpoint (the engine
+    // writes one when a job ends), which must hold the step the job ended at.
+    const auto all = workers::io::ListCheckpoints(resolved->engine.checkpoint_root);
+    auto meta = all.empty() ? absl::StatusOr<workers::io::CheckpointMeta>(absl::NotFoundError("none"))
+                            : workers::io::ReadCheckpointMeta(all.front());
+    if (!meta.ok() || meta->step != step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " has no checkpoint of its final step ", step, " under ", resolved->engine.checkpoint_root,
+          meta.ok() ? absl::StrCat(" (newest: step ", meta->step, ")") : std::string()));
+    }
+    auto f = workers::io::SafetensorsFile::Open(all.front() + "/weights.safetensors");
+    if (!f.ok()) return f.status();
+    weights = std::move(*f);
+    for (const auto& t : weights->tensors()) shapes.emplace_back(t.name, t.shape);
+    config = resolved->engine.model;
+    fetch = [&weights](const std::string& name) { return weights->Read(name, at::kFloat); };
+  }
   workers::io::HfExportOptions o;
-  o.dtype = job->resolved.engine.master_dtype == at::kFloat ? at::kFloat : job->resolved.engine.master_dtype;
-  auto fetch = [&](const std::string& name) { return engine_->Parameter(eid, name); };
-  if (merge_lora && config->lora.rank <= 0) {
+  o.dtype = resolved->engine.master_dtype;
+  if (merge_lora && config.lora.rank <= 0) {
     return absl::InvalidArgumentError("merge_lora: this job has no LoRA adapters");
   }
-  auto bytes = config->lora.rank > 0 ? (merge_lora ? workers::io::ExportMergedLora(dir, *config, *shapes, fetch, o)
-                                                   : workers::io::ExportPeftAdapter(dir, *config, *shapes, fetch))
-                                     : workers::io::ExportHfModel(dir, *config, *shapes, fetch, o);
+  auto bytes = config.lora.rank > 0 ? (merge_lora ? workers::io::ExportMergedLora(dir, config, shapes, fetch, o)
+                                                  : workers::io::ExportPeftAdapter(dir, config, shapes, fetch))
+                                    : workers::io::ExportHfModel(dir, config, shapes, fetch, o);
   if (!bytes.ok()) return bytes.status();
   Log()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);
   return dir;

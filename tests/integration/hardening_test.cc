@@ -557,6 +557,56 @@ TEST_F(HardeningTest, ADrainKeepsAUserPausedJob) {
   EXPECT_EQ(done->progress().step(), 3);
 }
 
+// A finished job's weights survived only in memory: after any restart (even SIGTERM) ExportModel
+// said "no weights in this daemon". Now the final state is a checkpoint written before the job is
+// reported ended (and the host store is freed): the export after a SIGKILL or a SIGTERM restart
+// equals the one before, for a succeeded and a cancelled job.
+TEST_F(HardeningTest, AFinishedJobExportsTheSameAfterARestart) {
+  ASSERT_TRUE(StartDaemon());
+  std::string done_id, cancelled_id;
+  std::map<std::string, at::Tensor> done_before, cancelled_before;
+  {
+    auto c = daemon_.Connect();
+    auto done = c->Submit(TinySpec());
+    ASSERT_TRUE(done.ok());
+    done_id = done->id();
+    Watcher w(*c, done_id);
+    ASSERT_TRUE(c->StreamBatches(done_id, Batches(done_id, 3)).ok());
+    ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED));
+    auto rec = c->Get(done_id);
+    ASSERT_TRUE(rec.ok());
+    EXPECT_EQ(rec->last_checkpoint_step(), 3) << "the final checkpoint is reported";
+    auto cancelled = c->Submit(TinySpec());
+    ASSERT_TRUE(cancelled.ok());
+    cancelled_id = cancelled->id();
+    Watcher wc(*c, cancelled_id);
+    ASSERT_TRUE(c->StreamBatches(cancelled_id, {Batch(cancelled_id, 9, /*keep_open=*/true)}).ok());
+    ASSERT_TRUE(wc.WaitForSteps(1));
+    ASSERT_TRUE(c->Cancel(cancelled_id).ok());
+    ASSERT_TRUE(wc.WaitForState(v1::JOB_STATE_CANCELLED));
+    auto a = c->Export(done_id, root_ + "/data/done-before");
+    auto b = c->Export(cancelled_id, root_ + "/data/cancelled-before");
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    done_before = ReadSafetensors(*a + "/model.safetensors");
+    cancelled_before = ReadSafetensors(*b + "/model.safetensors");
+    ASSERT_FALSE(done_before.empty());
+  }
+  int round = 0;
+  for (int sig : {9, 15}) {
+    daemon_.Stop(sig);
+    ASSERT_TRUE(StartDaemon()) << daemon_.Output();
+    auto c = daemon_.Connect();
+    ++round;
+    for (const auto& [id, before] : {std::pair{done_id, &done_before}, std::pair{cancelled_id, &cancelled_before}}) {
+      auto e = c->Export(id, root_ + "/data/" + id + "-after-" + std::to_string(round));
+      ASSERT_TRUE(e.ok()) << "signal " << sig << ": " << e.status();
+      auto after = ReadSafetensors(*e + "/model.safetensors");
+      ASSERT_EQ(after.size(), before->size());
+      for (const auto& [name, t] : *before) EXPECT_TRUE(at::equal(t, after[name])) << name << " after signal " << sig;
+    }
+  }
+}
+
 // 14 (minor). An export under a regular file named a clear cause instead of "rename ...: Success".
 TEST_F(HardeningTest, ExportUnderAFileSaysWhy) {
   ASSERT_TRUE(StartDaemon());
