@@ -281,6 +281,9 @@ TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
     EXPECT_TRUE(at::equal(*w1, *w2));
     EXPECT_EQ(*(*engine)->State(*id), JobState::kPaused);
     ASSERT_TRUE((*engine)->Resume(*id).ok());
+    // The runner leaves the pause asynchronously: until it does the job still reads PAUSED, which
+    // DrainUntilEnded would take for the end (seen under TSAN).
+    ASSERT_TRUE(AwaitState(**engine, *id, JobState::kRunning, &events));
     ASSERT_TRUE((*engine)->FeedBatch(*id, {data[3]}).ok());
     ASSERT_TRUE((*engine)->CloseInput(*id).ok());
     for (auto& e : DrainUntilEnded(**engine, *id)) events.push_back(e);
