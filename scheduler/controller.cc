@@ -24,11 +24,19 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(ControllerOptions
                                                                workers::Timeline* timeline) {
   if (store == nullptr) return absl::InvalidArgumentError("controller: no model store");
   if (devices.empty()) return absl::InvalidArgumentError("controller: no devices");
-  if (absl::Status st = store->config().Validate(); !st.ok()) return st;
-  const int L = store->config().num_layers();
+  if (absl::Status st = ValidateOptions(options, store->config(), static_cast<int>(devices.size())); !st.ok()) {
+    return st;
+  }
+  return std::unique_ptr<Controller>(new Controller(std::move(options), store, std::move(devices), timeline));
+}
+
+absl::Status Controller::ValidateOptions(const ControllerOptions& options,
+                                         const workers::models::TransformerConfig& cfg, int num_workers) {
+  if (absl::Status st = cfg.Validate(); !st.ok()) return st;
+  const int L = cfg.num_layers();
   // Validate the partition and the round structure once, with a throw-away plan.
   planning::DispatchOptions d;
-  d.num_workers = static_cast<int>(devices.size());
+  d.num_workers = num_workers;
   d.microbatches_per_iteration = options.microbatches;
   d.microbatches_per_round = options.microbatches_per_round;
   planning::Partition check = options.partition;
@@ -42,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(ControllerOptions
   auto plan = planning::BuildDispatchPlan(check, L, d);
   if (!plan.ok()) return plan.status();
   if (options.head_chunk_tokens < 1) return absl::InvalidArgumentError("controller: head chunk must be >= 1 token");
-  return std::unique_ptr<Controller>(new Controller(std::move(options), store, std::move(devices), timeline));
+  return absl::OkStatus();
 }
 
 Controller::Controller(ControllerOptions options, workers::HostModelStore* store, std::vector<workers::Device*> devices,
@@ -217,7 +225,11 @@ Controller::~Controller() {
 }
 
 absl::Status Controller::ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) const {
-  const int64_t V = store_->config().vocab;
+  return ValidateBatchFor(store_->config().vocab, opt_.microbatches, tokens, labels);
+}
+
+absl::Status Controller::ValidateBatchFor(int64_t V, int microbatches, const at::Tensor& tokens,
+                                          const std::optional<at::Tensor>& labels) {
   if (!tokens.defined() || tokens.dim() != 2) {
     return absl::InvalidArgumentError("batch: tokens must be a 2-d [batch, sequence] tensor");
   }
@@ -227,9 +239,9 @@ absl::Status Controller::ValidateBatch(const at::Tensor& tokens, const std::opti
   }
   const int64_t B = tokens.size(0), S = tokens.size(1);
   if (B == 0 || S == 0) return absl::InvalidArgumentError("batch: empty batch");
-  if (B % opt_.microbatches != 0) {
+  if (B % microbatches != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("batch: ", B, " sequences cannot be split into ", opt_.microbatches, " equal micro-batches"));
+        absl::StrCat("batch: ", B, " sequences cannot be split into ", microbatches, " equal micro-batches"));
   }
   const int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
   if (lo < 0 || hi >= V) {

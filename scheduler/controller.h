@@ -123,6 +123,14 @@ class Controller {
   // The checks RunIteration applies to a batch (shape, dtype, divisibility, id ranges), for
   // callers that accept batches before they run (Engine::FeedBatch).
   absl::Status ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) const;
+  // What Create checks of the options (partition, round structure, chunking) for a model, without
+  // a store: the engine refuses a bad job at Submit, before anything is allocated.
+  static absl::Status ValidateOptions(const ControllerOptions& options, const workers::models::TransformerConfig& cfg,
+                                      int num_workers);
+  // The same rules for a model of `vocab` tokens trained in `microbatches` micro-batches (no
+  // controller needed: the engine checks batches of jobs that have not been built yet).
+  static absl::Status ValidateBatchFor(int64_t vocab, int microbatches, const at::Tensor& tokens,
+                                       const std::optional<at::Tensor>& labels);
 
   int next_g0() const { return next_g0_; }
   const planning::Partition& partition() const { return opt_.partition; }

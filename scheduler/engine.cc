@@ -43,9 +43,10 @@ struct Engine::Job {
   JobSpec spec;
   // The job's host state. Both are released (reset under run_mu and mu) once a daemon job has
   // ended and its final state is on disk; readers hold run_mu or copy the pointers under mu.
-  std::shared_ptr<workers::HostModelStore> store;
+  std::shared_ptr<workers::HostModelStore> store;  // null until the runner builds the job
   std::shared_ptr<Controller> controller;
-  std::mutex run_mu;  // held while an iteration runs (Parameter reads wait for it)
+  ControllerOptions controller_options;  // decided at Submit, used by BuildJob
+  std::mutex run_mu;                     // held while an iteration runs (Parameter reads wait for it)
   // After the release: where the final weights are, and what export needs to know of them.
   std::string final_checkpoint;
   std::vector<std::pair<std::string, std::vector<int64_t>>> final_shapes;
@@ -122,6 +123,21 @@ absl::StatusOr<planning::Partition> PlanFromParameterSizes(const workers::models
   return r->partition;
 }
 
+namespace {
+// A model's parameters (name, shape) in engine order, tied ones once (what a HostModelStore holds).
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParamShapesOf(const workers::models::TransformerConfig& m) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    for (const auto& p : workers::models::LayerParams(m, l)) {
+      if (std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == p.name; })) {
+        out.emplace_back(p.name, p.shape);
+      }
+    }
+  }
+  return out;
+}
+}  // namespace
+
 int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices) {
   std::map<std::string, int> sharing;  // physical device -> workers on it
   for (workers::Device* d : devices) ++sharing[d->torch_device().str()];
@@ -174,6 +190,9 @@ std::shared_ptr<Engine::Job> Engine::Find(JobId id) const {
 }
 
 absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
+  // Validation only: the files a job names are checked (headers, checksums) but nothing is
+  // allocated or loaded until the runner takes the job (BuildJob), so a queued job costs no host
+  // memory and Submit returns at once.
   JobSpec spec = spec_in;
   if (absl::Status st = spec.model.Validate(); !st.ok()) return st;
   if (spec.master_dtype != at::kFloat && spec.master_dtype != at::kBFloat16 && spec.master_dtype != at::kHalf) {
@@ -189,30 +208,16 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
     spec.partition = *p;
   }
   auto job = std::make_shared<Job>();
-  job->spec = spec;
-  job->store = std::make_shared<workers::HostModelStore>(spec.model, spec.master_dtype, spec.seed);
-  if (devices_.front()->torch_device().is_cuda()) {
-    // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2).
-    try {
-      job->store->RelocateMasters(
-          [d = devices_.front().get()](at::IntArrayRef sizes, at::ScalarType dt) { return d->EmptyHost(sizes, dt); });
-    } catch (const std::exception& ex) {
-      return absl::ResourceExhaustedError(absl::StrCat("job: ", ex.what()));
-    }
-  }
   if (!spec.hf_dir.empty()) {
-    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, job->store.get()); !st.ok()) return st;
+    if (absl::Status st = workers::io::CheckHfWeights(spec.hf_dir, spec.model); !st.ok()) return st;
   }
   if (!spec.lora_adapter_dir.empty()) {
     if (spec.model.lora.rank <= 0) return absl::InvalidArgumentError("job: an adapter dir needs a LoRA model");
-    if (absl::Status st = workers::io::LoadPeftAdapter(spec.lora_adapter_dir, job->store.get()); !st.ok()) return st;
+    if (absl::Status st = workers::io::CheckPeftAdapter(spec.lora_adapter_dir, spec.model); !st.ok()) return st;
   }
-  std::optional<workers::io::CheckpointMeta> resumed;
-  workers::AdamWState resumed_adamw;
   if (!spec.resume_from.empty()) {
-    auto meta = workers::io::ReadCheckpoint(spec.resume_from, job->store.get(), &resumed_adamw);
+    auto meta = workers::io::VerifyCheckpoint(spec.resume_from);
     if (!meta.ok()) return meta.status();
-    resumed = *meta;
     job->first_step = meta->step;
     job->consumed_offset = meta->batches_consumed;
     if (meta->fused > 0) {
@@ -220,7 +225,7 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
       spec.auto_partition = false;
     }
   }
-  ControllerOptions o;
+  ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
   o.microbatches = spec.microbatches;
   o.microbatches_per_round = spec.microbatches_per_round;
@@ -234,18 +239,8 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
     for (auto& d : devices_) raw_devices.push_back(d.get());
     o.stage_memory_cap = spec.stage_memory_cap > 0 ? spec.stage_memory_cap : DefaultStageMemoryCap(raw_devices);
   }
+  if (absl::Status st = Controller::ValidateOptions(o, spec.model, N); !st.ok()) return st;
   job->spec = spec;
-  if (resumed) {
-    o.first_step = resumed->step;
-    o.resume_adamw = resumed_adamw;
-    o.resume_loss_scale = resumed->loss_scale;
-    o.resume_good_steps = resumed->good_steps;
-  }
-  std::vector<workers::Device*> raw;
-  for (auto& d : devices_) raw.push_back(d.get());
-  auto c = Controller::Create(o, job->store.get(), raw, &timeline_);
-  if (!c.ok()) return c.status();
-  job->controller = std::move(*c);
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("engine is shutting down");
   job->id = next_id_++;
@@ -259,21 +254,61 @@ absl::StatusOr<JobId> Engine::Submit(const JobSpec& spec_in) {
   return job->id;
 }
 
+absl::Status Engine::BuildJob(Job& job) {
+  const JobSpec& spec = job.spec;
+  std::shared_ptr<workers::HostModelStore> store;
+  try {
+    store = std::make_shared<workers::HostModelStore>(spec.model, spec.master_dtype, spec.seed);
+    if (devices_.front()->torch_device().is_cuda()) {
+      // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2).
+      store->RelocateMasters(
+          [d = devices_.front().get()](at::IntArrayRef sizes, at::ScalarType dt) { return d->EmptyHost(sizes, dt); });
+    }
+  } catch (const std::exception& ex) {
+    return absl::ResourceExhaustedError(absl::StrCat("host memory for the model store: ", ex.what()));
+  }
+  if (!spec.hf_dir.empty()) {
+    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get()); !st.ok()) return st;
+  }
+  if (!spec.lora_adapter_dir.empty()) {
+    if (absl::Status st = workers::io::LoadPeftAdapter(spec.lora_adapter_dir, store.get()); !st.ok()) return st;
+  }
+  ControllerOptions o = job.controller_options;
+  if (!spec.resume_from.empty()) {
+    workers::AdamWState adamw;
+    auto meta = workers::io::ReadCheckpoint(spec.resume_from, store.get(), &adamw);
+    if (!meta.ok()) return meta.status();
+    o.first_step = meta->step;
+    o.resume_adamw = adamw;
+    o.resume_loss_scale = meta->loss_scale;
+    o.resume_good_steps = meta->good_steps;
+  }
+  std::vector<workers::Device*> raw;
+  for (auto& d : devices_) raw.push_back(d.get());
+  auto c = Controller::Create(o, store.get(), raw, &timeline_);
+  if (!c.ok()) return c.status();
+  std::lock_guard<std::mutex> lock(job.mu);
+  job.store = std::move(store);
+  job.controller = std::move(*c);
+  return absl::OkStatus();
+}
+
 absl::Status Engine::FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::shared_ptr<Controller> controller;
-  std::shared_ptr<workers::HostModelStore> store;  // the controller validates against its config
   {
     std::lock_guard<std::mutex> lock(job->mu);
-    if (job->terminal() || !job->controller) {
+    if (job->terminal()) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", id, " accepts no more batches (", JobStateName(job->state), ")"));
     }
-    controller = job->controller;
-    store = job->store;
   }
-  if (absl::Status st = controller->ValidateBatch(batch.tokens, batch.labels); !st.ok()) return st;
+  // Against the spec (vocab, micro-batches): a queued job has no controller yet.
+  if (absl::Status st =
+          Controller::ValidateBatchFor(job->spec.model.vocab, job->spec.microbatches, batch.tokens, batch.labels);
+      !st.ok()) {
+    return st;
+  }
   std::unique_lock<std::mutex> lock(job->mu);
   const bool room = job->cv.wait_for(lock, timeout, [&] {
     return job->cancel || job->input_closed || job->terminal() ||
@@ -315,16 +350,7 @@ absl::Status Engine::Cancel(JobId id) {
     }
     job->cv.notify_all();
   }
-  if (never_ran && !job->spec.checkpoint_root.empty()) {  // a daemon job: nothing trained to keep
-    std::lock_guard<std::mutex> run(job->run_mu);
-    for (int i = 0; job->store && i < job->store->num_params(); ++i) {
-      job->final_shapes.emplace_back(job->store->param(i).name, job->store->param(i).shape);
-    }
-    if (job->store) job->final_config = job->store->config();
-    std::lock_guard<std::mutex> lock(job->mu);
-    job->controller.reset();
-    job->store.reset();
-  }
+  (void)never_ran;  // a job that never ran was never built: it holds no host state
   return absl::OkStatus();
 }
 
@@ -361,7 +387,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> Engine
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   std::lock_guard<std::mutex> run(job->run_mu);
-  if (!job->store) return job->final_shapes;
+  if (!job->store && !job->final_shapes.empty()) return job->final_shapes;
+  if (!job->store) return ParamShapesOf(job->spec.model);  // not built yet (or cancelled before)
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (int i = 0; i < job->store->num_params(); ++i) {
     out.emplace_back(job->store->param(i).name, job->store->param(i).shape);
@@ -452,7 +479,8 @@ absl::StatusOr<workers::models::TransformerConfig> Engine::ModelConfig(JobId id)
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   std::lock_guard<std::mutex> run(job->run_mu);
-  return job->store ? job->store->config() : job->final_config;
+  if (job->store) return job->store->config();
+  return job->final_checkpoint.empty() ? job->spec.model : job->final_config;
 }
 
 absl::StatusOr<JobState> Engine::State(JobId id) const {
@@ -476,8 +504,12 @@ absl::StatusOr<at::Tensor> Engine::Parameter(JobId id, const std::string& name) 
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   std::lock_guard<std::mutex> run(job->run_mu);
-  if (!job->store) {  // released: read the final checkpoint
+  if (!job->store) {  // not built yet, or released: read the final checkpoint
     if (job->final_checkpoint.empty()) {
+      std::lock_guard<std::mutex> lock(job->mu);
+      if (!job->terminal()) {
+        return absl::FailedPreconditionError(absl::StrCat("job ", id, " has not started; its weights are not loaded"));
+      }
       return absl::FailedPreconditionError(
           absl::StrCat("job ", id, " ended without weights to keep (it failed, or was cancelled before it started)"));
     }
@@ -525,7 +557,23 @@ void Engine::RunnerLoop() {
       if (shutdown_) return;
     }
     try {  // the job's barrier: an unexpected exception fails this job, never the daemon
-      RunJob(*job);
+      bool ended;
+      {  // on the workers from here: loading the host state is part of running the job
+        std::lock_guard<std::mutex> lock(job->mu);
+        ended = job->terminal();  // cancelled as it was taken
+        if (!ended) job->SetState(JobState::kRunning);
+      }
+      absl::Status built = absl::OkStatus();
+      if (!job->store && !ended) {  // Parameter() and friends wait for it (run_mu)
+        std::lock_guard<std::mutex> run(job->run_mu);
+        built = BuildJob(*job);
+      }
+      if (built.ok()) {
+        RunJob(*job);
+      } else {
+        std::lock_guard<std::mutex> lock(job->mu);
+        if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("could not start: ", built.message()));
+      }
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(job->mu);
       if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("internal error: ", e.what()));
@@ -607,7 +655,7 @@ void Engine::RunJob(Job& job) {
   {
     std::lock_guard<std::mutex> lock(job.mu);
     if (job.terminal()) return;  // cancelled while queued
-    job.SetState(JobState::kRunning);
+    if (job.state != JobState::kRunning) job.SetState(JobState::kRunning);
   }
   Controller& c = *job.controller;
   int64_t steps = 0;

@@ -173,6 +173,7 @@ class Engine {
   void RunnerLoop();
   void RunJob(Job& job);
   void ReleaseEnded(Job& job);
+  absl::Status BuildJob(Job& job);  // runner thread, run_mu held: allocate and load the job's host state
   std::shared_ptr<Job> Find(JobId id) const;
   std::shared_ptr<Job> TakeRunnableLocked();  // highest priority queued job, or null (mu_ held)
 

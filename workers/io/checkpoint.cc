@@ -150,8 +150,10 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
   return absl::OkStatus();
 }
 
-absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostModelStore* store, AdamWState* adamw) {
-  const fs::path dir(dir_in);
+namespace {
+
+// meta.json of a complete checkpoint whose files pass their checksums.
+absl::StatusOr<nlohmann::json> VerifiedMetaJson(const fs::path& dir) {
   auto parsed = ReadMetaJson(dir);
   if (!parsed.ok()) return parsed.status();
   const nlohmann::json& j = *parsed;
@@ -167,6 +169,22 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
       return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", file, " fails its checksum"));
     }
   }
+  return parsed;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointMeta> VerifyCheckpoint(const std::string& dir) {
+  auto j = VerifiedMetaJson(dir);
+  if (!j.ok()) return j.status();
+  return MetaFromJson(*j, dir);
+}
+
+absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostModelStore* store, AdamWState* adamw) {
+  const fs::path dir(dir_in);
+  auto parsed = VerifiedMetaJson(dir);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   auto weights = SafetensorsFile::Open((dir / "weights.safetensors").string());
   if (!weights.ok()) return absl::DataLossError(std::string(weights.status().message()));
   auto opt = SafetensorsFile::Open((dir / "optimizer.safetensors").string());

@@ -36,6 +36,9 @@ absl::Status WriteCheckpoint(const std::string& dir, const HostModelStore& store
 // DataLoss when a file is missing, torn or fails its checksum.
 absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir, HostModelStore* store, AdamWState* adamw);
 
+// meta.json of a checkpoint whose files pass their checksums (reads the files, loads nothing).
+absl::StatusOr<CheckpointMeta> VerifyCheckpoint(const std::string& dir);
+
 // meta.json alone (no checksum verification: ReadCheckpoint does that).
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/safetensors_reader.h"
+#include "workers/models/layers.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::workers::io {
@@ -26,9 +27,17 @@ absl::StatusOr<std::string> ReadText(const fs::path& p) { return ReadSmallFile(p
 
 }  // namespace
 
-absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
-  // Which file holds which tensor.
-  std::map<std::string, std::string> file_of;
+namespace {
+
+// A model directory's weight files, opened (memory-mapped, headers parsed), and which file holds
+// which tensor.
+struct HfWeightFiles {
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> open;  // by file name
+  std::map<std::string, std::string> file_of;                    // tensor -> file name
+};
+
+absl::StatusOr<HfWeightFiles> OpenHfWeights(const std::string& dir) {
+  HfWeightFiles w;
   std::vector<std::string> files;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   const bool sharded = KindOf(index.string()) != FileKind::kMissing;
@@ -45,35 +54,72 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
       if (f.find('/') != std::string::npos || f == "..") {
         return absl::InvalidArgumentError(absl::StrCat("weight_map: shard '", f, "' must be a file in the model dir"));
       }
-      file_of[it.key()] = f;
+      w.file_of[it.key()] = f;
       if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
     }
   } else {
     files.push_back("model.safetensors");
   }
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> open;
   for (const auto& f : files) {
     auto sf = SafetensorsFile::Open((fs::path(dir) / f).string());
     if (!sf.ok()) return sf.status();
     if (!sharded) {
-      for (const auto& t : (*sf)->tensors()) file_of[t.name] = f;
+      for (const auto& t : (*sf)->tensors()) w.file_of[t.name] = f;
     }
-    open[f] = std::move(*sf);
+    w.open[f] = std::move(*sf);
   }
+  return w;
+}
+
+// The tensor `name` of shape `shape` in the directory (NotFound / InvalidArgument saying why).
+absl::StatusOr<const SafetensorsFile*> Locate(const HfWeightFiles& w, const std::string& dir, const std::string& name,
+                                              const std::vector<int64_t>& shape) {
+  auto where = w.file_of.find(name);
+  if (where == w.file_of.end()) return absl::NotFoundError(absl::StrCat("model dir '", dir, "' has no tensor ", name));
+  const SafetensorsFile& sf = *w.open.at(where->second);
+  const TensorInfo* info = sf.Find(name);
+  if (!info) return absl::NotFoundError(absl::StrCat("'", sf.path(), "' has no tensor ", name));
+  if (info->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(info->shape, ","),
+                                                   "], config.json implies [", absl::StrJoin(shape, ","), "]"));
+  }
+  return &sf;
+}
+
+// Every base (non-adapter) parameter of `config`, in engine order, tied ones once.
+std::vector<std::pair<std::string, std::vector<int64_t>>> BaseParams(const models::TransformerConfig& config) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (int l = 0; l < config.num_layers(); ++l) {
+    for (const models::ParamSpec& p : models::LayerParams(config, l)) {
+      if (p.lora != 0) continue;
+      if (std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == p.name; })) {
+        out.emplace_back(p.name, p.shape);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status CheckHfWeights(const std::string& dir, const models::TransformerConfig& config) {
+  auto w = OpenHfWeights(dir);
+  if (!w.ok()) return w.status();
+  for (const auto& [name, shape] : BaseParams(config)) {
+    if (auto sf = Locate(*w, dir, name, shape); !sf.ok()) return sf.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
+  auto w = OpenHfWeights(dir);
+  if (!w.ok()) return w.status();
   for (int i = 0; i < store->num_params(); ++i) {
     HostParam& p = store->param(i);
     if (p.name.find(".lora_") != std::string::npos) continue;  // adapters: not in a base model
-    auto where = file_of.find(p.name);
-    if (where == file_of.end())
-      return absl::NotFoundError(absl::StrCat("model dir '", dir, "' has no tensor ", p.name));
-    const SafetensorsFile& sf = *open[where->second];
-    const TensorInfo* info = sf.Find(p.name);
-    if (!info) return absl::NotFoundError(absl::StrCat("'", sf.path(), "' has no tensor ", p.name));
-    if (info->shape != p.shape) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", p.name, " has shape [", absl::StrJoin(info->shape, ","),
-                                                     "], config.json implies [", absl::StrJoin(p.shape, ","), "]"));
-    }
-    auto t = sf.Read(p.name, at::kFloat);
+    auto sf = Locate(*w, dir, p.name, p.shape);
+    if (!sf.ok()) return sf.status();
+    auto t = (*sf)->Read(p.name, at::kFloat);
     if (!t.ok()) return t.status();
     if (p.fp32.defined()) p.fp32.copy_(*t);
     p.master.copy_(*t);
@@ -106,6 +152,22 @@ absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
     return absl::InvalidArgumentError("adapter_config.json: DoRA / rsLoRA are not supported");
   }
   return c;
+}
+
+absl::Status CheckPeftAdapter(const std::string& dir, const models::TransformerConfig& config) {
+  auto sf = SafetensorsFile::Open((fs::path(dir) / "adapter_model.safetensors").string());
+  if (!sf.ok()) return sf.status();
+  for (int l = 0; l < config.num_layers(); ++l) {
+    for (const models::ParamSpec& p : models::LayerParams(config, l)) {
+      if (p.lora == 0) continue;
+      const std::string name = "base_model.model." + p.name;
+      const TensorInfo* info = (*sf)->Find(name);
+      if (!info) return absl::NotFoundError(absl::StrCat("adapter '", dir, "' has no tensor ", name));
+      if (info->shape != p.shape)
+        return absl::InvalidArgumentError(absl::StrCat("adapter tensor ", name, ": wrong shape"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LoadPeftAdapter(const std::string& dir, HostModelStore* store) {

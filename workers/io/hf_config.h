@@ -25,9 +25,13 @@ absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& model_
 // (whose config must be the directory's). Every store parameter must be present with its shape
 // (LoRA adapters excepted: they are not part of a base model).
 absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store);
+// The same checks without loading: every base parameter of `config` is in the directory with its
+// shape (files opened and headers parsed; nothing allocated beyond that).
+absl::Status CheckHfWeights(const std::string& model_dir, const models::TransformerConfig& config);
 
 // A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors).
 absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& adapter_dir);
 absl::Status LoadPeftAdapter(const std::string& adapter_dir, HostModelStore* store);
+absl::Status CheckPeftAdapter(const std::string& adapter_dir, const models::TransformerConfig& config);
 
 }  // namespace rp::workers::io

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <thread>
 
 #include "tests/support/reference_model.h"
 #include "tests/support/tokens.h"
+#include "workers/models/presets.h"
 
 namespace rp::scheduler {
 namespace {
@@ -269,8 +271,10 @@ TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
     for (int it = 0; it < 4; ++it) data.push_back(RandomTokens(4, 8, spec.model.vocab, 70 + it));
     ASSERT_TRUE((*engine)->FeedBatch(*id, {data[0]}).ok());
     ASSERT_TRUE((*engine)->FeedBatch(*id, {data[1]}).ok());
-    ASSERT_TRUE((*engine)->Pause(*id).ok());
     std::vector<JobEvent> events;  // every event of the job, in order
+    // Running first: a job paused before the runner takes it is never built (no weights yet).
+    ASSERT_TRUE(AwaitState(**engine, *id, JobState::kRunning, &events));
+    ASSERT_TRUE((*engine)->Pause(*id).ok());
     ASSERT_TRUE(AwaitState(**engine, *id, JobState::kPaused, &events));
     // Paused: batches queue up but nothing runs; the optimizer is flushed, so the weights are
     // those of a whole number of steps and stay put.
@@ -446,6 +450,55 @@ TEST(EngineCheckpoint, ResumeContinuesBitIdenticallySyncAndAsync) {
   EXPECT_EQ(id.status().code(), absl::StatusCode::kDataLoss) << id.status();
   EXPECT_NE(id.status().message().find("checksum"), std::string::npos) << id.status();
   std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace rp::scheduler
+
+namespace rp::scheduler {
+namespace {
+
+int64_t SelfRssKiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+// A queued job costs no host memory: Submit validates and returns; the store is built when the
+// runner takes the job. A Qwen3-32B job (about 650 GB of host state in fp32) is admitted behind a
+// running job and cancelled before it starts: it never exists in memory.
+TEST(Engine, AQueuedJobIsNotBuiltUntilItRuns) {
+  auto engine = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  JobSpec small = TinyJob();
+  auto running = (*engine)->Submit(small);
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*running, {RandomTokens(4, 8, small.model.vocab, 1)}).ok());
+  ASSERT_TRUE(AwaitState(**engine, *running, JobState::kRunning));
+  JobSpec big;
+  big.name = "big";
+  big.model = *workers::models::TransformerPreset("qwen3-32b");
+  big.master_dtype = at::kBFloat16;
+  const int64_t before = SelfRssKiB();
+  auto queued = (*engine)->Submit(big);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  const int64_t after = SelfRssKiB();
+  EXPECT_LT(after - before, 64 * 1024) << "Submit allocated " << (after - before) << " KiB";
+  EXPECT_EQ(*(*engine)->State(*queued), JobState::kQueued);
+  // Nothing to read yet, but its shapes are known (export planning needs no store).
+  EXPECT_EQ((*engine)->Parameter(*queued, "model.norm.weight").status().code(), absl::StatusCode::kFailedPrecondition);
+  auto shapes = (*engine)->ParameterShapes(*queued);
+  ASSERT_TRUE(shapes.ok());
+  EXPECT_EQ(shapes->size(), 2u + 64 * 11 + 1);  // embed + norm + 64 blocks x 11 + lm_head
+  ASSERT_TRUE((*engine)->Cancel(*queued).ok());
+  EXPECT_EQ(*(*engine)->State(*queued), JobState::kCancelled);
+  ASSERT_TRUE((*engine)->CloseInput(*running).ok());
+  DrainUntilEnded(**engine, *running);
+  EXPECT_EQ(*(*engine)->State(*running), JobState::kSucceeded);
+  EXPECT_LT(SelfRssKiB() - before, 64 * 1024);
 }
 
 }  // namespace
