@@ -185,7 +185,11 @@ int main(int argc, char** argv) {
   mo.spec.num_devices = static_cast<int>((*engine)->Stats().devices.size());
   mo.spec.allowed_roots.assign(config.allowed_roots().begin(), config.allowed_roots().end());
   mo.spec.max_queued_batches = config.max_queued_batches();
-  mo.spec.host_memory_budget = rp::server::HostMemoryBudgetNow;
+  // Jobs run one at a time and a job's store exists only while it runs: a new job fits if it fits
+  // in what is available now plus what the running job gives back when it ends.
+  mo.spec.host_memory_budget = [e = engine->get()] {
+    return rp::server::HostMemoryBudgetNow() + e->Stats().host_model_bytes / 4 * 3;
+  };
   mo.spec.max_message_bytes = config.max_message_bytes();
   auto manager = rp::server::JobManager::Create(engine->get(), store->get(), &metrics, mo);
   if (!manager.ok()) return Fail(std::string(manager.status().message()));

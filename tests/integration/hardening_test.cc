@@ -90,7 +90,9 @@ class HardeningTest : public DaemonTest {
     outside_ = std::make_unique<Outside>(root_ + "/outside");
   }
   void TearDown() override {
-    if (outside_) EXPECT_TRUE(outside_->Untouched()) << "files outside the allowed root changed";
+    if (outside_) {
+      EXPECT_TRUE(outside_->Untouched()) << "files outside the allowed root changed";
+    }
     DaemonTest::TearDown();
   }
   // A Hugging Face directory of the tiny model, made by the daemon itself (train 1 step, export).
@@ -360,7 +362,9 @@ TEST_F(HardeningTest, CheckpointFailuresAreReportedAndPauseTheJob) {
   auto rec = c->Get(job->id());
   ASSERT_TRUE(rec.ok());
   EXPECT_NE(rec->message().find("checkpoints in a row failed"), std::string::npos) << rec->message();
-  if (tmpfs) EXPECT_NE(rec->message().find("No space left"), std::string::npos) << rec->message();
+  if (tmpfs) {
+    EXPECT_NE(rec->message().find("No space left"), std::string::npos) << rec->message();
+  }
   const std::string metrics = HttpGet(daemon_.metrics_address(), "/metrics");
   EXPECT_GE(MetricValue(metrics, "roundpipe_checkpoint_failures_total"), 3) << metrics;
   EXPECT_NE(daemon_.Output().find("failed"), std::string::npos);

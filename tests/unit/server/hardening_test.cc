@@ -126,7 +126,9 @@ TEST(HfConfig, SizesBeyondIntAndNonFiniteNumbersAreRefused) {
         std::string(R"("num_hidden_layers": 2, "hidden_act": 7)")}) {
     auto c = workers::io::ParseHfConfig("{" + base + ", " + extra + "}");
     EXPECT_FALSE(c.ok()) << extra;
-    if (!c.ok()) EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    if (!c.ok()) {
+      EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    }
   }
   EXPECT_TRUE(workers::io::ParseHfConfig("{" + base + R"(, "num_hidden_layers": 2})").ok());
 }
