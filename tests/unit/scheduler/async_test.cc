@@ -162,7 +162,9 @@ TEST(AsyncSchedule, DispatchFlowsAcrossTheIterationBoundary) {
   for (int k = 0; k < K; ++k) {
     auto it = c->SubmitIteration(RandomTokens(6, 16, cfg.vocab, k));
     ASSERT_TRUE(it.ok());
-    if (pending >= 0) ASSERT_TRUE(c->AwaitIteration(pending).ok());
+    if (pending >= 0) {
+      ASSERT_TRUE(c->AwaitIteration(pending).ok());
+    }
     pending = *it;
   }
   ASSERT_TRUE(c->AwaitIteration(pending).ok());

@@ -328,7 +328,9 @@ TEST(ControllerAutoPartition, AnImpossibleCapKeepsOneLayerPerSlotAndSaysWhy) {
   for (int it = 0; it < 4; ++it) {
     auto st = e->controller->RunIteration(RandomTokens(4, 16, cfg.vocab, 60 + it));
     ASSERT_TRUE(st.ok()) << st.status();
-    if (it < 1) EXPECT_TRUE(st->partition_problem.empty()) << "still profiling: " << st->partition_problem;
+    if (it < 1) {
+      EXPECT_TRUE(st->partition_problem.empty()) << "still profiling: " << st->partition_problem;
+    }
     last = *st;
   }
   EXPECT_NE(last.partition_problem.find("automatic partition failed"), std::string::npos) << last.partition_problem;
@@ -432,7 +434,9 @@ TEST(ControllerPrecision, LowPrecisionMasterCopiesTrainAndTrackTheReference) {
       last = st->loss;
     }
     EXPECT_LT(last, pc.max_final_loss) << "did not learn the counting task (start ~ln(61) = 4.1)";
-    if (!pc.loss_scaling) EXPECT_EQ(skipped, 0);
+    if (!pc.loss_scaling) {
+      EXPECT_EQ(skipped, 0);
+    }
     for (int i = 0; i < store.num_params(); ++i) {
       EXPECT_EQ(store.param(i).master.scalar_type(), pc.master);
       EXPECT_TRUE(at::isfinite(store.param(i).fp32).all().item<bool>());

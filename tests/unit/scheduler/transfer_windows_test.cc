@@ -30,7 +30,9 @@ TEST(TransferWindows, CoversEveryByteOnceAndBalances) {
       for (const TransferPiece& p : w->windows[k]) {
         spans[static_cast<size_t>(p.tensor)].push_back({p.offset, p.bytes});
         sum += p.bytes;
-        if (threshold > 0) EXPECT_LE(p.bytes, threshold);
+        if (threshold > 0) {
+          EXPECT_LE(p.bytes, threshold);
+        }
       }
       EXPECT_EQ(sum, w->window_bytes[k]);
     }
