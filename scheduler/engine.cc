@@ -85,6 +85,10 @@ struct Engine::Job {
     state = s;
     Emit({JobEvent::Kind::kState, s, {}, std::move(message)});
   }
+  // Writes the state at the current step as <checkpoint_root>/step-<N> and reports it (caller
+  // holds run_mu, at an iteration boundary with the optimizer flushed). One that existed already
+  // holds this very state: it is returned, and reported again only if `report_existing`.
+  absl::StatusOr<CheckpointInfo> CheckpointNow(const std::string& note, bool report_existing = true);
   // A checkpoint result as an event (caller holds mu): written, or failed and why.
   void ReportCheckpoint(const absl::StatusOr<CheckpointInfo>& info, int64_t step) {
     if (info.ok()) {
@@ -435,6 +439,23 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
 
 }  // namespace
 
+absl::StatusOr<CheckpointInfo> Engine::Job::CheckpointNow(const std::string& note, bool report_existing) {
+  int64_t step, cursor;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    step = first_step + steps_done;
+    cursor = consumed_offset + consumed;
+  }
+  const bool existed = !spec.checkpoint_root.empty() &&
+                       workers::io::KindOf(absl::StrCat(spec.checkpoint_root, "/step-", step, "/meta.json")) ==
+                           workers::io::FileKind::kFile;
+  auto info =
+      WriteJobCheckpoint(*store, *controller, step, cursor, spec.checkpoint_root, spec.checkpoint_keep_last, note);
+  std::lock_guard<std::mutex> lock(mu);
+  if (report_existing || !existed || !info.ok()) ReportCheckpoint(info, step);
+  return info;
+}
+
 absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& note) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
@@ -466,13 +487,7 @@ absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& n
     }
     return CheckpointInfo{job->final_checkpoint, step, consumed};
   }
-  auto info = WriteJobCheckpoint(*job->store, *job->controller, step, consumed, job->spec.checkpoint_root,
-                                 job->spec.checkpoint_keep_last, note);
-  {
-    std::lock_guard<std::mutex> lock(job->mu);
-    job->ReportCheckpoint(info, step);
-  }
-  return info;
+  return job->CheckpointNow(note);
 }
 
 absl::StatusOr<workers::models::TransformerConfig> Engine::ModelConfig(JobId id) const {
@@ -592,13 +607,7 @@ void Engine::RunnerLoop() {
         if (r.done)
           r.done->set_value(absl::FailedPreconditionError("the job failed; no consistent state to checkpoint"));
       } else {
-        const int64_t step = job->first_step + job->steps_done;
-        auto info = WriteJobCheckpoint(*job->store, *job->controller, step, job->consumed_offset + job->consumed,
-                                       job->spec.checkpoint_root, job->spec.checkpoint_keep_last, r.note);
-        {
-          std::lock_guard<std::mutex> lock(job->mu);
-          job->ReportCheckpoint(info, step);
-        }
+        auto info = job->CheckpointNow(r.note);
         if (r.done) r.done->set_value(info);
       }
     }
@@ -702,18 +711,8 @@ void Engine::RunJob(Job& job) {
       // A daemon job's final weights go to disk before it is reported ended: export works after
       // any restart, and the host state can be released (ReleaseEnded).
       if (!job.spec.checkpoint_root.empty()) {
-        int64_t step, consumed;
-        {
-          std::lock_guard<std::mutex> lock(job.mu);
-          step = job.first_step + job.steps_done;
-          consumed = job.consumed_offset + job.consumed;
-        }
-        const bool existed = workers::io::KindOf(absl::StrCat(job.spec.checkpoint_root, "/step-", step,
-                                                              "/meta.json")) == workers::io::FileKind::kFile;
-        auto info = WriteJobCheckpoint(*job.store, c, step, consumed, job.spec.checkpoint_root,
-                                       job.spec.checkpoint_keep_last, "final");
+        auto info = job.CheckpointNow("final", /*report_existing=*/false);
         std::lock_guard<std::mutex> lock(job.mu);
-        if (!existed || !info.ok()) job.ReportCheckpoint(info, step);
         if (info.ok()) job.final_checkpoint = info->path;
       }
     }
@@ -737,17 +736,9 @@ void Engine::RunJob(Job& job) {
         if (r.done) r.done->set_value(absl::FailedPreconditionError("the job failed before the checkpoint"));
         continue;
       }
-      int64_t step, consumed;
+      auto info = job.CheckpointNow(r.note);
       {
         std::lock_guard<std::mutex> lock(job.mu);
-        step = job.first_step + job.steps_done;
-        consumed = job.consumed_offset + job.consumed;
-      }
-      auto info = WriteJobCheckpoint(*job.store, c, step, consumed, job.spec.checkpoint_root,
-                                     job.spec.checkpoint_keep_last, r.note);
-      {
-        std::lock_guard<std::mutex> lock(job.mu);
-        job.ReportCheckpoint(info, step);
         if (!r.done) {  // the policy: a disk that keeps failing pauses the job instead of losing its progress
           job.checkpoint_failures = info.ok() ? 0 : job.checkpoint_failures + 1;
           if (job.checkpoint_failures >= kMaxCheckpointFailures && !job.cancel) {

@@ -992,23 +992,23 @@ int JobManager::Drain(std::chrono::seconds deadline) {
   std::vector<std::shared_ptr<Managed>> waiting;
   for (const auto& j : jobs) {
     std::optional<scheduler::JobId> eid;
+    bool user_paused = false;
     {
       std::lock_guard<std::mutex> lock(j->mu);
       const v1::JobState s = j->record.state();
-      if (j->engine_id && s == v1::JOB_STATE_PAUSED && j->record.has_started()) {
-        // Paused by its user: it stays paused, but its state must survive the restart too.
-        const scheduler::JobId user_paused = *j->engine_id;
-        j->mu.unlock();
-        auto info = engine_->Checkpoint(user_paused, "drain");
-        j->mu.lock();
-        if (!info.ok()) Log()->warn("[{}] drain checkpoint: {}", j->id, std::string(info.status().message()));
-        continue;
-      }
-      if (!j->engine_id || (s != v1::JOB_STATE_RUNNING && s != v1::JOB_STATE_QUEUED)) continue;
+      if (!j->engine_id) continue;
+      // Paused by its user: it stays paused, but its state must survive the restart too.
+      user_paused = s == v1::JOB_STATE_PAUSED && j->record.has_started();
+      if (!user_paused && s != v1::JOB_STATE_RUNNING && s != v1::JOB_STATE_QUEUED) continue;
       eid = j->engine_id;
-      j->drained = true;
+      if (!user_paused) j->drained = true;
     }
-    if (engine_->Pause(*eid).ok()) waiting.push_back(j);
+    if (user_paused) {
+      auto info = engine_->Checkpoint(*eid, "drain");
+      if (!info.ok()) Log()->warn("[{}] drain checkpoint: {}", j->id, std::string(info.status().message()));
+    } else if (engine_->Pause(*eid).ok()) {
+      waiting.push_back(j);
+    }
   }
   const auto until = std::chrono::steady_clock::now() + deadline;
   for (const auto& j : waiting) {

@@ -21,7 +21,7 @@
 #include "absl/flags/parse.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/integration/daemon_process.h"
-#include "tests/integration/tiny_spec.h"
+#include "tests/support/tiny_spec.h"
 
 ABSL_FLAG(int, clients, 32, "concurrent streaming clients");
 ABSL_FLAG(int, seconds, 60, "how long they stream");
@@ -31,14 +31,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-int64_t RssKiB(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return -1;
-}
+int64_t RssKiB(pid_t pid) { return rp::testing::ProcStatusField(pid, "VmRSS:"); }
 
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;

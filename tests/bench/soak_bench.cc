@@ -22,7 +22,7 @@
 #include "absl/flags/parse.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/integration/daemon_process.h"
-#include "tests/integration/tiny_spec.h"
+#include "tests/support/tiny_spec.h"
 
 ABSL_FLAG(int, cycles, 1000, "submit/cancel cycles");
 ABSL_FLAG(int, complete, 200, "short jobs run to completion");
@@ -31,15 +31,6 @@ ABSL_FLAG(int, watchers, 64, "clients churning WatchJob streams meanwhile");
 namespace v1 = roundpipe::v1;
 
 namespace {
-
-int64_t StatusField(pid_t pid, const char* key) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::string(key).size()));
-  }
-  return -1;
-}
 
 v1::Batch OneBatch(const std::string& job, bool keep_open, uint32_t seed) {
   v1::Batch b;
@@ -89,8 +80,9 @@ int main(int argc, char** argv) {
   };
   std::printf("%-28s %10s %8s\n", "phase", "RSS MiB", "threads");
   auto row = [&](const char* phase) {
-    std::printf("%-28s %10.1f %8lld\n", phase, static_cast<double>(StatusField(daemon.pid(), "VmRSS:")) / 1024,
-                static_cast<long long>(StatusField(daemon.pid(), "Threads:")));
+    std::printf("%-28s %10.1f %8lld\n", phase,
+                static_cast<double>(rp::testing::ProcStatusField(daemon.pid(), "VmRSS:")) / 1024,
+                static_cast<long long>(rp::testing::ProcStatusField(daemon.pid(), "Threads:")));
     std::fflush(stdout);
   };
   row("started");

@@ -15,7 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "tests/integration/daemon_process.h"
-#include "tests/integration/tiny_spec.h"
+#include "tests/support/tiny_spec.h"
 
 ABSL_FLAG(int, repeats, 3, "submissions of the large job");
 ABSL_FLAG(std::string, preset, "qwen3-1.7b", "model preset of the large job (LoRA rank 8 on it)");
@@ -23,14 +23,7 @@ ABSL_FLAG(std::string, preset, "qwen3-1.7b", "model preset of the large job (LoR
 namespace v1 = roundpipe::v1;
 
 namespace {
-double RssMiB(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return static_cast<double>(std::stoll(line.substr(6))) / 1024;
-  }
-  return -1;
-}
+double RssMiB(pid_t pid) { return static_cast<double>(rp::testing::ProcStatusField(pid, "VmRSS:")) / 1024; }
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 
 #ifndef RP_ROUNDPIPED
 #error "RP_ROUNDPIPED must name the daemon binary"
@@ -109,6 +110,15 @@ std::unique_ptr<client::Client> DaemonProcess::Connect(const std::string& token)
   o.token = token;
   auto c = client::Client::Connect(o);
   return c.ok() ? std::move(*c) : nullptr;
+}
+
+int64_t ProcStatusField(pid_t pid, const std::string& key) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size()));
+  }
+  return -1;
 }
 
 std::string HttpGet(const std::string& host_port, const std::string& path) {

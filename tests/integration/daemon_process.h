@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ class DaemonProcess {
   int out_fd_ = -1;
   std::string address_, metrics_, output_;
 };
+
+// A numeric field of /proc/<pid>/status (e.g. "VmRSS:" in KiB, "Threads:"); -1 if absent.
+int64_t ProcStatusField(pid_t pid, const std::string& key);
 
 // A plain HTTP/1.0 GET on loopback; returns the body ("" on failure).
 std::string HttpGet(const std::string& host_port, const std::string& path);

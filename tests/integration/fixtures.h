@@ -19,7 +19,7 @@
 
 #include "client/client.h"
 #include "tests/integration/daemon_process.h"
-#include "tests/integration/tiny_spec.h"
+#include "tests/support/tiny_spec.h"
 #include "workers/models/transformer_config.h"
 
 namespace rp::testing {

@@ -16,6 +16,7 @@
 #include <future>
 
 #include "tests/integration/fixtures.h"
+#include "tests/support/npy_bytes.h"
 
 namespace rp::testing {
 namespace {
@@ -71,16 +72,11 @@ std::vector<v1::Batch> Batches(const std::string& job, int n) {
   return out;
 }
 
+// A .npy of uint16 tokens below 256 (valid for the tiny model) whatever its header claims.
 std::string Npy(const std::string& descr, const std::string& shape, size_t payload_bytes) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::string out("\x93NUMPY\x01\x00", 8);
-  out += static_cast<char>(header.size() & 0xff);
-  out += static_cast<char>(header.size() >> 8);
-  out += header;
-  for (size_t i = 0; i < payload_bytes; ++i) out += static_cast<char>(i % 2 ? 0 : (i / 2) % 200);  // uint16 < 256
-  return out;
+  std::string payload;
+  for (size_t i = 0; i < payload_bytes; ++i) payload += static_cast<char>(i % 2 ? 0 : (i / 2) % 200);
+  return NpyBytes(descr, shape, payload);
 }
 
 class HardeningTest : public DaemonTest {
@@ -94,6 +90,16 @@ class HardeningTest : public DaemonTest {
       EXPECT_TRUE(outside_->Untouched()) << "files outside the allowed root changed";
     }
     DaemonTest::TearDown();
+  }
+  // Submits a tiny job (cancelled when `cancel`), then stops the daemon with `signal`; the id.
+  std::string SubmitOneThenStop(bool cancel, int signal) {
+    auto c = daemon_.Connect();
+    auto a = c->Submit(TinySpec());
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (!a.ok()) return "";
+    if (cancel) EXPECT_TRUE(c->Cancel(a->id()).ok());
+    EXPECT_EQ(daemon_.Stop(signal), signal == 15 ? 0 : -1);
+    return a->id();
   }
   // A Hugging Face directory of the tiny model, made by the daemon itself (train 1 step, export).
   std::string BaseModel(client::Client& c, const std::string& name = "base") {
@@ -459,15 +465,8 @@ TEST_F(HardeningTest, NonFiniteAndAbsurdSpecValuesAreRefusedNamingTheField) {
 //     jobs' output dirs. Now ids continue after the directories that exist, and it is logged.
 TEST_F(HardeningTest, ATruncatedJobStoreNeverReusesIds) {
   ASSERT_TRUE(StartDaemon());
-  std::string first;
-  {
-    auto c = daemon_.Connect();
-    auto a = c->Submit(TinySpec());
-    ASSERT_TRUE(a.ok());
-    first = a->id();
-    ASSERT_TRUE(c->Cancel(first).ok());
-    EXPECT_EQ(daemon_.Stop(15), 0);
-  }
+  const std::string first = SubmitOneThenStop(/*cancel=*/true, 15);
+  ASSERT_FALSE(first.empty());
   for (const char* suffix : {"", "-wal", "-shm"}) {
     const std::string p = root_ + "/state/jobs.sqlite" + suffix;
     if (fs::exists(p)) fs::resize_file(p, 0);
@@ -483,14 +482,8 @@ TEST_F(HardeningTest, ATruncatedJobStoreNeverReusesIds) {
 // 10b. A job store that is no database at all (overwritten) moved aside, the daemon starts.
 TEST_F(HardeningTest, AGarbageJobStoreIsMovedAsideNotACrashLoop) {
   ASSERT_TRUE(StartDaemon());
-  std::string first;
-  {
-    auto c = daemon_.Connect();
-    auto a = c->Submit(TinySpec());
-    ASSERT_TRUE(a.ok());
-    first = a->id();
-    EXPECT_EQ(daemon_.Stop(9), -1);
-  }
+  const std::string first = SubmitOneThenStop(/*cancel=*/false, 9);
+  ASSERT_FALSE(first.empty());
   for (const char* suffix : {"-wal", "-shm"}) fs::remove(root_ + "/state/jobs.sqlite" + suffix);
   std::ofstream(root_ + "/state/jobs.sqlite", std::ios::trunc) << std::string(8192, 'G');
   ASSERT_TRUE(StartDaemon()) << daemon_.Output();

@@ -15,6 +15,7 @@
 #include "server/job_spec.h"
 #include "server/status_util.h"
 #include "server/token_dataset.h"
+#include "tests/support/npy_bytes.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/npy_header.h"
@@ -32,15 +33,7 @@ fs::path TempDir(const std::string& name) {
 }
 
 std::string Npy(const std::string& descr, const std::string& shape, size_t payload_bytes) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::string out("\x93NUMPY\x01\x00", 8);
-  out += static_cast<char>(header.size() & 0xff);
-  out += static_cast<char>(header.size() >> 8);
-  out += header;
-  out += std::string(payload_bytes, '\x01');
-  return out;
+  return rp::testing::NpyBytes(descr, shape, std::string(payload_bytes, '\x01'));
 }
 
 absl::StatusOr<workers::io::NpyLayout> Parse(const std::string& bytes) {

@@ -24,6 +24,7 @@
 #include "server/job_spec.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "tests/support/tiny_spec.h"
 
 namespace rp::server {
 namespace {
@@ -243,18 +244,10 @@ TEST(SpecFuzz, AdmissionNeverCrashesAndAcceptsOnlySaneSpecs) {
   fs::remove_all(root);
 }
 
-// A 2-block byte-level model (about 0.5 MiB of host state): admitted jobs stay cheap.
+// The daemon tests' 2-block byte-level model (about 0.5 MiB of host state): admitted jobs stay
+// cheap.
 v1::JobSpec Small() {
-  v1::JobSpec s;
-  auto* m = s.mutable_model();
-  m->set_family("llama");
-  m->set_vocab(256);
-  m->set_hidden(32);
-  m->set_intermediate(64);
-  m->set_num_blocks(2);
-  m->set_num_heads(2);
-  m->set_num_kv_heads(1);
-  m->set_head_dim(16);
+  v1::JobSpec s = rp::testing::TinyJobSpec();
   s.mutable_batching()->set_global_batch(2);
   s.mutable_batching()->set_sequence_length(8);
   return s;

@@ -1,5 +1,5 @@
-// tiny_spec.h — the small job spec the daemon tests and the load benchmark share (a 2-block
-// byte-level Llama, fp32, sync optimizer, batch 4 x 16).
+// tiny_spec.h — the small job spec the daemon tests, the spec fuzzer and the benchmarks share
+// (a 2-block byte-level Llama, fp32, sync optimizer, batch 4 x 16).
 #pragma once
 
 #include "roundpipe/v1/jobs.pb.h"
