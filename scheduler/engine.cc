@@ -131,13 +131,7 @@ namespace {
 // A model's parameters (name, shape) in engine order, tied ones once (what a HostModelStore holds).
 std::vector<std::pair<std::string, std::vector<int64_t>>> ParamShapesOf(const workers::models::TransformerConfig& m) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (int l = 0; l < m.num_layers(); ++l) {
-    for (const auto& p : workers::models::LayerParams(m, l)) {
-      if (std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == p.name; })) {
-        out.emplace_back(p.name, p.shape);
-      }
-    }
-  }
+  for (const auto& p : workers::models::ModelParams(m)) out.emplace_back(p.name, p.shape);
   return out;
 }
 }  // namespace
@@ -627,10 +621,8 @@ void Engine::ReleaseEnded(Job& job) {
     if (!IsTerminal(job.state)) return;
     if (job.state != JobState::kFailed && job.final_checkpoint.empty()) return;  // keep: nothing on disk
   }
-  for (int i = 0; i < job.store->num_params(); ++i) {
-    job.final_shapes.emplace_back(job.store->param(i).name, job.store->param(i).shape);
-  }
   job.final_config = job.store->config();
+  job.final_shapes = ParamShapesOf(job.final_config);
   std::lock_guard<std::mutex> lock(job.mu);
   job.controller.reset();
   job.store.reset();

@@ -86,27 +86,14 @@ absl::StatusOr<const SafetensorsFile*> Locate(const HfWeightFiles& w, const std:
   return &sf;
 }
 
-// Every base (non-adapter) parameter of `config`, in engine order, tied ones once.
-std::vector<std::pair<std::string, std::vector<int64_t>>> BaseParams(const models::TransformerConfig& config) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (int l = 0; l < config.num_layers(); ++l) {
-    for (const models::ParamSpec& p : models::LayerParams(config, l)) {
-      if (p.lora != 0) continue;
-      if (std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == p.name; })) {
-        out.emplace_back(p.name, p.shape);
-      }
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 absl::Status CheckHfWeights(const std::string& dir, const models::TransformerConfig& config) {
   auto w = OpenHfWeights(dir);
   if (!w.ok()) return w.status();
-  for (const auto& [name, shape] : BaseParams(config)) {
-    if (auto sf = Locate(*w, dir, name, shape); !sf.ok()) return sf.status();
+  for (const models::ParamSpec& p : models::ModelParams(config)) {
+    if (p.lora != 0) continue;  // adapters: not in a base model
+    if (auto sf = Locate(*w, dir, p.name, p.shape); !sf.ok()) return sf.status();
   }
   return absl::OkStatus();
 }

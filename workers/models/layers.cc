@@ -10,6 +10,18 @@
 
 namespace rp::workers::models {
 
+std::vector<ParamSpec> ModelParams(const TransformerConfig& cfg) {
+  std::vector<ParamSpec> out;
+  for (int l = 0; l < cfg.num_layers(); ++l) {
+    for (ParamSpec& p : LayerParams(cfg, l)) {
+      if (std::none_of(out.begin(), out.end(), [&](const ParamSpec& o) { return o.name == p.name; })) {
+        out.push_back(std::move(p));
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
   const int64_t h = c.hidden, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
   if (layer == 0) return {{"model.embed_tokens.weight", {c.vocab, h}}};

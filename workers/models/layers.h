@@ -32,6 +32,9 @@ const std::vector<std::string>& LoraModules();
 // a block's adapters (A then B per targeted module, LoraModules() order) follow its base weights,
 // named like PEFT's: model.layers.0.self_attn.q_proj.lora_A.weight.
 std::vector<ParamSpec> LayerParams(const TransformerConfig& cfg, int layer);
+// Every parameter of the model in engine order (layer by layer), a tied one once: what a
+// HostModelStore holds, known without allocating it.
+std::vector<ParamSpec> ModelParams(const TransformerConfig& cfg);
 
 // Rotary tables for positions 0..seq-1: cos and sin of shape [seq, head_dim] (fp32).
 struct Rope {
