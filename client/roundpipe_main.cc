@@ -146,6 +146,11 @@ int WatchJob(rp::client::Client& c, const std::string& id) {
       dirty = false;
       std::printf("[%s] checkpoint at step %lld: %s\n", id.c_str(), static_cast<long long>(e.checkpoint().step()),
                   e.checkpoint().path().c_str());
+    } else if (e.event_case() == v1::JobEvent::kProgress) {  // loading, before the first step
+      if (dirty) std::printf("\n");
+      dirty = false;
+      std::printf("[%s] %s\n", id.c_str(), e.progress().c_str());
+      std::fflush(stdout);
     } else if (e.event_case() == v1::JobEvent::kBatchRejected) {
       std::printf("\n[%s] batch rejected: %s\n", id.c_str(), e.batch_rejected().c_str());
     } else if (e.event_case() == v1::JobEvent::kCheckpointFailed) {

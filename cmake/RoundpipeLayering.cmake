@@ -90,3 +90,20 @@ function(rp_check_forbidden_links)
     _rp_walk_links(${target} "${regex}" "" visited)
   endforeach()
 endfunction()
+
+# rp_include_view(target scope folder...): give `target` (with `scope` PUBLIC, PRIVATE or
+# INTERFACE) an include root that shows only the named top-level folders of the source tree —
+# symlinks under <build>/include-views/ — instead of the whole tree. A header outside those
+# folders does not exist for the target's sources: `#include "workers/..."` in a target whose
+# view is {server} fails to compile, naming the header (tests/CMakeLists.txt proves it).
+function(rp_include_view target scope)
+  string(REPLACE ";" "+" key "${ARGN}")
+  set(view "${PROJECT_BINARY_DIR}/include-views/${key}")
+  file(MAKE_DIRECTORY "${view}")
+  foreach(folder IN LISTS ARGN)
+    if(NOT IS_SYMLINK "${view}/${folder}")
+      file(CREATE_LINK "${PROJECT_SOURCE_DIR}/${folder}" "${view}/${folder}" SYMBOLIC)
+    endif()
+  endforeach()
+  target_include_directories(${target} ${scope} "${view}")
+endfunction()

@@ -11,6 +11,7 @@ function(rp_add_test)
   endif()
   add_executable(${ARG_NAME} ${ARG_SOURCES})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # tests may read every room
   rp_set_warnings(${ARG_NAME})
   gtest_discover_tests(${ARG_NAME}
     DISCOVERY_TIMEOUT 60

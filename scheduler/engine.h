@@ -1,146 +1,63 @@
-// engine.h — the engine facade (DESIGN §1): the library API that the daemon, tests and
-// benchmarks drive. It owns the devices, and per job the HostModelStore and the Controller.
+// engine.h — the engine facade (DESIGN §1): the library API that the daemon, the tools, tests
+// and benchmarks drive. It owns the devices and, per job while it runs, the HostModelStore and
+// the Controller. Everything crossing it is a value type (scheduler/engine_types.h); the
+// implementation (scheduler/runtime/, LibTorch, workers/) sits behind a pimpl and is linked
+// privately, so users compile without LibTorch or the data plane's headers.
 //
 //   auto engine = Engine::Create({.devices = "cpu:3"});
-//   JobId id = *engine->Submit(spec);
-//   engine->FeedBatch(id, {tokens});        // bounded queue: blocks up to a timeout
-//   engine->CloseInput(id);                  // the job ends once the queue is drained
-//   for (;;) { auto ev = engine->AwaitEvents(id, 1s); for (auto& e : *ev) ... }  // (named: no dangling)
+//   JobId id = *engine->Submit(spec);          // validates only: nothing is allocated yet
+//   engine->FeedBatch(id, batch, 30s);          // bounded per-job queue
+//   engine->CloseInput(id);                     // the job ends once the queue is drained
+//   for (;;) { auto ev = engine->AwaitEvents(id, 1s); ... }
 //
-// Contract: every method is thread-safe. Jobs run one at a time in submission order on all
-// devices (the door to sharing the workers stays open: jobs only meet in the runner). Bad input
-// returns a Status and never disturbs a running job. Shutdown (or destruction) cancels queued
-// and running jobs and joins the runner.
+// Contract: every method is thread-safe and none waits for training unless it says so. Jobs run
+// one at a time in priority, then submission order, on all devices. Bad input returns a Status
+// (InvalidArgument naming the field) and never disturbs a running job; broken invariants inside
+// the engine fail the job they belong to, never the process. Shutdown (or destruction) cancels
+// queued and running jobs and joins the runner.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
-#include <array>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <map>
+#include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
-#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "scheduler/controller.h"
-#include "scheduler/planning/dispatch_plan.h"
-#include "scheduler/planning/partition.h"
-#include "workers/device/device.h"
-#include "workers/device/timeline.h"
-#include "workers/models/transformer_config.h"
+#include "scheduler/engine_types.h"
 
 namespace rp::scheduler {
 
-using JobId = int64_t;
-
 struct EngineOptions {
-  std::string devices = "cpu:1";  // "cpu:N", "cuda", "cuda:0,1" (workers/device/device.h)
-  workers::DeviceOptions device_options;
+  std::string devices = "cpu:1";  // "cpu:N", "cuda", "cuda:0,1" (a GPU listed k times gets k workers)
+  // Benchmarks only (CUDA): upload each master tensor once and keep it (stale weights).
+  bool keep_weights_resident = false;
+  int64_t pinned_slab_bytes = int64_t{256} << 20;  // pinned host memory comes in slabs of this size (CUDA)
 };
-
-struct JobSpec {
-  std::string name;
-  workers::models::TransformerConfig model;
-  at::ScalarType master_dtype = at::kFloat;  // kFloat, kBFloat16 or kHalf
-  uint64_t seed = 0;                         // weight initialisation
-  std::string hf_dir;                        // non-empty: initial weights from this Hugging Face model directory
-  // Non-empty: continue from this training checkpoint (weights, optimizer, step, partition);
-  // max_steps then counts the steps of this run.
-  std::string resume_from;
-  // LoRA jobs (model.lora.rank > 0): initial adapters from this PEFT directory (default: A
-  // random, B zero).
-  std::string lora_adapter_dir;
-  // Checkpoint policy: every `checkpoint_every` optimizer steps (counted from the start of the
-  // job, resumed steps included) the runner writes `<checkpoint_root>/step-<N>` holding exactly
-  // N steps — a deterministic point, so an async job's trajectory does not depend on timing —
-  // and keeps the newest `checkpoint_keep_last`. Checkpoint() writes there too.
-  int64_t checkpoint_every = 0;
-  std::string checkpoint_root;
-  int checkpoint_keep_last = 3;
-  std::optional<planning::Partition> partition;  // default: planned from parameter sizes
-  bool auto_partition = false;                   // profile one layer per slot, then plan from measured times
-  // Per-stage device memory for the automatic partition; 0 = derived from the GPUs (see
-  // DefaultStageMemoryCap), none on the CPU backend.
-  int64_t stage_memory_cap = 0;
-  int microbatches = 0;  // 0 = number of devices
-  int microbatches_per_round = 0;
-  workers::AdamWOptions adamw;
-  workers::LrSchedule lr_schedule;
-  // kAsync: staleness-1 asynchronous optimizer; consecutive batches overlap (no flush).
-  planning::OptimizerMode optimizer_mode = planning::OptimizerMode::kSync;
-  int64_t max_steps = 0;       // 0 = until the input is closed
-  int max_queued_batches = 4;  // FeedBatch blocks while this many wait
-  int priority = 0;            // higher runs first; FIFO (submission order) among equals
-};
-
-enum class JobState { kQueued, kRunning, kPaused, kSucceeded, kFailed, kCancelled };
-bool IsTerminal(JobState s);
-const char* JobStateName(JobState s);
-
-struct CheckpointInfo {
-  std::string path;
-  int64_t step = 0;              // optimizer steps the checkpoint holds
-  int64_t batches_consumed = 0;  // the job's data cursor at that point
-};
-
-struct JobEvent {
-  // kCheckpointFailed: a checkpoint (policy or requested) could not be written; `message` says
-  // why. After kMaxCheckpointFailures policy failures in a row the job pauses.
-  enum class Kind { kState, kIteration, kBatchRejected, kCheckpoint, kCheckpointFailed } kind = Kind::kState;
-  JobState state = JobState::kQueued;
-  IterationStats stats;                        // kIteration
-  std::string message;                         // kState (failure reason), kBatchRejected, kCheckpointFailed
-  std::chrono::system_clock::time_point time;  // when the engine emitted it
-  CheckpointInfo checkpoint;                   // kCheckpoint
-};
-
-// Failure policies of the runner (both optimizer modes):
-//  - a job whose checkpoint policy failed this many times in a row pauses (fix the disk, resume);
-//  - fp16: a job fails when a step overflows with the loss scale at its floor (1), or when this
-//    many steps in a row overflowed (it diverged; skipping forever would report success);
-//  - any precision: a step whose loss is not finite fails the job, naming the step.
-inline constexpr int kMaxCheckpointFailures = 3;
-inline constexpr int kMaxConsecutiveSkippedSteps = 32;
-
-struct Batch {
-  at::Tensor tokens;
-  std::optional<at::Tensor> labels;
-};
-
-struct EngineStats {
-  std::vector<std::string> devices;
-  std::vector<std::string> descriptions;  // per device, e.g. the GPU model
-  int jobs_total = 0;
-  int jobs_active = 0;
-  int64_t host_model_bytes = 0;  // of the running job
-  // Bytes copied host<->device per device, indexed by workers::StreamKind.
-  std::vector<std::array<int64_t, workers::kNumStreamKinds>> transfer_bytes;
-  // Per device: GPU memory of its card and the engine's pinned host arena (zeros on CPU).
-  std::vector<workers::Device::MemoryStats> memory;
-};
-
-// 90 % of the smallest per-worker share of GPU memory (a GPU's memory divided among the workers
-// that share it), halved because one stage is prefetched while one runs; 0 when any device has
-// no memory figure (CPU).
-int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices);
 
 class Engine {
  public:
+  // InvalidArgument for a malformed device spec; FailedPrecondition when CUDA is asked for and
+  // no (or not the listed) GPU is visible.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
   ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
+  // Checks the spec (model, partition, round structure, the files it names: headers, checksums,
+  // shapes) and queues the job; allocates nothing and loads nothing (the runner builds the job
+  // when it starts it). InvalidArgument / NotFound / FailedPrecondition naming what to fix.
   absl::StatusOr<JobId> Submit(const JobSpec& spec);
-  // Validates the batch at once (InvalidArgument), then queues it; DeadlineExceeded when the
-  // queue stays full for `timeout`; FailedPrecondition once the job's input is closed or the
-  // job has ended.
+  // Streamed jobs. Validates the batch at once (InvalidArgument), then queues it, waiting up to
+  // `timeout` for room in the job's queue (DeadlineExceeded); FailedPrecondition once the job's
+  // input is closed or the job ended, or when it reads a token file.
   absl::Status FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  // The same without waiting: `done` runs exactly once — at once (invalid, ended) or from the
+  // runner thread when the batch entered the queue or can never enter it. At most
+  // max_queued_batches may wait for room beyond the queue (over all callers of the job);
+  // beyond that ResourceExhausted is returned (and `done` is not run).
+  absl::Status FeedBatchAsync(JobId id, Batch batch, std::function<void(absl::Status)> done);
   absl::Status CloseInput(JobId id);
   // Events since the previous call; waits up to `timeout` for at least one.
   absl::StatusOr<std::vector<JobEvent>> AwaitEvents(JobId id, std::chrono::milliseconds timeout);
@@ -150,47 +67,43 @@ class Engine {
   // running job at a time). Resume undoes either. FailedPrecondition for ended jobs.
   absl::Status Pause(JobId id);
   absl::Status Resume(JobId id);
-  // Names and shapes of the job's parameters in engine order (export walks them with Parameter()).
-  absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> ParameterShapes(JobId id) const;
-  absl::StatusOr<workers::models::TransformerConfig> ModelConfig(JobId id) const;
+  absl::StatusOr<JobInfo> Info(JobId id) const;
+  absl::StatusOr<JobState> State(JobId id) const;
+  // The job's model as it trains (after the engine's own defaults).
+  absl::StatusOr<planning::ModelConfig> ModelConfig(JobId id) const;
+  // Names and shapes of the job's parameters in engine order (tied ones once).
+  absl::StatusOr<std::vector<ParameterShape>> ParameterShapes(JobId id) const;
+  // The fp32 value of a parameter. Consistent once the job has ended (the engine flushes the
+  // optimizer then; a released job's value comes from its final checkpoint) or, in sync mode,
+  // between iterations; during an async job it may show a step in progress.
+  absl::StatusOr<TensorValue> Parameter(JobId id, const std::string& name) const;
   // Writes a training checkpoint of a started job into <checkpoint_root>/step-<N> at the next
   // iteration boundary — async jobs flush their optimizer there, which a deterministic
   // trajectory does not expect (prefer the checkpoint_every policy) — and returns what it holds.
   // Blocks until written; FailedPrecondition for a job that has not started or has no root.
   absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& note = "");
-  absl::StatusOr<JobState> State(JobId id) const;
-  // The fp32 value of a parameter of a job (for tests, export and inspection). Consistent once
-  // the job has ended (the engine flushes the optimizer then) or, in sync mode, between
-  // iterations; during an async job it may show a step in progress.
-  absl::StatusOr<at::Tensor> Parameter(JobId id, const std::string& name) const;
+  // Writes the job's weights to `dir` (which must not exist) in `kind`'s format and returns the
+  // bytes written. Waits for an iteration boundary of a running job.
+  absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind);
   EngineStats Stats() const;
-  workers::Timeline& timeline() { return timeline_; }
+  // Device operations recorded so far that ended after `since_s` (bounded ring: the oldest go).
+  std::vector<OpRecord> Timeline(double since_s = -1) const;
+  std::string ChromeTrace() const;  // the same as chrome://tracing JSON
   void Shutdown();
 
- private:
-  struct Job;
-  Engine() = default;
-  void RunnerLoop();
-  void RunJob(Job& job);
-  void ReleaseEnded(Job& job);
-  absl::Status BuildJob(Job& job);  // runner thread, run_mu held: allocate and load the job's host state
-  std::shared_ptr<Job> Find(JobId id) const;
-  std::shared_ptr<Job> TakeRunnableLocked();  // highest priority queued job, or null (mu_ held)
+  class Impl;
 
-  workers::Timeline timeline_;
-  std::vector<std::unique_ptr<workers::Device>> devices_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<JobId, std::shared_ptr<Job>> jobs_;
-  std::vector<JobId> pending_;  // not started yet (queued or paused while queued)
-  JobId next_id_ = 1;
-  bool shutdown_ = false;
-  std::thread runner_;
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
-// Default partition when a job names none: AutoPartition over a cost model in which parameter
-// counts stand in for time (DESIGN §9), until measured times exist (the next issue).
-absl::StatusOr<planning::Partition> PlanFromParameterSizes(const workers::models::TransformerConfig& model,
-                                                           int num_workers, int microbatches);
+// What Submit checks of a model (families the engine runs, sizes, bounds, LoRA targets):
+// InvalidArgument naming the field.
+absl::Status ValidateModel(const planning::ModelConfig& model);
+
+// Number of CUDA devices this process sees (0 without a GPU or a CUDA build).
+int VisibleCudaDevices();
+BuildInfo EngineBuildInfo();
 
 }  // namespace rp::scheduler

@@ -1,17 +1,13 @@
 #include "server/admin_service.h"
 
-#include <dlfcn.h>
 #include <google/protobuf/stubs/common.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/version.h>
-#include <torch/cuda.h>
-#include <torch/version.h>
 #include <unistd.h>
 
 #include <thread>
 
 #include "server/status_util.h"
-#include "workers/optim/cpu_adamw.h"
 
 #ifndef RP_VERSION
 #define RP_VERSION "dev"
@@ -24,9 +20,10 @@ namespace v1 = roundpipe::v1;
 v1::BuildInfo CollectBuildInfo() {
   v1::BuildInfo info;
   info.set_roundpipe_version(RP_VERSION);
-  info.set_torch_version(TORCH_VERSION);
-  info.set_torch_cuda_built(dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD) != nullptr);
-  info.set_cuda_device_count(static_cast<int>(torch::cuda::device_count()));
+  const scheduler::BuildInfo engine = scheduler::EngineBuildInfo();
+  info.set_torch_version(engine.torch_version);
+  info.set_torch_cuda_built(engine.torch_cuda_built);
+  info.set_cuda_device_count(engine.cuda_device_count);
   info.set_grpc_version(grpc::Version());
   info.set_protobuf_version(GOOGLE_PROTOBUF_VERSION);
   info.set_spdlog_version(SPDLOG_VERSION);
@@ -41,17 +38,17 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerCo
     return r;
   }
   const scheduler::EngineStats s = engine_->Stats();
-  for (size_t i = 0; i < s.devices.size(); ++i) {
+  for (const scheduler::DeviceStats& ds : s.devices) {
     v1::DeviceInfo* d = resp->add_devices();
-    d->set_name(s.devices[i]);
-    d->set_description(s.descriptions[i]);
-    d->set_memory_bytes(s.memory[i].device_total_bytes);
-    d->set_memory_used_bytes(s.memory[i].device_in_use_bytes);
+    d->set_name(ds.name);
+    d->set_description(ds.description);
+    d->set_memory_bytes(ds.memory_total_bytes);
+    d->set_memory_used_bytes(ds.memory_in_use_bytes);
   }
   resp->set_host_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
-  resp->set_pinned_memory_bytes(s.memory.empty() ? 0 : s.memory.front().pinned_reserved_bytes);
+  resp->set_pinned_memory_bytes(s.devices.empty() ? 0 : s.devices.front().pinned_reserved_bytes);
   *resp->mutable_build() = CollectBuildInfo();
-  resp->set_cpu_adamw_path(workers::BestSimdPathName());
+  resp->set_cpu_adamw_path(scheduler::EngineBuildInfo().cpu_optimizer_path);
   resp->set_jobs_active(manager_->active_jobs());
   resp->set_draining(manager_->draining());
   r->Finish(grpc::Status::OK);

@@ -1,6 +1,5 @@
 #include "server/job_manager.h"
 
-#include <ATen/ATen.h>
 #include <google/protobuf/util/time_util.h>
 #include <spdlog/spdlog.h>
 
@@ -12,15 +11,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "server/output_claim.h"
+#include "scheduler/job_files.h"
 #include "server/paths.h"
 #include "server/status_util.h"
-#include "server/token_dataset.h"
-#include "workers/io/checkpoint.h"
-#include "workers/io/confined_fs.h"
-#include "workers/io/hf_export.h"
-#include "workers/io/safetensors_reader.h"
-#include "workers/models/layers.h"
 
 namespace rp::server {
 
@@ -65,23 +58,10 @@ bool Terminal(v1::JobState s) {
 
 google::protobuf::Timestamp Now() { return TimeUtil::GetCurrentTime(); }
 
-TokenFileFormat ToFormat(v1::DataSource::TokenFile::Format f) {
-  switch (f) {
-    case v1::DataSource::TokenFile::FORMAT_BIN_UINT16:
-      return TokenFileFormat::kBinUint16;
-    case v1::DataSource::TokenFile::FORMAT_BIN_UINT32:
-      return TokenFileFormat::kBinUint32;
-    case v1::DataSource::TokenFile::FORMAT_NPY:
-      return TokenFileFormat::kNpy;
-    default:
-      return TokenFileFormat::kAuto;
-  }
+// "<id> <created seconds>.<nanos>": unique even if a damaged job store made ids restart.
+std::string OwnerToken(const v1::Job& record) {
+  return absl::StrCat(record.id(), " ", record.created().seconds(), ".", record.created().nanos());
 }
-
-struct FeedItem {
-  scheduler::Batch batch;
-  std::function<void(absl::Status)> done;
-};
 
 }  // namespace
 
@@ -93,17 +73,13 @@ struct JobManager::Managed {
   v1::Job record;
   std::optional<scheduler::JobId> engine_id;  // absent: listed from a previous daemon run
   ResolvedJob resolved;
-  std::unique_ptr<TokenDataset> dataset;
-  std::deque<FeedItem> feed;
-  bool input_end = false;               // no more streamed batches: close the engine's input after `feed`
-  bool ended = false;                   // the job reached a terminal state: the feeder leaves
-  std::atomic<int> threads_running{0};  // pump + feeder still inside their loops (reaped at 0)
+  bool input_end = false;               // a stream closed the job's input
+  std::atomic<int> threads_running{0};  // the pump is still inside its loop (reaped at 0)
   bool stop = false;                    // daemon shutdown: threads leave without touching the record
-  std::string fail_reason;              // the feeder cancelled the job because its data was bad
   bool drained = false;                 // paused by Drain (not by a user)
-  int64_t start_batch = 0;              // token file: first batch to feed (resumed jobs)
+  bool progress_message = false;        // record.message is the engine's loading progress
   std::vector<std::shared_ptr<JobSubscriber>> subscribers;
-  std::thread pump, feeder;
+  std::thread pump;
   std::chrono::steady_clock::time_point last_step_at{}, last_persist{};
   double ema_step_s = 0;
   std::string partition_problem;  // the last automatic-partition problem logged
@@ -154,8 +130,10 @@ absl::Status JobManager::Recover() {
   // Ids never restart: a damaged or replaced store must not hand out the id (and so the default
   // output dir and checkpoints) of a job that existed before.
   int64_t highest_dir = 0;
-  if (auto names = workers::io::ListDir(options_.jobs_dir); names.ok()) {
-    for (const std::string& n : *names) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.jobs_dir, ec)) {
+    {
+      const std::string n = entry.path().filename().string();
       int64_t seq = 0;
       if (n.rfind("job-", 0) == 0 && absl::SimpleAtoi(n.substr(4), &seq)) highest_dir = std::max(highest_dir, seq);
     }
@@ -184,7 +162,8 @@ absl::Status JobManager::Recover() {
       auto resolved = ResolveJobSpec(job->record.spec(), ctx);
       if (!resolved.ok()) return resolved.status();
       job->resolved = *resolved;
-      if (absl::Status c = ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !c.ok()) return c;
+      if (absl::Status c = scheduler::ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !c.ok())
+        return c;
       return Admit(job);
     });
     if (!st.ok()) {
@@ -229,16 +208,16 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job) {
     Log()->warn("[{}] cannot resume: {}", job->id, std::string(resolved.status().message()));
     return false;
   }
-  if (absl::Status c = ClaimOutputDir(resolved->output_dir, OwnerToken(job->record)); !c.ok()) {
+  if (absl::Status c = scheduler::ClaimOutputDir(resolved->output_dir, OwnerToken(job->record)); !c.ok()) {
     Log()->warn("[{}] cannot resume: {}", job->id, std::string(c.message()));
     return false;
   }
-  for (const std::string& dir : workers::io::ListCheckpoints(resolved->engine.checkpoint_root)) {
-    auto meta = workers::io::ReadCheckpointMeta(dir);
-    if (!meta.ok()) {
-      Log()->warn("[{}] skipping checkpoint {}: {}", job->id, dir, std::string(meta.status().message()));
-      continue;
-    }
+  std::vector<std::string> skipped;
+  const auto checkpoints = scheduler::ListJobCheckpoints(resolved->engine.checkpoint_root, &skipped);
+  for (const std::string& why : skipped) Log()->warn("[{}] skipping checkpoint {}", job->id, why);
+  for (const scheduler::CheckpointInfo& cp : checkpoints) {
+    const std::string& dir = cp.path;
+    const scheduler::CheckpointInfo* meta = &cp;
     job->resolved = *resolved;
     scheduler::JobSpec& e = job->resolved.engine;
     if (e.max_steps > 0) {
@@ -254,7 +233,6 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job) {
     e.resume_from = dir;
     {
       std::lock_guard<std::mutex> lock(job->mu);
-      job->start_batch = meta->batches_consumed;
       job->record.mutable_progress()->set_step(meta->step);
       job->record.set_last_checkpoint(dir);
       job->record.set_last_checkpoint_step(meta->step);
@@ -296,47 +274,25 @@ void JobManager::Publish(Managed& job, v1::JobEvent event, bool last) {
 }
 
 absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
-  const ResolvedJob& r = job->resolved;
-  if (!r.streamed) {
-    auto ds = TokenDataset::Open(r.token_file, ToFormat(r.token_format), r.global_batch, r.sequence_length);
-    if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
-    job->dataset = std::move(*ds);
-  }
-  auto eid = engine_->Submit(r.engine);
+  auto eid = engine_->Submit(job->resolved.engine);
   if (!eid.ok()) return eid.status();
-  int64_t total = job->record.spec().max_steps();
-  if (job->dataset) {
-    const int64_t data_steps = job->dataset->batches_per_epoch() * r.max_epochs;
-    total = total > 0 ? std::min(total, data_steps) : data_steps;
-  }
+  auto info = engine_->Info(*eid);
   {
     std::lock_guard<std::mutex> lock(job->mu);
     job->engine_id = *eid;
-    job->record.set_total_steps(total);
+    // Steps of the whole job (resumed steps included): max_steps, capped by what a token file holds.
+    const int64_t total = info.ok() ? info->total_steps : 0;
+    job->record.set_total_steps(total > 0 ? total : job->record.spec().max_steps());
   }
-  // Each job thread runs behind a barrier: an unexpected exception fails that job (logged), it
-  // never terminates the daemon.
-  job->threads_running = 2;
+  // The pump runs behind a barrier: an unexpected exception cancels that job (logged), it never
+  // terminates the daemon.
+  job->threads_running = 1;
   job->pump = std::thread([this, job] {
     absl::Status st = Guarded(absl::StrCat("[", job->id, "] event pump"), [&] {
       PumpLoop(job);
       return absl::OkStatus();
     });
     if (!st.ok()) (void)engine_->Cancel(*job->engine_id);
-    --job->threads_running;
-  });
-  job->feeder = std::thread([this, job] {
-    absl::Status st = Guarded(absl::StrCat("[", job->id, "] feeder"), [&] {
-      FeederLoop(job);
-      return absl::OkStatus();
-    });
-    if (!st.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(job->mu);
-        job->fail_reason = std::string(st.message());
-      }
-      (void)engine_->Cancel(*job->engine_id);
-    }
     --job->threads_running;
   });
   return absl::OkStatus();
@@ -352,7 +308,6 @@ void JobManager::ReapJobThreads() {
   for (const auto& j : jobs) {
     if (j->threads_running.load() != 0) continue;
     if (j->pump.joinable()) j->pump.join();
-    if (j->feeder.joinable()) j->feeder.join();
   }
 }
 
@@ -380,11 +335,11 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   *job->record.mutable_created() = Now();
   *job->record.mutable_updated() = Now();
   // The job owns its output dir from here on (no other job may share its checkpoints).
-  if (absl::Status st = ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !st.ok()) {
+  if (absl::Status st = scheduler::ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("output_dir: ", st.message()));
   }
   if (absl::Status st = Admit(job); !st.ok()) {
-    (void)workers::io::RemoveTree(absl::StrCat(job->resolved.output_dir, "/", kOutputClaimFile));
+    scheduler::ReleaseOutputDir(job->resolved.output_dir);
     return st;
   }
   {
@@ -397,10 +352,11 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     order_.push_back(job);
   }
   CountTransition(v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_QUEUED);
-  Log()->info("[{}] submitted: name '{}', {} blocks x {} hidden, batch {} x {}, {}", job->id, spec.name(),
-              job->resolved.engine.model.num_blocks, job->resolved.engine.model.hidden, job->resolved.global_batch,
-              job->resolved.sequence_length,
-              job->resolved.streamed ? std::string("streamed data") : "token file " + job->resolved.token_file);
+  Log()->info(
+      "[{}] submitted: name '{}', {} blocks x {} hidden, batch {} x {}, {}", job->id, spec.name(),
+      job->resolved.engine.model.num_blocks, job->resolved.engine.model.hidden, job->resolved.global_batch,
+      job->resolved.sequence_length,
+      job->resolved.streamed() ? std::string("streamed data") : "token file " + job->resolved.engine.token_file->path);
   return Snapshot(job);
 }
 
@@ -510,7 +466,7 @@ absl::Status JobManager::OpenStream(const std::string& id) {
   if (!job) return absl::NotFoundError(absl::StrCat("StreamBatches: no job '", id, "'"));
   std::lock_guard<std::mutex> lock(job->mu);
   if (!job->engine_id) return absl::FailedPreconditionError(absl::StrCat("job ", id, ": ", job->record.message()));
-  if (!job->resolved.streamed) {
+  if (!job->resolved.streamed()) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " reads a token file; it takes no streamed batches"));
   }
   if (Terminal(job->record.state()) || job->input_end) {
@@ -542,109 +498,45 @@ absl::Status JobManager::FeedAsync(const std::string& id, const v1::Batch& b, st
   if (b.loss_mask_size() != 0 && b.loss_mask_size() != n) {
     return bad(absl::StrCat("batch: loss_mask has ", b.loss_mask_size(), " entries, expected 0 or ", n));
   }
-  const int64_t V = r.engine.model.vocab;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t t = b.tokens(static_cast<int>(i));
-    if (t < 0 || t >= V) {
-      return bad(absl::StrCat("batch: token id ", t, " at position ", i, " is outside the vocabulary [0, ", V, ")"));
-    }
-  }
-  FeedItem item;
-  at::Tensor tokens = at::empty({b.batch(), b.sequence()}, at::kLong);
-  std::copy(b.tokens().begin(), b.tokens().end(), tokens.data_ptr<int64_t>());
-  item.batch.tokens = tokens;
+  // Token ranges and the micro-batch split are the engine's to check (once, FeedBatchAsync).
+  scheduler::Batch batch;
+  batch.rows = b.batch();
+  batch.cols = b.sequence();
+  batch.tokens.assign(b.tokens().begin(), b.tokens().end());
   if (b.loss_mask_size() > 0) {
-    at::Tensor labels = workers::models::ShiftLabels(tokens);
-    int64_t* l = labels.data_ptr<int64_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      if (!b.loss_mask(static_cast<int>(i))) l[i] = workers::models::kIgnoreIndex;
-    }
-    item.batch.labels = labels;
+    const std::vector<bool> mask(b.loss_mask().begin(), b.loss_mask().end());
+    batch.labels = scheduler::ShiftedLabels(batch.rows, batch.cols, batch.tokens, mask);
   }
-  item.done = std::move(done);
+  std::optional<scheduler::JobId> eid;
   {
     std::lock_guard<std::mutex> lock(job->mu);
     if (job->stop) return absl::UnavailableError("the daemon is shutting down");
     if (Terminal(job->record.state()) || job->input_end) {
       return absl::FailedPreconditionError(absl::StrCat("job ", id, " accepts no more batches"));
     }
-    job->feed.push_back(std::move(item));
+    eid = job->engine_id;
   }
-  job->cv.notify_all();
-  return absl::OkStatus();
+  if (!eid) return absl::FailedPreconditionError(absl::StrCat("job ", id, " does not run in this daemon"));
+  absl::Status st = engine_->FeedBatchAsync(*eid, std::move(batch), [this, done = std::move(done)](absl::Status st) {
+    if (st.ok()) metrics_->batches_received.Increment();
+    done(st);
+  });
+  if (st.code() == absl::StatusCode::kInvalidArgument) metrics_->batches_rejected.Increment();
+  return st;
 }
 
 absl::Status JobManager::EndStream(const std::string& id, bool keep_open) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   if (keep_open) return absl::OkStatus();
+  std::optional<scheduler::JobId> eid;
   {
     std::lock_guard<std::mutex> lock(job->mu);
     job->input_end = true;
+    eid = job->engine_id;
   }
-  job->cv.notify_all();
+  if (eid) (void)engine_->CloseInput(*eid);
   return absl::OkStatus();
-}
-
-void JobManager::FeederLoop(const std::shared_ptr<Managed>& job) {
-  const scheduler::JobId eid = *job->engine_id;
-  // Blocks on the engine's bounded queue in short slices so shutdown is never held up.
-  auto feed = [&](scheduler::Batch batch) -> absl::Status {
-    for (;;) {
-      absl::Status st = engine_->FeedBatch(eid, batch, std::chrono::milliseconds(500));
-      if (st.code() != absl::StatusCode::kDeadlineExceeded) return st;
-      std::lock_guard<std::mutex> lock(job->mu);
-      if (job->stop) return absl::UnavailableError("the daemon is shutting down");
-    }
-  };
-  if (job->dataset) {
-    const int64_t total = job->dataset->batches_per_epoch() * job->resolved.max_epochs;
-    for (int64_t i = job->start_batch; i < total; ++i) {
-      auto [tokens, labels] = job->dataset->Batch(i);
-      absl::Status st = feed({tokens, labels});
-      if (st.code() == absl::StatusCode::kInvalidArgument) {
-        {
-          std::lock_guard<std::mutex> lock(job->mu);
-          job->fail_reason = absl::StrCat("token file batch ", i, ": ", st.message());
-        }
-        (void)engine_->Cancel(eid);
-        return;
-      }
-      if (!st.ok()) return;  // the job ended (max_steps, cancel) or the daemon stops
-      metrics_->batches_received.Increment();
-    }
-    (void)engine_->CloseInput(eid);
-    return;
-  }
-  for (;;) {
-    FeedItem item;
-    {
-      std::unique_lock<std::mutex> lock(job->mu);
-      job->cv.wait(lock, [&] { return job->stop || job->ended || !job->feed.empty() || job->input_end; });
-      if (job->stop || job->ended) {
-        for (auto& f : job->feed) {
-          f.done(job->stop ? absl::UnavailableError("the daemon is shutting down")
-                           : absl::FailedPreconditionError(absl::StrCat("job ", job->id, " has ended")));
-        }
-        job->feed.clear();
-        return;
-      }
-      if (job->feed.empty()) {  // input_end and nothing left
-        lock.unlock();
-        (void)engine_->CloseInput(eid);
-        return;
-      }
-      item = std::move(job->feed.front());
-      job->feed.pop_front();
-    }
-    absl::Status st = feed(std::move(item.batch));
-    if (st.ok()) {
-      metrics_->batches_received.Increment();
-    } else if (st.code() == absl::StatusCode::kInvalidArgument) {
-      metrics_->batches_rejected.Increment();
-    }
-    item.done(st);
-  }
 }
 
 void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
@@ -657,7 +549,11 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
     }
     bool ended = false;
     for (const scheduler::JobEvent& e : *events) {
-      if (e.kind == scheduler::JobEvent::Kind::kIteration) RecordIterationMetrics(e.stats);
+      if (e.kind == scheduler::JobEvent::Kind::kIteration) {
+        RecordIterationMetrics(e.stats);
+        // A token-file job's batches are read by the engine: each step took one in.
+        if (!job->resolved.streamed()) metrics_->batches_received.Increment();
+      }
       std::lock_guard<std::mutex> lock(job->mu);
       v1::Job& rec = job->record;
       v1::JobEvent out;
@@ -665,12 +561,8 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           std::chrono::duration_cast<std::chrono::nanoseconds>(e.time.time_since_epoch()).count());
       switch (e.kind) {
         case scheduler::JobEvent::Kind::kState: {
-          v1::JobState s = ToProto(e.state);
+          const v1::JobState s = ToProto(e.state);
           std::string message = e.message;
-          if (s == v1::JOB_STATE_CANCELLED && !job->fail_reason.empty()) {
-            s = v1::JOB_STATE_FAILED;
-            message = job->fail_reason;
-          }
           if (s == v1::JOB_STATE_FAILED) rec.set_error(message);
           if (s == v1::JOB_STATE_SUCCEEDED && message.empty() && job->checkpoint_failures > 0) {
             message = absl::StrCat("succeeded, but ", job->checkpoint_failures,
@@ -697,7 +589,6 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           out.set_state(s);
           out.set_message(message);
           ended = Terminal(s);
-          if (ended) job->ended = true;  // wakes the feeder (below): it leaves, its thread is reaped
           Persist(*job);
           Publish(*job, out, ended);
           job->cv.notify_all();
@@ -708,6 +599,7 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           const auto now = std::chrono::steady_clock::now();
           const scheduler::IterationStats& st = e.stats;
           v1::JobProgress* p = rec.mutable_progress();
+          if (std::exchange(job->progress_message, false)) rec.clear_message();  // loaded: training now
           p->set_step(p->step() + 1);
           p->set_tokens(p->tokens() + st.tokens);
           p->set_last_loss(st.loss);
@@ -770,6 +662,15 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
           Log()->error("[{}] {}", job->id, e.message);
           break;
         }
+        case scheduler::JobEvent::Kind::kProgress:  // loading: "loading weights from ..." (GetJob's message)
+          rec.set_message(e.message);
+          job->progress_message = true;
+          *rec.mutable_updated() = Now();
+          Persist(*job);
+          out.set_progress(e.message);
+          Publish(*job, out, false);
+          Log()->info("[{}] {}", job->id, e.message);
+          break;
         case scheduler::JobEvent::Kind::kBatchRejected:
           metrics_->batches_rejected.Increment();
           out.set_batch_rejected(e.message);
@@ -794,39 +695,39 @@ void JobManager::RecordIterationMetrics(const scheduler::IterationStats& st) {
   const scheduler::EngineStats es = engine_->Stats();
   std::lock_guard<std::mutex> lock(metrics_mu_);
   double latest = timeline_seen_s_;
-  for (const auto& e : engine_->timeline().EntriesEndingSince(timeline_seen_s_)) {
+  for (const scheduler::OpRecord& e : engine_->Timeline(timeline_seen_s_)) {
     if (e.end_s <= timeline_seen_s_) continue;
     metrics_->worker_busy.Add({{"worker", std::to_string(e.worker)}, {"stream", e.stream}})
         .Increment(e.end_s - e.start_s);
     latest = std::max(latest, e.end_s);
   }
   timeline_seen_s_ = latest;
-  transfer_seen_.resize(es.transfer_bytes.size());
-  static const struct {
-    workers::StreamKind kind;
-    const char* direction;
-    const char* what;
-  } kTransfers[] = {{workers::StreamKind::kActivationUp, "host_to_device", "activation"},
-                    {workers::StreamKind::kActivationDown, "device_to_host", "activation"},
-                    {workers::StreamKind::kParamUp, "host_to_device", "parameter"},
-                    {workers::StreamKind::kGradDown, "device_to_host", "gradient"}};
-  for (size_t d = 0; d < es.transfer_bytes.size(); ++d) {
-    for (const auto& t : kTransfers) {
-      const int k = static_cast<int>(t.kind);
-      const int64_t delta = es.transfer_bytes[d][k] - transfer_seen_[d][k];
+  transfer_seen_.resize(es.devices.size());
+  for (size_t d = 0; d < es.devices.size(); ++d) {
+    const scheduler::DeviceStats& ds = es.devices[d];
+    const struct {
+      int64_t now;
+      const char* direction;
+      const char* what;
+    } transfers[] = {{ds.activation_up_bytes, "host_to_device", "activation"},
+                     {ds.activation_down_bytes, "device_to_host", "activation"},
+                     {ds.param_up_bytes, "host_to_device", "parameter"},
+                     {ds.grad_down_bytes, "device_to_host", "gradient"}};
+    for (size_t k = 0; k < 4; ++k) {
+      const int64_t delta = transfers[k].now - transfer_seen_[d][k];
       if (delta > 0) {
-        metrics_->transfer_bytes.Add({{"direction", t.direction}, {"kind", t.what}})
+        metrics_->transfer_bytes.Add({{"direction", transfers[k].direction}, {"kind", transfers[k].what}})
             .Increment(static_cast<double>(delta));
       }
-      transfer_seen_[d][k] = es.transfer_bytes[d][k];
+      transfer_seen_[d][k] = transfers[k].now;
     }
   }
   metrics_->host_memory.Add({{"pool", "model_states"}}).Set(static_cast<double>(es.host_model_bytes));
   // The pinned arena is shared by all CUDA workers: any device reports it (zero on CPU).
   metrics_->host_memory.Add({{"pool", "pinned"}})
-      .Set(es.memory.empty() ? 0.0 : static_cast<double>(es.memory.front().pinned_reserved_bytes));
-  for (size_t d = 0; d < es.devices.size() && d < es.memory.size(); ++d) {
-    metrics_->device_memory.Add({{"device", es.devices[d]}}).Set(static_cast<double>(es.memory[d].device_in_use_bytes));
+      .Set(es.devices.empty() ? 0.0 : static_cast<double>(es.devices.front().pinned_reserved_bytes));
+  for (const scheduler::DeviceStats& d : es.devices) {
+    metrics_->device_memory.Add({{"device", d.name}}).Set(static_cast<double>(d.memory_in_use_bytes));
   }
 }
 
@@ -915,44 +816,24 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
     if (!inside.ok()) return inside.status();
     dir = *inside;
   }
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  workers::models::TransformerConfig config;
-  std::function<absl::StatusOr<at::Tensor>(const std::string&)> fetch;
-  std::unique_ptr<workers::io::SafetensorsFile> weights;
+  const bool lora = resolved->engine.model.lora.rank > 0;
+  if (merge_lora && !lora) return absl::InvalidArgumentError("merge_lora: this job has no LoRA adapters");
+  const scheduler::ExportKind kind = merge_lora ? scheduler::ExportKind::kMergedLora : scheduler::ExportKind::kHfModel;
+  absl::StatusOr<int64_t> bytes;
   if (eid) {
-    auto s = engine_->ParameterShapes(*eid);
-    if (!s.ok()) return s.status();
-    shapes = std::move(*s);
-    auto c = engine_->ModelConfig(*eid);
-    if (!c.ok()) return c.status();
-    config = *c;
-    fetch = [this, e = *eid](const std::string& name) { return engine_->Parameter(e, name); };
+    bytes = engine_->Export(*eid, dir, kind);
   } else {
     // From an earlier daemon run: the job's final weights are its newest checkpoint (the engine
     // writes one when a job ends), which must hold the step the job ended at.
-    const auto all = workers::io::ListCheckpoints(resolved->engine.checkpoint_root);
-    auto meta = all.empty() ? absl::StatusOr<workers::io::CheckpointMeta>(absl::NotFoundError("none"))
-                            : workers::io::ReadCheckpointMeta(all.front());
-    if (!meta.ok() || meta->step != step) {
+    const auto all = scheduler::ListJobCheckpoints(resolved->engine.checkpoint_root);
+    if (all.empty() || all.front().step != step) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", id, " has no checkpoint of its final step ", step, " under ", resolved->engine.checkpoint_root,
-          meta.ok() ? absl::StrCat(" (newest: step ", meta->step, ")") : std::string()));
+          all.empty() ? std::string() : absl::StrCat(" (newest: step ", all.front().step, ")")));
     }
-    auto f = workers::io::SafetensorsFile::Open(all.front() + "/weights.safetensors");
-    if (!f.ok()) return f.status();
-    weights = std::move(*f);
-    for (const auto& t : weights->tensors()) shapes.emplace_back(t.name, t.shape);
-    config = resolved->engine.model;
-    fetch = [&weights](const std::string& name) { return weights->Read(name, at::kFloat); };
+    bytes =
+        scheduler::ExportCheckpoint(all.front().path, resolved->engine.model, resolved->engine.precision, dir, kind);
   }
-  workers::io::HfExportOptions o;
-  o.dtype = resolved->engine.master_dtype;
-  if (merge_lora && config.lora.rank <= 0) {
-    return absl::InvalidArgumentError("merge_lora: this job has no LoRA adapters");
-  }
-  auto bytes = config.lora.rank > 0 ? (merge_lora ? workers::io::ExportMergedLora(dir, config, shapes, fetch, o)
-                                                  : workers::io::ExportPeftAdapter(dir, config, shapes, fetch))
-                                    : workers::io::ExportHfModel(dir, config, shapes, fetch, o);
   if (!bytes.ok()) return bytes.status();
   Log()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);
   return dir;
@@ -1098,7 +979,6 @@ void JobManager::Shutdown() {
   {
     std::lock_guard<std::mutex> reap(reap_mu_);
     for (const auto& j : jobs) {
-      if (j->feeder.joinable()) j->feeder.join();
       if (j->pump.joinable()) j->pump.join();
     }
   }

@@ -5,11 +5,12 @@
 //
 // Contract: every public method is thread-safe and returns quickly (never waits for training);
 // gRPC handlers call it from callback threads. Per job, a pump thread turns engine events into
-// JobEvents/metrics/store updates and a feeder thread moves batches into the engine (the only
-// place that blocks on the engine's bounded queue). Subscribers are called with the job's lock
-// held and must only enqueue.
+// JobEvents/metrics/store updates; streamed batches go straight into the engine's bounded
+// per-job queue (Engine::FeedBatchAsync), token files are read by the engine itself.
+// Subscribers are called with the job's lock held and must only enqueue.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -59,8 +60,10 @@ class JobManager {
   absl::StatusOr<roundpipe::v1::Job> Resume(const std::string& id);
 
   // Streaming: OpenStream checks the job takes streamed batches; FeedAsync validates the batch
-  // at once (the returned Status) and otherwise runs `done` on the feeder thread once the batch
-  // is queued in the engine (or could not be). EndStream closes the job's input unless keep_open.
+  // at once (the returned Status: InvalidArgument, or ResourceExhausted when the job's queue and
+  // its waiting room are full) and otherwise runs `done` once the batch is queued in the engine
+  // (or can never be), possibly on the engine's runner thread. EndStream closes the job's input
+  // unless keep_open.
   absl::Status OpenStream(const std::string& id);
   absl::Status FeedAsync(const std::string& id, const roundpipe::v1::Batch& batch,
                          std::function<void(absl::Status)> done);
@@ -86,7 +89,7 @@ class JobManager {
   // ResourceExhausted (the task is not run; the caller answers the RPC with it).
   static constexpr int kMaxBackgroundTasks = 64;
   absl::Status RunInBackground(std::function<void()> task);
-  // Stops feeders and pumps (the engine's Shutdown cancels what still runs).
+  // Stops the pumps (the engine's Shutdown cancels what still runs).
   void Shutdown();
 
  private:
@@ -101,9 +104,8 @@ class JobManager {
   // saying why `action` is impossible otherwise).
   absl::StatusOr<std::pair<std::shared_ptr<Managed>, scheduler::JobId>> LiveJob(const std::string& id,
                                                                                 const char* action);
-  void ReapJobThreads();  // joins the pump and feeder of jobs whose loops have returned
+  void ReapJobThreads();  // joins the pumps of jobs whose loops have returned
   void PumpLoop(const std::shared_ptr<Managed>& job);
-  void FeederLoop(const std::shared_ptr<Managed>& job);
   void Publish(Managed& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
   void Persist(Managed& job);                                            // job.mu held
   void UpdateJobGauges();                                                // absolute counts from the records (startup)
@@ -134,7 +136,7 @@ class JobManager {
 
   std::mutex metrics_mu_;  // the last engine counters seen (deltas become counter increments)
   double timeline_seen_s_ = 0;
-  std::vector<std::array<int64_t, workers::kNumStreamKinds>> transfer_seen_;
+  std::vector<std::array<int64_t, 4>> transfer_seen_;  // per device: act up, act down, params up, grads down
 };
 
 }  // namespace rp::server

@@ -3,6 +3,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -75,10 +76,27 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
           absl::StrCat("StreamBatches: one stream feeds one job (", job_id_, "), got a batch for ", batch_.job_id())));
       return;
     }
+    // The manager may report the batch queued before FeedAsync returns (room in the queue) or
+    // later from the engine's runner: act on it only once this handler is done with the call.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_feed_ = true;
+      early_.reset();
+    }
     absl::Status st = Guarded("StreamBatches", [&] {
       return manager_->FeedAsync(job_id_, batch_, [this](absl::Status fed) { OnFed(fed); });
     });
-    if (!st.ok()) Finish(Rejected(st));
+    std::optional<absl::Status> early;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_feed_ = false;
+      early.swap(early_);
+    }
+    if (!st.ok()) {
+      Finish(Rejected(st));  // (the manager does not run the callback then)
+    } else if (early) {
+      Continue(*early);
+    }
   }
 
   void OnDone() override { delete this; }
@@ -89,7 +107,17 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
                                                     accepted_, " earlier batches were accepted)"));
     return ToGrpcStatus(with_index);
   }
-  void OnFed(const absl::Status& st) {  // feeder thread
+  void OnFed(const absl::Status& st) {  // inside FeedAsync, or later on the engine's runner thread
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (in_feed_) {
+        early_ = st;
+        return;
+      }
+    }
+    Continue(st);
+  }
+  void Continue(const absl::Status& st) {
     if (!st.ok()) {
       Finish(Rejected(st));
       return;
@@ -101,6 +129,9 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
   grpc::CallbackServerContext* ctx_;
   JobManager* manager_;
   v1::StreamSummary* summary_;
+  std::mutex mu_;
+  bool in_feed_ = false;               // guarded by mu_: OnReadDone is inside FeedAsync
+  std::optional<absl::Status> early_;  // guarded by mu_: the result reported meanwhile
   v1::Batch batch_;
   std::string job_id_;
   bool keep_open_ = false;

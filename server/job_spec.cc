@@ -8,43 +8,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "scheduler/engine.h"
+#include "scheduler/job_files.h"
 #include "server/paths.h"
-#include "workers/io/hf_config.h"
-#include "workers/models/presets.h"
 
 namespace rp::server {
 
 namespace v1 = roundpipe::v1;
-using workers::models::TransformerConfig;
-
-int64_t EstimateHostBytes(const TransformerConfig& m, int master_bytes) {
-  // In double, saturated: the sizes come from clients and files, and an estimate must never wrap.
-  const double vocab = static_cast<double>(m.vocab), hidden = static_cast<double>(m.hidden),
-               inter = static_cast<double>(m.intermediate), blocks = m.num_blocks, head_dim = m.head_dim;
-  const double q = m.num_heads * head_dim, kv = m.num_kv_heads * head_dim;
-  double params = vocab * hidden * (m.tied_embeddings ? 1 : 2) + hidden;
-  params +=
-      blocks * (2 * hidden + hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter + (m.qk_norm ? 2 * head_dim : 0));
-  double bytes;
-  if (m.lora.rank <= 0) {
-    bytes = params * (4 /*fp32*/ + master_bytes + 4 /*grad*/ + 8 /*moments*/);
-  } else {
-    // LoRA: the frozen base keeps only its master copy; the adapters train as usual.
-    double adapters = 0;
-    const double r = m.lora.rank;
-    for (const std::string& t : m.lora.targets) {
-      const double in = t == "o_proj" ? q : t == "down_proj" ? inter : hidden;
-      const double out = t == "q_proj"                          ? q
-                         : (t == "k_proj" || t == "v_proj")     ? kv
-                         : (t == "gate_proj" || t == "up_proj") ? inter
-                                                                : hidden;
-      adapters += blocks * r * (in + out);
-    }
-    bytes = params * master_bytes + adapters * (4 + master_bytes + 4 + 8);
-  }
-  constexpr double kMax = 9.0e18;  // below INT64_MAX (9.22e18)
-  return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
-}
+using planning::ModelConfig;
 
 absl::Status CheckFiniteNumbers(const google::protobuf::Message& msg, const std::string& prefix) {
   const google::protobuf::Descriptor* d = msg.GetDescriptor();
@@ -81,26 +52,28 @@ absl::Status CheckFiniteNumbers(const google::protobuf::Message& msg, const std:
 
 namespace {
 
-absl::StatusOr<TransformerConfig> ResolveModel(const v1::ModelSpec& m, const JobSpecContext& ctx, std::string* hf_dir) {
+absl::StatusOr<ModelConfig> ResolveModel(const v1::ModelSpec& m, const JobSpecContext& ctx, std::string* hf_dir) {
   if (!m.hf_dir().empty()) {
     if (!m.preset().empty() || m.vocab() != 0 || m.hidden() != 0 || m.num_blocks() != 0) {
       return absl::InvalidArgumentError("model: give either hf_dir or a preset / explicit sizes, not both");
     }
     auto dir = ResolveInsideRoots(m.hf_dir(), ctx.allowed_roots, "model.hf_dir");
     if (!dir.ok()) return dir.status();
-    auto c = workers::io::ReadHfConfig(*dir);
+    auto c = scheduler::ReadHfModelConfig(*dir);
     if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat("model.hf_dir: ", c.status().message()));
     *hf_dir = *dir;
     return *c;
   }
-  TransformerConfig c;
+  ModelConfig c;
   if (!m.preset().empty()) {
-    auto p = TransformerPreset(m.preset());
+    auto p = planning::ModelPreset(m.preset());
     if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("model.preset: ", p.status().message()));
     c = *p;
+    c.lora = {};  // the job's own LoRA settings apply (the paper's presets carry theirs for the planner)
+    c.lora.rank = 0;
   } else if (m.vocab() == 0 && m.hidden() == 0) {
     return absl::InvalidArgumentError(absl::StrCat("model: give a preset (",
-                                                   absl::StrJoin(TransformerPresetNames(), ", "),
+                                                   absl::StrJoin(planning::ModelPresetNames(), ", "),
                                                    ") or explicit sizes (vocab, hidden, intermediate, num_blocks, "
                                                    "num_heads, num_kv_heads, head_dim)"));
   }
@@ -140,7 +113,7 @@ absl::StatusOr<TransformerConfig> ResolveModel(const v1::ModelSpec& m, const Job
     if (m.rope_low_freq_factor() > 0) c.rope_scaling.low_freq_factor = m.rope_low_freq_factor();
     if (m.rope_high_freq_factor() > 0) c.rope_scaling.high_freq_factor = m.rope_high_freq_factor();
   }
-  if (absl::Status st = c.Validate(); !st.ok()) {
+  if (absl::Status st = scheduler::ValidateModel(c); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("model: ", st.message()));
   }
   return c;
@@ -164,7 +137,7 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
     e.model.lora.alpha = lora.alpha() > 0 ? lora.alpha() : 16;
     e.model.lora.targets.assign(lora.target_modules().begin(), lora.target_modules().end());
     if (e.model.lora.targets.empty()) e.model.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    if (absl::Status st = e.model.Validate(); !st.ok()) {
+    if (absl::Status st = scheduler::ValidateModel(e.model); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("model.lora: ", st.message()));
     }
     if (!lora.adapter_dir().empty()) {
@@ -179,19 +152,19 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   switch (spec.precision()) {
     case v1::PRECISION_UNSPECIFIED:
     case v1::PRECISION_BF16:
-      e.master_dtype = at::kBFloat16;
+      e.precision = scheduler::Precision::kBFloat16;
       break;
     case v1::PRECISION_FP32:
-      e.master_dtype = at::kFloat;
+      e.precision = scheduler::Precision::kFloat32;
       break;
     case v1::PRECISION_FP16:
-      e.master_dtype = at::kHalf;
+      e.precision = scheduler::Precision::kFloat16;
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("precision: unknown value ", spec.precision()));
   }
   if (ctx.host_memory_budget) {
-    const int64_t need = EstimateHostBytes(e.model, static_cast<int>(c10::elementSize(e.master_dtype)));
+    const int64_t need = planning::HostStateBytes(e.model, scheduler::PrecisionBytes(e.precision));
     const int64_t budget = ctx.host_memory_budget();
     if (need > budget) {
       return absl::ResourceExhaustedError(absl::StrCat("model: needs about ", need >> 20,
@@ -212,12 +185,12 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   if (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1) {
     return absl::InvalidArgumentError("optimizer: beta1 and beta2 must lie in [0, 1)");
   }
-  e.adamw.lr = o.lr() > 0 ? o.lr() : 1e-4;
-  e.adamw.beta1 = o.beta1() > 0 ? o.beta1() : 0.9;
-  e.adamw.beta2 = o.beta2() > 0 ? o.beta2() : 0.999;
-  e.adamw.eps = o.eps() > 0 ? o.eps() : 1e-8;
-  e.adamw.weight_decay = o.weight_decay();
-  e.adamw.max_grad_norm = o.max_grad_norm();
+  e.optimizer.lr = o.lr() > 0 ? o.lr() : 1e-4;
+  e.optimizer.beta1 = o.beta1() > 0 ? o.beta1() : 0.9;
+  e.optimizer.beta2 = o.beta2() > 0 ? o.beta2() : 0.999;
+  e.optimizer.eps = o.eps() > 0 ? o.eps() : 1e-8;
+  e.optimizer.weight_decay = o.weight_decay();
+  e.optimizer.max_grad_norm = o.max_grad_norm();
   const v1::LrScheduleSpec& ls = o.lr_schedule();
   if (ls.warmup_steps() < 0 || ls.total_steps() < 0 || ls.min_lr_ratio() < 0 || ls.min_lr_ratio() > 1) {
     return absl::InvalidArgumentError(
@@ -228,7 +201,7 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
     if (total <= 0) {
       return absl::InvalidArgumentError("optimizer.lr_schedule: warmup_cosine needs total_steps (or max_steps) > 0");
     }
-    e.lr_schedule = {workers::LrSchedule::Kind::kWarmupCosine, ls.warmup_steps(), total, ls.min_lr_ratio()};
+    e.lr_schedule = {scheduler::LrScheduleSpec::Kind::kWarmupCosine, ls.warmup_steps(), total, ls.min_lr_ratio()};
   }
   e.optimizer_mode =
       o.mode() == v1::OPTIMIZER_MODE_SYNC ? planning::OptimizerMode::kSync : planning::OptimizerMode::kAsync;
@@ -321,19 +294,33 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
       const auto& tf = spec.data().token_file();
       auto path = ResolveInsideRoots(tf.path(), ctx.allowed_roots, "data.token_file.path");
       if (!path.ok()) return path.status();
-      r.streamed = false;
-      r.token_file = *path;
-      r.token_format = tf.format();
+      scheduler::TokenFileSource src;
+      src.path = *path;
+      switch (tf.format()) {
+        case v1::DataSource::TokenFile::FORMAT_BIN_UINT16:
+          src.format = scheduler::TokenFileSource::Format::kBinUint16;
+          break;
+        case v1::DataSource::TokenFile::FORMAT_BIN_UINT32:
+          src.format = scheduler::TokenFileSource::Format::kBinUint32;
+          break;
+        case v1::DataSource::TokenFile::FORMAT_NPY:
+          src.format = scheduler::TokenFileSource::Format::kNpy;
+          break;
+        default:
+          src.format = scheduler::TokenFileSource::Format::kAuto;
+      }
       if (tf.max_epochs() < 0) return absl::InvalidArgumentError("data.token_file.max_epochs: must not be negative");
-      r.max_epochs = tf.max_epochs() > 0 ? tf.max_epochs() : 1;
+      src.max_epochs = tf.max_epochs() > 0 ? tf.max_epochs() : 1;
+      src.global_batch = r.global_batch;
+      src.sequence_length = r.sequence_length;
+      e.token_file = src;
       break;
     }
     case v1::DataSource::kStream:
     case v1::DataSource::SOURCE_NOT_SET:
-      r.streamed = true;
       break;
   }
-  if (r.streamed && ctx.max_message_bytes > 0) {
+  if (r.streamed() && ctx.max_message_bytes > 0) {
     // A streamed batch is one message: packed varint token ids (< vocab) plus a packed bool mask.
     int64_t id_bytes = 1;
     for (int64_t v = e.model.vocab - 1; v >= 128; v >>= 7) ++id_bytes;

@@ -11,9 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "roundpipe/v1/jobs.pb.h"
-#include "scheduler/engine.h"
-#include "workers/models/presets.h"
-#include "workers/models/transformer_config.h"
+#include "scheduler/engine_types.h"
 
 namespace rp::server {
 
@@ -29,29 +27,20 @@ struct JobSpecContext {
 };
 
 struct ResolvedJob {
-  scheduler::JobSpec engine;
-  int64_t global_batch = 0;  // sequences per step
+  scheduler::JobSpec engine;  // engine.token_file set: the engine reads the data itself
+  int64_t global_batch = 0;   // sequences per step
   int64_t sequence_length = 0;
-  bool streamed = true;
-  std::string token_file;  // resolved, when !streamed
-  roundpipe::v1::DataSource::TokenFile::Format token_format = roundpipe::v1::DataSource::TokenFile::FORMAT_UNSPECIFIED;
-  int64_t max_epochs = 1;
+  bool streamed() const { return !engine.token_file; }
   std::string output_dir;  // resolved
 };
 
-// Model presets (jobs.proto ModelSpec.preset): workers/models/presets.h.
-using workers::models::TransformerPreset;
-using workers::models::TransformerPresetNames;
+// Model presets (jobs.proto ModelSpec.preset) are the planner's registry:
+// planning::ModelPreset / ModelPresetNames (scheduler/planning/model_config.h).
 
 absl::StatusOr<ResolvedJob> ResolveJobSpec(const roundpipe::v1::JobSpec& spec, const JobSpecContext& ctx);
 
 // InvalidArgument naming the first double/float field (dotted path, repeated ones included) of
 // `msg` that is NaN or infinite.
 absl::Status CheckFiniteNumbers(const google::protobuf::Message& msg, const std::string& prefix);
-
-// Host bytes the engine keeps for a model (fp32 copy, master copy, gradients, AdamW moments;
-// with LoRA only the master copy of the frozen base plus the adapters' full state). Never
-// overflows: saturates near INT64_MAX.
-int64_t EstimateHostBytes(const workers::models::TransformerConfig& model, int master_bytes);
 
 }  // namespace rp::server

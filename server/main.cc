@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "scheduler/engine.h"
+#include "scheduler/job_files.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
 #include "server/config.h"
@@ -34,7 +35,6 @@
 #include "server/metrics.h"
 #include "server/process/thread_stack_floor.h"
 #include "server/rpc_metrics.h"
-#include "workers/io/confined_fs.h"
 
 ABSL_FLAG(std::string, config, "", "DaemonConfig JSON file (proto/roundpipe/v1/config.proto); flags override it");
 ABSL_FLAG(std::vector<std::string>, listen, {},
@@ -128,10 +128,10 @@ int main(int argc, char** argv) {
   if (ec) return Fail(absl::StrCat("state_dir ", state_dir.string(), "/jobs: ", ec.message()));
   {
     // From here on every file the engine reads, writes, renames or deletes for a job is opened
-    // beneath these directories at the moment of use (workers/io/confined_fs.h).
+    // beneath these directories at the moment of use (scheduler/job_files.h).
     std::vector<std::string> confine(config.allowed_roots().begin(), config.allowed_roots().end());
     confine.push_back(jobs_dir);
-    if (absl::Status st = rp::workers::io::ConfineTo(confine); !st.ok()) {
+    if (absl::Status st = rp::scheduler::ConfineFileAccess(confine); !st.ok()) {
       return Fail(absl::StrCat("allowed_roots: ", st.message()), 2);
     }
   }
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   }
 
   if (config.devices() == "auto") {
-    const int gpus = rp::workers::VisibleCudaDevices();
+    const int gpus = rp::scheduler::VisibleCudaDevices();
     config.set_devices(gpus > 0 ? "cuda" : "cpu:1");
     spdlog::info("devices=auto: {} GPU(s) visible, using {}", gpus, config.devices());
   }

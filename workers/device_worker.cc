@@ -6,13 +6,11 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
-#include "scheduler/planning/transfer_windows.h"
+#include "workers/device/transfer_windows.h"
 #include "workers/stage_compute.h"
 
 namespace rp::workers {
 namespace {
-
-using planning::SlotKind;
 
 // Everything one stage keeps on the device while it runs.
 struct StageState {
@@ -39,25 +37,25 @@ void Guarded(StageState& s, const char* what, Fn&& fn) {
   try {
     fn();
   } catch (const std::exception& e) {
-    s.ctx->Fail(absl::InternalError(
-        absl::StrCat(what, " of stage slot ", s.task.slot.index, " (layers ", s.task.slot.first_layer, "..",
-                     s.task.slot.first_layer + s.task.slot.num_layers - 1, ") failed: ", e.what())));
+    s.ctx->Fail(
+        absl::InternalError(absl::StrCat(what, " of stage slot ", s.task.slot, " (layers ", s.task.first_layer, "..",
+                                         s.task.first_layer + s.task.num_layers - 1, ") failed: ", e.what())));
   }
 }
 
-// LPT-packed transfer chunks (planning::PlanTransferWindows); should planning ever fail, one
+// LPT-packed transfer chunks (PlanTransferWindows); should planning ever fail, one
 // chunk of whole tensors, so no tensor is ever left untransferred.
-std::vector<std::vector<planning::TransferPiece>> PlanChunks(const std::vector<planning::TensorExtent>& extents,
-                                                             int windows, int64_t split_threshold_bytes) {
-  auto plan = planning::PlanTransferWindows(extents, std::max(1, windows), split_threshold_bytes);
+std::vector<std::vector<TransferPiece>> PlanChunks(const std::vector<TensorExtent>& extents, int windows,
+                                                   int64_t split_threshold_bytes) {
+  auto plan = PlanTransferWindows(extents, std::max(1, windows), split_threshold_bytes);
   if (plan.ok()) return std::move(plan->windows);
-  std::vector<std::vector<planning::TransferPiece>> one(1);
+  std::vector<std::vector<TransferPiece>> one(1);
   for (size_t t = 0; t < extents.size(); ++t) one[0].push_back({static_cast<int>(t), 0, extents[t].bytes});
   return one;
 }
 
-std::string Label(const planning::StageSlot& sl, const char* what, int mb) {
-  const char* k = sl.kind == SlotKind::kForward ? "F" : "B";
+std::string Label(const StageTask& sl, const char* what, int mb) {
+  const char* k = sl.kind == StageKind::kForward ? "F" : "B";
   std::string s = absl::StrCat(what, k, sl.stage);
   if (mb >= 0) absl::StrAppend(&s, " mb", mb);
   return s;
@@ -71,14 +69,14 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   s->ctx = ctx;
   s->device = device_->torch_device();
   s->dev = device_;
-  const planning::StageSlot& sl = task.slot;
+  const StageTask& sl = task;
   const int mbs = sl.num_microbatches;
   s->in.resize(static_cast<size_t>(mbs));
   s->grad_out.resize(static_cast<size_t>(mbs));
   s->labels.resize(static_cast<size_t>(mbs));
   s->fwd_out.resize(static_cast<size_t>(mbs));
   s->grad_in.resize(static_cast<size_t>(mbs));
-  const bool trains = sl.kind != SlotKind::kForward;
+  const bool trains = sl.kind != StageKind::kForward;
 
   Stream& up = device_->stream(StreamKind::kParamUp);
   Stream& act_up = device_->stream(StreamKind::kActivationUp);
@@ -121,9 +119,9 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   // running stage's j-th input upload, so activation transfers (which gate compute) go first
   // and the weights fill the windows between them. Chunks are packed longest-processing-time
   // first; tensors larger than a fair share are split.
-  std::vector<std::vector<planning::TransferPiece>> chunks;
+  std::vector<std::vector<TransferPiece>> chunks;
   if (!device_->keeps_weights_resident()) {
-    std::vector<planning::TensorExtent> extents;
+    std::vector<TensorExtent> extents;
     for (int id : s->param_ids) {
       const HostParam& p = ctx->store->param(id);
       extents.push_back({p.name, static_cast<int64_t>(p.master.nbytes())});
@@ -145,10 +143,10 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   for (size_t w = 0; w < chunks.size(); ++w) {
     if (w < prev_inputs_uploaded_.size()) up.WaitEvent(prev_inputs_uploaded_[w]);
     up.Enqueue(
-        {absl::StrCat(Label(sl, "up ", -1), " c", w), sl.iteration, sl.index, -1}, [s, pieces = std::move(chunks[w])] {
+        {absl::StrCat(Label(sl, "up ", -1), " c", w), sl.iteration, sl.slot, -1}, [s, pieces = std::move(chunks[w])] {
           Guarded(*s, "weight upload", [&] {
             HostModelStore& store = *s->ctx->store;
-            for (const planning::TransferPiece& pc : pieces) {
+            for (const TransferPiece& pc : pieces) {
               const at::Tensor src = store.param(s->param_ids[static_cast<size_t>(pc.tensor)])
                                          .master.reshape({-1})
                                          .view(at::kByte)
@@ -166,7 +164,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
       for (size_t k = 0; k < s->param_ids.size(); ++k) {
         if (trains && store.param(s->param_ids[k]).trainable) s->params[k].requires_grad_(true);
       }
-      s->weights.first_layer = s->task.slot.first_layer;
+      s->weights.first_layer = s->task.first_layer;
       for (const std::vector<int>& idx : s->layer_param_index) {
         std::vector<at::Tensor> lw;
         for (int k : idx) lw.push_back(s->params[static_cast<size_t>(k)]);
@@ -191,23 +189,23 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     const int mb = sl.first_microbatch + m;
     // act-up: at most one micro-batch ahead of compute.
     if (m >= 2) act_up.WaitEvent(computed[static_cast<size_t>(m - 2)]);
-    act_up.Enqueue({Label(sl, "in ", mb), sl.iteration, sl.index, mb}, [s, m, mb] {
+    act_up.Enqueue({Label(sl, "in ", mb), sl.iteration, sl.slot, mb}, [s, m, mb] {
       Guarded(*s, "input upload", [&] {
-        const planning::StageSlot& sl = s->task.slot;
+        const StageTask& sl = s->task;
         ActivationStore& acts = *s->ctx->acts;
         // Every input first (Take blocks until it was produced), then the transfers.
         auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
         if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
         absl::StatusOr<at::Tensor> second = at::Tensor();
-        if (sl.kind == SlotKind::kFused) {
+        if (sl.kind == StageKind::kFused) {
           second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
-        } else if (sl.kind == SlotKind::kBackward) {
+        } else if (sl.kind == StageKind::kBackward) {
           second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
         }
         if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
         s->in[static_cast<size_t>(m)] = s->dev->Upload(*x);
-        if (sl.kind == SlotKind::kFused) s->labels[static_cast<size_t>(m)] = s->dev->Upload(*second);
-        if (sl.kind == SlotKind::kBackward) s->grad_out[static_cast<size_t>(m)] = s->dev->Upload(*second);
+        if (sl.kind == StageKind::kFused) s->labels[static_cast<size_t>(m)] = s->dev->Upload(*second);
+        if (sl.kind == StageKind::kBackward) s->grad_out[static_cast<size_t>(m)] = s->dev->Upload(*second);
       });
     });
     auto uploaded = MakeEvent();
@@ -215,23 +213,23 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     inputs_uploaded.push_back(uploaded);
 
     compute.WaitEvent(uploaded);
-    compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.index, mb}, [s, m] {
+    compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.slot, mb}, [s, m] {
       Guarded(*s, "compute", [&] {
-        const planning::StageSlot& sl = s->task.slot;
+        const StageTask& sl = s->task;
         RunContext& ctx = *s->ctx;
         const size_t i = static_cast<size_t>(m);
         switch (sl.kind) {
-          case SlotKind::kForward:
+          case StageKind::kForward:
             s->fwd_out[i] = ForwardStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->task.save_inputs_of);
             break;
-          case SlotKind::kFused: {
+          case StageKind::kFused: {
             FusedResult r = FusedStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->labels[i],
                                        ctx.loss_scale * ctx.grad_multiplier, ctx.head_chunk_tokens);
             ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
             s->grad_in[i] = r.grad_input;
             break;
           }
-          case SlotKind::kBackward:
+          case StageKind::kBackward:
             s->grad_in[i] = BackwardStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->grad_out[i]);
             break;
         }
@@ -252,12 +250,12 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     compute.RecordEvent(computed[static_cast<size_t>(m)]);
 
     act_down.WaitEvent(computed[static_cast<size_t>(m)]);
-    act_down.Enqueue({Label(sl, "out ", mb), sl.iteration, sl.index, mb}, [s, m, mb] {
+    act_down.Enqueue({Label(sl, "out ", mb), sl.iteration, sl.slot, mb}, [s, m, mb] {
       Guarded(*s, "output download", [&] {
-        const planning::StageSlot& sl = s->task.slot;
+        const StageTask& sl = s->task;
         RunContext& ctx = *s->ctx;
         const size_t i = static_cast<size_t>(m);
-        if (sl.kind == SlotKind::kForward) {
+        if (sl.kind == StageKind::kForward) {
           for (auto& [layer, t] : s->fwd_out[i]) {
             ctx.acts->Put(ActKind::kActivation, layer, mb, s->dev->Download(t),
                           ctx.act_consumers[static_cast<size_t>(layer)], sl.iteration);
@@ -293,7 +291,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     act_down.RecordEvent(outputs);
     EventPtr last_compute = computed.back();
     pending_grads_ = [s, owners, outputs, done, last_compute, gd = &grad_down](const std::vector<EventPtr>& gates) {
-      const planning::StageSlot& sl = s->task.slot;
+      const StageTask& sl = s->task;
       gd->WaitEvent(last_compute);
       if (s->task.book && sl.iteration >= 1) {
         // Edge (4): the host gradient buffer must have been handed to the optimizer (G_cp).
@@ -301,7 +299,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
         for (int o : owners) gd->WaitEvent(prev->gcp[static_cast<size_t>(o)]);
       }
       // Whole tensors (a gradient is accumulated on the host as one piece), LPT-packed.
-      std::vector<planning::TensorExtent> extents;
+      std::vector<TensorExtent> extents;
       int64_t largest = 1;
       for (int id : s->param_ids) {
         const HostParam& p = s->ctx->store->param(id);
@@ -312,10 +310,10 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
       for (size_t w = 0; w < chunks.size(); ++w) {
         if (chunks[w].empty()) continue;
         if (w < gates.size()) gd->WaitEvent(gates[w]);
-        gd->Enqueue({absl::StrCat(Label(sl, "grads ", -1), " c", w), sl.iteration, sl.index, -1},
+        gd->Enqueue({absl::StrCat(Label(sl, "grads ", -1), " c", w), sl.iteration, sl.slot, -1},
                     [s, pieces = std::move(chunks[w])] {
                       Guarded(*s, "gradient download", [&] {
-                        for (const planning::TransferPiece& pc : pieces) {
+                        for (const TransferPiece& pc : pieces) {
                           const size_t k = static_cast<size_t>(pc.tensor);
                           if (k < s->grads.size() && s->grads[k].defined()) {
                             s->ctx->store->AccumulateGrad(s->param_ids[k], s->dev->Download(s->grads[k]));

@@ -23,20 +23,12 @@
 #include <memory>
 #include <vector>
 
-#include "scheduler/planning/dispatch_plan.h"
 #include "workers/consistency.h"
 #include "workers/device/device.h"
 #include "workers/run_context.h"
+#include "workers/stage_task.h"
 
 namespace rp::workers {
-
-struct StageTask {
-  planning::StageSlot slot;
-  std::vector<int> save_inputs_of;  // forward: layers whose input becomes a checkpoint
-  // Async mode only (null in sync mode): the layerwise consistency events (consistency.h) this
-  // stage waits on before uploading weights / downloading gradients, and counts down after.
-  ConsistencyBook* book = nullptr;
-};
 
 class DeviceWorker {
  public:

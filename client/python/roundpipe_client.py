@@ -60,6 +60,8 @@ def run(args, channel):
             print(f"state {final} {event.message}".rstrip(), flush=True)
         elif kind == "checkpoint_failed":
             print(event.checkpoint_failed, flush=True)
+        elif kind == "progress":
+            print(event.progress, flush=True)
     return 0 if final == "JOB_STATE_SUCCEEDED" else 1
 
 

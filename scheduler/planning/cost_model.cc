@@ -53,7 +53,7 @@ absl::StatusOr<CostModel> AnalyticCostModel(const ModelConfig& m, const DevicePr
   const double moe_rate = d.peak_matmul_flops * opt.moe_efficiency;
   const double bw = d.memory_bandwidth;
   const double db = opt.dtype_bytes;
-  const bool lora = m.lora_rank > 0;
+  const bool lora = m.lora.rank > 0;
   // Backward matmul factor: dgrad + wgrad, or dgrad only for a frozen base.
   const double bwd_mm = lora ? 1.0 : 2.0;
 

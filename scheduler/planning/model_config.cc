@@ -16,11 +16,17 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
+// The paper's five workloads come first (PaperModelPresetNames), then models for CPUs and tests.
+constexpr int kPaperModels = 5;
+
 std::vector<ModelConfig> AllModels() {
   std::vector<ModelConfig> m;
   {
     ModelConfig c;  // Qwen/Qwen3-1.7B config.json
     c.name = "qwen3-1.7b";
+    c.family = "qwen3";
+    c.qk_norm = true;
+    c.rope_theta = 1000000;
     c.num_blocks = 28;
     c.hidden = 2048;
     c.intermediate = 6144;
@@ -34,6 +40,10 @@ std::vector<ModelConfig> AllModels() {
   {
     ModelConfig c;  // meta-llama/Llama-3.1-8B config.json
     c.name = "llama-3.1-8b";
+    c.family = "llama";
+    c.rope_theta = 500000;
+    c.rms_eps = 1e-5;
+    c.rope_scaling = {8.0, 1.0, 4.0, 8192};
     c.num_blocks = 32;
     c.hidden = 4096;
     c.intermediate = 14336;
@@ -46,6 +56,9 @@ std::vector<ModelConfig> AllModels() {
   {
     ModelConfig c;  // openai/gpt-oss-20b config.json: 32 experts, top-4, alternating 128-token window
     c.name = "gpt-oss-20b";
+    c.family = "gpt_oss";
+    c.rope_theta = 150000;
+    c.rms_eps = 1e-5;
     c.num_blocks = 24;
     c.hidden = 2880;
     c.intermediate = 0;
@@ -63,6 +76,9 @@ std::vector<ModelConfig> AllModels() {
   {
     ModelConfig c;  // Qwen/Qwen3-32B config.json
     c.name = "qwen3-32b";
+    c.family = "qwen3";
+    c.qk_norm = true;
+    c.rope_theta = 1000000;
     c.num_blocks = 64;
     c.hidden = 5120;
     c.intermediate = 25600;
@@ -75,6 +91,9 @@ std::vector<ModelConfig> AllModels() {
   {
     ModelConfig c;  // Qwen/Qwen3-235B-A22B config.json; the paper trains it with LoRA r=32
     c.name = "qwen3-235b-a22b";
+    c.family = "qwen3_moe";
+    c.qk_norm = true;
+    c.rope_theta = 1000000;
     c.num_blocks = 94;
     c.hidden = 4096;
     c.intermediate = 0;
@@ -85,7 +104,23 @@ std::vector<ModelConfig> AllModels() {
     c.num_experts = 128;
     c.active_experts = 8;
     c.expert_intermediate = 1536;
-    c.lora_rank = 32;
+    c.lora.rank = 32;
+    m.push_back(c);
+  }
+  for (const char* name : {"llama-tiny", "qwen3-tiny"}) {
+    // Byte-level (vocab 256) models small enough to train on a laptop CPU in minutes.
+    ModelConfig c;
+    c.name = name;
+    const bool qwen = c.name == "qwen3-tiny";
+    c.family = qwen ? "qwen3" : "llama";
+    c.qk_norm = c.tied_embeddings = qwen;
+    c.vocab = 256;
+    c.hidden = 128;
+    c.intermediate = 352;
+    c.num_blocks = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
     m.push_back(c);
   }
   return m;
@@ -107,10 +142,14 @@ std::vector<DeviceProfile> AllDevices() {
 
 }  // namespace
 
+bool LoraSpec::Targets(std::string_view module) const {
+  return rank > 0 && std::find(targets.begin(), targets.end(), module) != targets.end();
+}
+
 int64_t ModelConfig::BlockParams() const {
   const int64_t q = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv = static_cast<int64_t>(num_kv_heads) * head_dim;
-  int64_t attn = hidden * q + 2 * hidden * kv + q * hidden;
+  int64_t attn = hidden * q + 2 * hidden * kv + q * hidden + (qk_norm ? 2 * head_dim : 0);
   int64_t mlp =
       is_moe() ? num_experts * 3 * hidden * expert_intermediate + hidden * num_experts : 3 * hidden * intermediate;
   return attn + mlp + 2 * hidden /*norms*/;
@@ -119,17 +158,53 @@ int64_t ModelConfig::BlockParams() const {
 int64_t ModelConfig::TotalParams() const { return EmbeddingParams() + num_blocks * BlockParams() + HeadParams(); }
 
 int64_t ModelConfig::BlockLoraParams() const {
-  if (lora_rank <= 0) return 0;
+  if (lora.rank <= 0) return 0;
   const int64_t q = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv = static_cast<int64_t>(num_kv_heads) * head_dim;
-  // Adapter A (in x r) + B (r x out) on q, k, v, o.
-  int64_t r = lora_rank;
-  return r * ((hidden + q) + 2 * (hidden + kv) + (q + hidden));
+  const int64_t inter = is_moe() ? expert_intermediate : intermediate;
+  // Adapter A (rank x in) + B (out x rank) per target projection.
+  int64_t n = 0;
+  for (const std::string& t : lora.targets) {
+    const int64_t in = t == "o_proj" ? q : t == "down_proj" ? inter : hidden;
+    const int64_t out = t == "q_proj"                          ? q
+                        : (t == "k_proj" || t == "v_proj")     ? kv
+                        : (t == "gate_proj" || t == "up_proj") ? inter
+                                                               : hidden;
+    n += lora.rank * (in + out);
+  }
+  return n;
+}
+
+int64_t ModelConfig::LayerParams(int l) const {
+  if (l == 0) return EmbeddingParams();
+  if (l == num_layers() - 1) return HeadParams();
+  return BlockParams() + BlockLoraParams();
+}
+
+int64_t HostStateBytes(const ModelConfig& m, int master_bytes) {
+  const double base = static_cast<double>(m.EmbeddingParams()) +
+                      static_cast<double>(m.num_blocks) * static_cast<double>(m.BlockParams()) +
+                      static_cast<double>(m.HeadParams());
+  double bytes;
+  if (m.lora.rank <= 0) {
+    bytes = base * (4 /*fp32*/ + master_bytes + 4 /*grad*/ + 8 /*moments*/);
+  } else {
+    const double adapters = static_cast<double>(m.num_blocks) * static_cast<double>(m.BlockLoraParams());
+    bytes = base * master_bytes + adapters * (4 + master_bytes + 4 + 8);
+  }
+  constexpr double kMax = 9.0e18;  // below INT64_MAX (9.22e18)
+  return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
 }
 
 std::vector<std::string> ModelPresetNames() {
   std::vector<std::string> names;
   for (const auto& m : AllModels()) names.push_back(m.name);
+  return names;
+}
+
+std::vector<std::string> PaperModelPresetNames() {
+  std::vector<std::string> names = ModelPresetNames();
+  names.resize(kPaperModels);
   return names;
 }
 
@@ -145,7 +220,7 @@ absl::StatusOr<ModelConfig> ModelPreset(std::string_view name) {
     if (m.name == key) return m;
   }
   return absl::NotFoundError(
-      absl::StrCat("unknown model preset '", std::string(name), "'; known: ", absl::StrJoin(ModelPresetNames(), ", ")));
+      absl::StrCat("unknown preset '", std::string(name), "'; known: ", absl::StrJoin(ModelPresetNames(), ", ")));
 }
 
 absl::StatusOr<DeviceProfile> DevicePreset(std::string_view name) {

@@ -1,9 +1,13 @@
-// model_config.h — architecture numbers of a decoder-only LLM and of a GPU, plus presets.
+// model_config.h — the one description of a decoder-only LLM (architecture, rope, LoRA) and of a
+// GPU, plus the one preset registry: the planner, the simulator, the engine (through
+// scheduler/runtime/model_adapter.h) and the daemon's job specs all read these numbers.
 //
 // Contract: plain value types, no I/O, no allocation beyond std::string/vector. Thread-safe to
 // read from any thread. Presets carry the real published architecture numbers of the paper's
-// models (Qwen3-1.7B, Llama-3.1-8B, GPT-OSS-20B, Qwen3-32B, Qwen3-235B-A22B) and datasheet
-// figures of the paper's GPUs (RTX 4090, A800) and of the H200.
+// models (Qwen3-1.7B, Llama-3.1-8B, GPT-OSS-20B, Qwen3-32B, Qwen3-235B-A22B), byte-level tiny
+// models that train on a CPU, and datasheet figures of the paper's GPUs (RTX 4090, A800) and of
+// the H200. Parameter counts here are the only arithmetic ones; tests hold them equal to the
+// engine's parameter layout (workers/models/layers.h ModelParams).
 #pragma once
 
 #include <cstdint>
@@ -15,11 +19,29 @@
 
 namespace rp::planning {
 
+// Llama-3 style rope scaling ("rope_type": "llama3"); factor 0 = none.
+struct RopeScalingSpec {
+  double factor = 0;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  int64_t original_max_position = 8192;
+};
+
+// LoRA fine-tuning (PEFT's LoRA) on `targets` among q_proj k_proj v_proj o_proj gate_proj
+// up_proj down_proj; rank 0 = full fine-tuning.
+struct LoraSpec {
+  int rank = 0;
+  double alpha = 16;
+  std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  bool Targets(std::string_view module) const;
+};
+
 struct ModelConfig {
   std::string name;
-  int num_blocks = 0;        // decoder blocks (the partitioner also sees embedding + head)
-  int64_t hidden = 0;        // model width h
-  int64_t intermediate = 0;  // dense MLP width (0 for MoE-only models)
+  std::string family = "llama";  // "llama", "qwen3" (per-head q/k RMSNorm); MoE presets: "gpt_oss", "qwen3_moe"
+  int num_blocks = 0;            // decoder blocks (the partitioner also sees embedding + head)
+  int64_t hidden = 0;            // model width h
+  int64_t intermediate = 0;      // dense MLP width (0 for MoE-only models)
   int num_heads = 0;
   int num_kv_heads = 0;
   int64_t head_dim = 0;
@@ -30,17 +52,30 @@ struct ModelConfig {
   bool tied_embeddings = false;
   int64_t sliding_window = 0;  // 0 = full causal attention in every block
   int sliding_every = 0;       // every k-th block (k>0) uses the sliding window (GPT-OSS: 2)
-  int lora_rank = 0;           // >0: LoRA fine-tuning (adapters on q/k/v/o) with a frozen base
+  bool qk_norm = false;        // Qwen3: RMSNorm over each head's q and k
+  double rope_theta = 10000;
+  double rms_eps = 1e-6;
+  RopeScalingSpec rope_scaling;
+  LoraSpec lora;  // rank > 0: adapters train, the base stays frozen
 
   bool is_moe() const { return num_experts > 0; }
-  // Parameters of one decoder block / of the embedding / of the LM head (+ final norm).
+  int num_layers() const { return num_blocks + 2; }  // embedding, blocks, head
+  // Base parameters of one decoder block / of the embedding / of the LM head (+ final norm).
   int64_t BlockParams() const;
   int64_t EmbeddingParams() const { return vocab * hidden; }
   int64_t HeadParams() const { return (tied_embeddings ? 0 : vocab * hidden) + hidden; }
-  int64_t TotalParams() const;
-  // Trainable LoRA parameters of one block (q/k/v/o adapters; 0 without LoRA).
+  int64_t TotalParams() const;  // base parameters (tied embedding once), adapters excluded
+  // Trainable LoRA parameters of one block (0 without LoRA).
   int64_t BlockLoraParams() const;
+  // Parameters of engine layer l (0 = embedding, 1..num_blocks, head) including its adapters.
+  int64_t LayerParams(int l) const;
 };
+
+// Host bytes the engine keeps for a model's state with a `master_bytes`-wide master copy (fp32
+// copy, master copy, gradient, AdamW moments; with LoRA the frozen base keeps only its master
+// copy and the adapters the full state). In double arithmetic, saturated near INT64_MAX: sizes
+// come from clients and files and the estimate never wraps.
+int64_t HostStateBytes(const ModelConfig& m, int master_bytes);
 
 struct DeviceProfile {
   std::string name;
@@ -50,9 +85,11 @@ struct DeviceProfile {
   int64_t memory_bytes = 0;        // device memory capacity
 };
 
-// Presets. Names are case-insensitive: qwen3-1.7b, llama-3.1-8b, gpt-oss-20b, qwen3-32b,
-// qwen3-235b-a22b (LoRA r=32 as in the paper); rtx4090, a800, h200.
+// Presets, names case-insensitive. Models: the paper's five (PaperModelPresetNames: qwen3-1.7b,
+// llama-3.1-8b, gpt-oss-20b, qwen3-32b, qwen3-235b-a22b with LoRA r=32 as in the paper), then
+// llama-tiny and qwen3-tiny (byte-level, vocab 256, 4 blocks). Devices: rtx4090, a800, h200.
 std::vector<std::string> ModelPresetNames();
+std::vector<std::string> PaperModelPresetNames();
 std::vector<std::string> DevicePresetNames();
 absl::StatusOr<ModelConfig> ModelPreset(std::string_view name);
 absl::StatusOr<DeviceProfile> DevicePreset(std::string_view name);

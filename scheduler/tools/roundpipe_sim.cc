@@ -183,7 +183,7 @@ int RunPaper(const Setup& setup) {
   std::vector<std::string> header = {"model"};
   std::string out;
   bool first = true;
-  for (const std::string& name : ModelPresetNames()) {
+  for (const std::string& name : PaperModelPresetNames()) {
     auto model = ModelPreset(name);
     auto costs = AnalyticCostModel(*model, setup.device, setup.analytic);
     if (!costs.ok()) return Fail(costs.status());

@@ -5,10 +5,9 @@
 //
 // The task: every sequence counts upwards modulo the vocabulary, so the loss must fall from
 // ln(vocab) towards 0. Exit codes: 0 trained, 2 bad arguments, 1 the job failed.
-#include <ATen/ATen.h>
-
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -61,7 +60,9 @@ int main(int argc, char** argv) {
   m.num_kv_heads = 2;
   m.head_dim = m.hidden / 4;
   const std::string prec = absl::GetFlag(FLAGS_precision);
-  spec.master_dtype = prec == "bf16" ? at::kBFloat16 : prec == "fp16" ? at::kHalf : at::kFloat;
+  spec.precision = prec == "bf16"   ? rp::scheduler::Precision::kBFloat16
+                   : prec == "fp16" ? rp::scheduler::Precision::kFloat16
+                                    : rp::scheduler::Precision::kFloat32;
   if (prec != "fp32" && prec != "bf16" && prec != "fp16") return Fail("--precision must be fp32, bf16 or fp16", 2);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "sync" && mode != "async") return Fail("--mode must be sync or async", 2);
@@ -71,10 +72,10 @@ int main(int argc, char** argv) {
   spec.max_steps = steps;
   spec.microbatches = absl::GetFlag(FLAGS_microbatches);
   spec.auto_partition = absl::GetFlag(FLAGS_auto_partition);
-  spec.adamw.lr = absl::GetFlag(FLAGS_lr);
-  spec.adamw.weight_decay = 0.01;
-  spec.adamw.max_grad_norm = 1.0;
-  spec.lr_schedule = {rp::workers::LrSchedule::Kind::kWarmupCosine, std::max(1, steps / 10), steps, 0.1};
+  spec.optimizer.lr = absl::GetFlag(FLAGS_lr);
+  spec.optimizer.weight_decay = 0.01;
+  spec.optimizer.max_grad_norm = 1.0;
+  spec.lr_schedule = {rp::scheduler::LrScheduleSpec::Kind::kWarmupCosine, std::max(1, steps / 10), steps, 0.1};
   spec.max_queued_batches = 4;
 
   auto engine = rp::scheduler::Engine::Create({absl::GetFlag(FLAGS_devices)});
@@ -85,11 +86,16 @@ int main(int argc, char** argv) {
   // Data: a feeder thread streams counting sequences (backpressure from the bounded queue).
   const int64_t B = absl::GetFlag(FLAGS_batch), S = absl::GetFlag(FLAGS_seq), V = m.vocab;
   std::thread feeder([&] {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+    std::mt19937_64 gen(11);
     for (int s = 0; s < steps; ++s) {
-      at::Tensor start = at::randint(V, {B, 1}, gen, at::TensorOptions().dtype(at::kLong));
-      at::Tensor tokens = (start + at::arange(S, at::kLong).unsqueeze(0)).remainder(V);
-      if (!(*engine)->FeedBatch(*id, {tokens}, std::chrono::minutes(5)).ok()) return;
+      rp::scheduler::Batch batch;  // rows of counting sequences from random starts
+      batch.rows = B;
+      batch.cols = S;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t start = static_cast<int64_t>(gen() % static_cast<uint64_t>(V));
+        for (int64_t t = 0; t < S; ++t) batch.tokens.push_back(static_cast<int32_t>((start + t) % V));
+      }
+      if (!(*engine)->FeedBatch(*id, std::move(batch), std::chrono::minutes(5)).ok()) return;
     }
     (void)(*engine)->CloseInput(*id);
   });

@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "scheduler/engine.h"
+#include "tests/support/engine_values.h"
 
 ABSL_FLAG(int, hidden, 256, "model width");
 ABSL_FLAG(int, blocks, 8, "decoder blocks");
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
   m.num_heads = 4;
   m.num_kv_heads = 2;
   m.head_dim = m.hidden / 4;
-  spec.master_dtype = at::kBFloat16;
+  spec.precision = rp::scheduler::Precision::kBFloat16;
   spec.optimizer_mode = rp::planning::OptimizerMode::kAsync;
   spec.checkpoint_root = root;
   spec.max_queued_batches = 4;
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
   std::thread feeder([&] {
     for (int i = 0; i < total; ++i) {
       at::Tensor t = at::randint(m.vocab, {4, 64}, at::TensorOptions().dtype(at::kLong));
-      (void)(*engine)->FeedBatch(*id, {t}, 10min);
+      (void)(*engine)->FeedBatch(*id, rp::testing::ToBatch(t), 10min);
     }
     (void)(*engine)->CloseInput(*id);
   });

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "scheduler/controller.h"
+#include "scheduler/runtime/controller.h"
 #include "tests/support/reference_model.h"
 #include "workers/models/layers.h"
 #include "workers/stage_compute.h"

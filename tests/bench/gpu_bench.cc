@@ -29,11 +29,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "scheduler/controller.h"
 #include "scheduler/engine.h"
+#include "scheduler/planning/model_config.h"
+#include "scheduler/runtime/controller.h"
+#include "scheduler/runtime/engine_impl.h"
+#include "scheduler/runtime/model_adapter.h"
 #include "workers/device/device.h"
 #include "workers/models/layers.h"
-#include "workers/models/presets.h"
 
 ABSL_FLAG(std::string, devices, "cuda:0", "device spec (cuda:0, cuda:0,0, cpu:1 ...)");
 ABSL_FLAG(std::string, model, "qwen3-1.7b", "model preset (workers/models/presets.h), e.g. qwen3-1.7b or qwen3-tiny");
@@ -230,7 +232,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string devices = absl::GetFlag(FLAGS_devices);
   const bool cuda = IsCuda(devices);
-  auto preset = rp::workers::models::TransformerPreset(absl::GetFlag(FLAGS_model));
+  auto planned = rp::planning::ModelPreset(absl::GetFlag(FLAGS_model));
+  auto preset = planned.ok() ? rp::scheduler::runtime::ToTransformerConfig(*planned)
+                             : absl::StatusOr<TransformerConfig>(planned.status());
   if (!preset.ok()) {
     std::fprintf(stderr, "gpu_bench: --model: %s\n", std::string(preset.status().message()).c_str());
     return 2;

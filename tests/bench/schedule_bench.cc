@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "scheduler/controller.h"
 #include "scheduler/planning/partition.h"
+#include "scheduler/runtime/controller.h"
 #include "workers/device/test_hooks.h"
 
 namespace {

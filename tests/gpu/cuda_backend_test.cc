@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "scheduler/engine.h"
+#include "scheduler/runtime/engine_impl.h"
+#include "tests/support/engine_values.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/tokens.h"
 #include "workers/device/cuda_device.h"
@@ -150,8 +152,8 @@ JobSpec TinySpec(const std::string& family) {
     s.model.tied_embeddings = true;
   }
   s.seed = 11;
-  s.adamw.lr = 1e-3;
-  s.adamw.eps = 1e-6;  // see controller_test: keeps noise-floor gradients from dominating
+  s.optimizer.lr = 1e-3;
+  s.optimizer.eps = 1e-6;  // see controller_test: keeps noise-floor gradients from dominating
   s.microbatches = 6;
   return s;
 }
@@ -171,7 +173,9 @@ RunResult Train(const std::string& devices, const JobSpec& spec, int steps) {
   EXPECT_TRUE(id.ok()) << id.status();
   if (!id.ok()) return r;
   for (int i = 0; i < steps; ++i) {
-    EXPECT_TRUE((*engine)->FeedBatch(*id, {rp::testing::RandomTokens(12, 16, spec.model.vocab, 100 + i)}).ok());
+    EXPECT_TRUE((*engine)
+                    ->FeedBatch(*id, rp::testing::ToBatch(rp::testing::RandomTokens(12, 16, spec.model.vocab, 100 + i)))
+                    .ok());
   }
   EXPECT_TRUE((*engine)->CloseInput(*id).ok());
   for (int k = 0; k < 600; ++k) {
@@ -187,7 +191,7 @@ RunResult Train(const std::string& devices, const JobSpec& spec, int steps) {
   EXPECT_EQ(*(*engine)->State(*id), JobState::kSucceeded);
   auto shapes = (*engine)->ParameterShapes(*id);
   if (shapes.ok()) {
-    for (const auto& [name, shape] : *shapes) r.weights[name] = *(*engine)->Parameter(*id, name);
+    for (const auto& [name, shape] : *shapes) r.weights[name] = rp::testing::ParameterTensor(**engine, *id, name);
   }
   r.stats = (*engine)->Stats();
   return r;
@@ -217,7 +221,8 @@ TEST(CudaEngine, OutOfMemoryFailsTheJobClearlyAndTheEngineGoesOn) {
   big.microbatches = 1;
   auto id = (*engine)->Submit(big);
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE((*engine)->FeedBatch(*id, {rp::testing::RandomTokens(1, 65536, big.model.vocab, 1)}).ok());
+  ASSERT_TRUE(
+      (*engine)->FeedBatch(*id, rp::testing::ToBatch(rp::testing::RandomTokens(1, 65536, big.model.vocab, 1))).ok());
   ASSERT_TRUE((*engine)->CloseInput(*id).ok());
   std::string why;
   for (int k = 0; k < 600 && why.empty(); ++k) {
@@ -238,7 +243,8 @@ TEST(CudaEngine, OutOfMemoryFailsTheJobClearlyAndTheEngineGoesOn) {
   auto id2 = (*engine)->Submit(small);
   ASSERT_TRUE(id2.ok()) << id2.status();
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE((*engine)->FeedBatch(*id2, {rp::testing::RandomTokens(12, 16, small.model.vocab, i)}).ok());
+    ASSERT_TRUE(
+        (*engine)->FeedBatch(*id2, rp::testing::ToBatch(rp::testing::RandomTokens(12, 16, small.model.vocab, i))).ok());
   }
   ASSERT_TRUE((*engine)->CloseInput(*id2).ok());
   for (int k = 0; k < 600; ++k) {
@@ -269,7 +275,7 @@ TEST_P(CudaMatchesCpu, LossesAndWeights) {
   RP_REQUIRE_GPU();
   const Case& c = GetParam();
   JobSpec spec = TinySpec(c.family);
-  spec.master_dtype = c.master;
+  spec.precision = c.master == at::kFloat ? scheduler::Precision::kFloat32 : scheduler::Precision::kBFloat16;
   spec.optimizer_mode = c.mode;
   const int steps = 4;
   std::string cuda = "cuda:0";
@@ -288,11 +294,11 @@ TEST_P(CudaMatchesCpu, LossesAndWeights) {
   for (const auto& [name, w] : cpu.weights) {
     EXPECT_LT(rp::testing::RelativeError(gpu.weights.at(name), w), weight_tol) << name;
   }
-  ASSERT_EQ(gpu.stats.transfer_bytes.size(), static_cast<size_t>(c.workers));
+  ASSERT_EQ(gpu.stats.devices.size(), static_cast<size_t>(c.workers));
   int64_t up = 0;
-  for (const auto& b : gpu.stats.transfer_bytes) up += b[static_cast<int>(StreamKind::kParamUp)];
+  for (const auto& d : gpu.stats.devices) up += d.param_up_bytes;
   EXPECT_GT(up, 0);
-  EXPECT_GT(gpu.stats.memory[0].pinned_in_use_bytes, 0) << "master copies live in the pinned arena";
+  EXPECT_GT(gpu.stats.devices[0].pinned_in_use_bytes, 0) << "master copies live in the pinned arena";
 }
 
 std::vector<Case> Cases() {

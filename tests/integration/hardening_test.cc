@@ -622,3 +622,70 @@ TEST_F(HardeningTest, ExportUnderAFileSaysWhy) {
 
 }  // namespace
 }  // namespace rp::testing
+
+namespace rp::testing {
+namespace {
+
+// Many concurrent streams into one job: the job's queue plus its waiting room hold at most
+// 2 x maxQueuedBatches batches over all streams (the bound is per job, not per stream); the
+// streams beyond it are refused with RESOURCE_EXHAUSTED naming the limit, the ones waiting for
+// room complete once the job runs, and every accepted batch is trained.
+TEST_F(HardeningTest, ConcurrentStreamsIntoOneJobShareOneBound) {
+  const std::string cfg = root_ + "/data/daemon.json";
+  std::ofstream(cfg) << R"({"maxQueuedBatches": 2})";
+  ASSERT_TRUE(StartDaemon({"--config", cfg}));
+  auto c = daemon_.Connect();
+  auto job = c->Submit(TinySpec());
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(c->Pause(job->id()).ok());  // nothing drains the queue meanwhile
+  constexpr int kStreams = 12;
+  std::vector<std::future<absl::StatusOr<v1::StreamSummary>>> streams;
+  for (int s = 0; s < kStreams; ++s) {
+    streams.push_back(std::async(std::launch::async, [&, s] {
+      auto own = daemon_.Connect();
+      return own->StreamBatches(job->id(), {Batch(job->id(), 100 + s, /*keep_open=*/true)});
+    }));
+  }
+  // Whatever fails below, cancelling the job releases the streams still waiting (the futures
+  // join them when the test returns).
+  struct CancelOnExit {
+    client::Client* c;
+    std::string id;
+    ~CancelOnExit() { (void)c->Cancel(id); }
+  } cancel_on_exit{c.get(), job->id()};
+  // Refusals come back at once and 2 streams finish queued; 2 wait for room (they stay open).
+  int refused = 0, ok = 0;
+  std::vector<size_t> waiting;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (size_t s = 0; s < streams.size(); ++s) {
+    if (streams[s].wait_until(deadline) != std::future_status::ready) {
+      waiting.push_back(s);
+      continue;
+    }
+    auto r = streams[s].get();
+    if (r.ok()) {
+      ++ok;
+    } else {
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+      EXPECT_NE(r.status().message().find("waiting for room"), std::string::npos) << r.status();
+      ++refused;
+    }
+  }
+  ASSERT_EQ(ok, 2);
+  ASSERT_EQ(refused, kStreams - 4);
+  ASSERT_EQ(waiting.size(), 2u);
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(c->Resume(job->id()).ok());
+  for (size_t s : waiting) {
+    ASSERT_EQ(streams[s].wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    auto r = streams[s].get();
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  ASSERT_TRUE(w.WaitForSteps(4));
+  ASSERT_TRUE(c->StreamBatches(job->id(), {Batch(job->id(), 7)}).ok());  // closes the input
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED));
+  EXPECT_EQ(c->Get(job->id())->progress().step(), 5);
+}
+
+}  // namespace
+}  // namespace rp::testing

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "scheduler/controller.h"
+#include "scheduler/runtime/controller.h"
 #include "workers/device/device.h"
 #include "workers/store/host_model_store.h"
 

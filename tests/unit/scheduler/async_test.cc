@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "scheduler/controller.h"
+#include "scheduler/runtime/controller.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/rig.h"
 #include "tests/support/tokens.h"

@@ -12,7 +12,7 @@ namespace {
 
 TEST(Section581, RoundPipeBeatsEveryBaselineOnThePapersModels) {
   const DeviceProfile dev = *DevicePreset("rtx4090");
-  for (const std::string& name : ModelPresetNames()) {
+  for (const std::string& name : PaperModelPresetNames()) {
     auto costs = AnalyticCostModel(*ModelPreset(name), dev, {});
     ASSERT_TRUE(costs.ok()) << costs.status();
     ComparisonOptions o;

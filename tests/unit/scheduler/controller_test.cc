@@ -1,6 +1,6 @@
 // The synchronous engine against the plain single-process reference (tests/support): same
 // initial weights, same batches; after 3 iterations the losses and every weight must agree.
-#include "scheduler/controller.h"
+#include "scheduler/runtime/controller.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -3,13 +3,16 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <thread>
 
+#include "scheduler/runtime/engine_impl.h"
+#include "tests/support/engine_values.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/tokens.h"
-#include "workers/models/presets.h"
 
 namespace rp::scheduler {
 namespace {
@@ -29,8 +32,8 @@ JobSpec TinyJob() {
   s.model.head_dim = 8;
   s.model.qk_norm = true;
   s.seed = 4;
-  s.adamw.lr = 1e-3;
-  s.adamw.eps = 1e-6;
+  s.optimizer.lr = 1e-3;
+  s.optimizer.eps = 1e-6;
   return s;
 }
 
@@ -61,13 +64,13 @@ TEST(Engine, TrainsAJobAndMatchesTheReference) {
   auto id = (*engine)->Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
   // The reference starts from the same initial weights.
-  workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
-  rp::testing::ReferenceModel ref(init, spec.adamw);
+  workers::HostModelStore init(rp::testing::ConfigOf(spec.model), at::kFloat, spec.seed);
+  rp::testing::ReferenceModel ref(init, runtime::ToAdamW(spec.optimizer));
   std::vector<double> want;
   for (int it = 0; it < 3; ++it) {
     at::Tensor t = RandomTokens(6, 8, spec.model.vocab, 50 + it);
     want.push_back(ref.Step(t));
-    ASSERT_TRUE((*engine)->FeedBatch(*id, {t}).ok());
+    ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(t)).ok());
   }
   ASSERT_TRUE((*engine)->CloseInput(*id).ok());
   auto events = DrainUntilEnded(**engine, *id);
@@ -82,7 +85,8 @@ TEST(Engine, TrainsAJobAndMatchesTheReference) {
   EXPECT_EQ(states, (std::vector<JobState>{JobState::kQueued, JobState::kRunning, JobState::kSucceeded}));
   auto w = (*engine)->Parameter(*id, "model.layers.1.mlp.down_proj.weight");
   ASSERT_TRUE(w.ok());
-  EXPECT_LT(rp::testing::RelativeError(*w, ref.param("model.layers.1.mlp.down_proj.weight")), 1e-5);
+  EXPECT_LT(rp::testing::RelativeError(rp::testing::ToTensor(*w), ref.param("model.layers.1.mlp.down_proj.weight")),
+            1e-5);
   EXPECT_FALSE((*engine)->Parameter(*id, "nope").ok());
   EXPECT_EQ((*engine)->Stats().devices.size(), 3u);
 }
@@ -104,12 +108,17 @@ TEST(Engine, BadInputGetsClearErrorsAndTheJobKeepsRunning) {
   spec.max_steps = 2;
   auto id = *engine->Submit(spec);
   const int64_t V = spec.model.vocab;
-  auto fb = [&](at::Tensor t) { return engine->FeedBatch(id, {std::move(t)}); };
-  EXPECT_EQ(fb(at::zeros({4, 8}, at::kFloat)).code(), absl::StatusCode::kInvalidArgument);
+  auto fb = [&](at::Tensor t) { return engine->FeedBatch(id, rp::testing::ToBatch(std::move(t))); };
+  Batch torn = rp::testing::ToBatch(RandomTokens(4, 8, V, 1));
+  torn.tokens.pop_back();  // fewer ids than rows x cols
+  EXPECT_EQ(engine->FeedBatch(id, torn).code(), absl::StatusCode::kInvalidArgument);
+  Batch bad_labels = rp::testing::ToBatch(RandomTokens(4, 8, V, 1));
+  bad_labels.labels.assign(32, static_cast<int32_t>(V));  // a target outside the vocabulary
+  EXPECT_EQ(engine->FeedBatch(id, bad_labels).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fb(at::full({4, 8}, V, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fb(at::zeros({3, 8}, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fb(at::zeros({0, 8}, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine->FeedBatch(999, {RandomTokens(4, 8, V, 1)}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine->FeedBatch(999, rp::testing::ToBatch(RandomTokens(4, 8, V, 1))).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(fb(RandomTokens(4, 8, V, 1)).ok());
   ASSERT_TRUE(fb(RandomTokens(4, 8, V, 2)).ok());
   auto events = DrainUntilEnded(*engine, id);
@@ -132,7 +141,7 @@ TEST(Engine, BackpressureCancelAndQueueing) {
   const int64_t V = spec.model.vocab;
   int deadline_hits = 0;
   for (int i = 0; i < 20 && deadline_hits == 0; ++i) {
-    absl::Status st = engine->FeedBatch(first, {RandomTokens(64, 64, V, i)}, 0ms);
+    absl::Status st = engine->FeedBatch(first, rp::testing::ToBatch(RandomTokens(64, 64, V, i)), 0ms);
     if (st.code() == absl::StatusCode::kDeadlineExceeded)
       ++deadline_hits;
     else
@@ -156,14 +165,14 @@ TEST(Engine, AsyncJobMatchesTheStaleness1Reference) {
   spec.microbatches = 2;
   spec.optimizer_mode = planning::OptimizerMode::kAsync;
   spec.max_queued_batches = 8;
-  workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
-  rp::testing::ReferenceModel ref(init, spec.adamw);
+  workers::HostModelStore init(rp::testing::ConfigOf(spec.model), at::kFloat, spec.seed);
+  rp::testing::ReferenceModel ref(init, runtime::ToAdamW(spec.optimizer));
   auto id = *engine->Submit(spec);
   std::vector<double> want;
   for (int it = 0; it < 5; ++it) {
     at::Tensor t = RandomTokens(4, 8, spec.model.vocab, 70 + it);
     want.push_back(ref.StaleStep(t));
-    ASSERT_TRUE(engine->FeedBatch(id, {t}).ok());
+    ASSERT_TRUE(engine->FeedBatch(id, rp::testing::ToBatch(t)).ok());
   }
   ASSERT_TRUE(engine->CloseInput(id).ok());
   std::vector<double> got;
@@ -177,7 +186,7 @@ TEST(Engine, AsyncJobMatchesTheStaleness1Reference) {
   for (const auto& [name, w] : ref.params()) {
     auto p = engine->Parameter(id, name);
     ASSERT_TRUE(p.ok());
-    EXPECT_LT(rp::testing::RelativeError(*p, w), 1e-5) << name;
+    EXPECT_LT(rp::testing::RelativeError(rp::testing::ToTensor(*p), w), 1e-5) << name;
   }
 }
 
@@ -190,7 +199,8 @@ TEST(Engine, AutoPartitionedJobSwitchesPartitionAndReportsIt) {
   spec.max_steps = 6;
   auto id = engine->Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
-  for (int it = 0; it < 6; ++it) ASSERT_TRUE(engine->FeedBatch(*id, {RandomTokens(4, 8, spec.model.vocab, it)}).ok());
+  for (int it = 0; it < 6; ++it)
+    ASSERT_TRUE(engine->FeedBatch(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, it))).ok());
   std::vector<std::string> partitions;
   for (const auto& e : DrainUntilEnded(*engine, *id)) {
     if (e.kind == JobEvent::Kind::kIteration) partitions.push_back(e.stats.partition);
@@ -207,7 +217,8 @@ TEST(Engine, ShutdownWithARunningAsyncJobCancelsItCleanly) {
   spec.optimizer_mode = planning::OptimizerMode::kAsync;
   spec.max_queued_batches = 16;
   auto id = *engine->Submit(spec);
-  for (int it = 0; it < 10; ++it) ASSERT_TRUE(engine->FeedBatch(id, {RandomTokens(64, 32, spec.model.vocab, it)}).ok());
+  for (int it = 0; it < 10; ++it)
+    ASSERT_TRUE(engine->FeedBatch(id, rp::testing::ToBatch(RandomTokens(64, 32, spec.model.vocab, it))).ok());
   // Wait (on events, not a sleep) until the first iteration has run.
   bool ran = false;
   for (int i = 0; i < 100 && !ran; ++i) {
@@ -219,7 +230,7 @@ TEST(Engine, ShutdownWithARunningAsyncJobCancelsItCleanly) {
   engine->Shutdown();
   const JobState s = *engine->State(id);
   EXPECT_TRUE(s == JobState::kCancelled || s == JobState::kSucceeded) << JobStateName(s);
-  EXPECT_EQ(engine->FeedBatch(id, {RandomTokens(4, 8, spec.model.vocab, 1)}).code(),
+  EXPECT_EQ(engine->FeedBatch(id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, 1))).code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -265,12 +276,12 @@ TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
     spec.optimizer_mode = mode;
     auto id = (*engine)->Submit(spec);
     ASSERT_TRUE(id.ok());
-    workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
-    rp::testing::ReferenceModel ref(init, spec.adamw);
+    workers::HostModelStore init(rp::testing::ConfigOf(spec.model), at::kFloat, spec.seed);
+    rp::testing::ReferenceModel ref(init, runtime::ToAdamW(spec.optimizer));
     std::vector<at::Tensor> data;
     for (int it = 0; it < 4; ++it) data.push_back(RandomTokens(4, 8, spec.model.vocab, 70 + it));
-    ASSERT_TRUE((*engine)->FeedBatch(*id, {data[0]}).ok());
-    ASSERT_TRUE((*engine)->FeedBatch(*id, {data[1]}).ok());
+    ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(data[0])).ok());
+    ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(data[1])).ok());
     std::vector<JobEvent> events;  // every event of the job, in order
     // Running first: a job paused before the runner takes it is never built (no weights yet).
     ASSERT_TRUE(AwaitState(**engine, *id, JobState::kRunning, &events));
@@ -278,17 +289,17 @@ TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
     ASSERT_TRUE(AwaitState(**engine, *id, JobState::kPaused, &events));
     // Paused: batches queue up but nothing runs; the optimizer is flushed, so the weights are
     // those of a whole number of steps and stay put.
-    ASSERT_TRUE((*engine)->FeedBatch(*id, {data[2]}).ok());
+    ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(data[2])).ok());
     auto w1 = (*engine)->Parameter(*id, "model.layers.1.mlp.down_proj.weight");
     std::this_thread::sleep_for(50ms);
     auto w2 = (*engine)->Parameter(*id, "model.layers.1.mlp.down_proj.weight");
-    EXPECT_TRUE(at::equal(*w1, *w2));
+    EXPECT_EQ(w1->data, w2->data);
     EXPECT_EQ(*(*engine)->State(*id), JobState::kPaused);
     ASSERT_TRUE((*engine)->Resume(*id).ok());
     // The runner leaves the pause asynchronously: until it does the job still reads PAUSED, which
     // DrainUntilEnded would take for the end (seen under TSAN).
     ASSERT_TRUE(AwaitState(**engine, *id, JobState::kRunning, &events));
-    ASSERT_TRUE((*engine)->FeedBatch(*id, {data[3]}).ok());
+    ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(data[3])).ok());
     ASSERT_TRUE((*engine)->CloseInput(*id).ok());
     for (auto& e : DrainUntilEnded(**engine, *id)) events.push_back(e);
     std::vector<double> losses;
@@ -362,7 +373,7 @@ std::map<std::string, at::Tensor> Train(const JobSpec& spec, const std::vector<a
   auto id = (*engine)->Submit(spec);
   EXPECT_TRUE(id.ok()) << id.status();
   for (size_t i = 0; i < batches.size(); ++i) {
-    EXPECT_TRUE((*engine)->FeedBatch(*id, {batches[i]}).ok());
+    EXPECT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(batches[i])).ok());
     if (static_cast<int>(i) + 1 == ckpt_after) {
       // Wait until those batches were trained, then checkpoint at the boundary.
       int trained = 0;
@@ -383,7 +394,7 @@ std::map<std::string, at::Tensor> Train(const JobSpec& spec, const std::vector<a
   EXPECT_EQ(*(*engine)->State(*id), JobState::kSucceeded);
   std::map<std::string, at::Tensor> out;
   auto shapes = (*engine)->ParameterShapes(*id);  // (a named StatusOr: no dangling temporary)
-  for (const auto& [name, shape] : *shapes) out[name] = *(*engine)->Parameter(*id, name);
+  for (const auto& [name, shape] : *shapes) out[name] = rp::testing::ToTensor(*(*engine)->Parameter(*id, name));
   return out;
 }
 
@@ -406,7 +417,7 @@ TEST(EngineCheckpoint, ResumeContinuesBitIdenticallySyncAndAsync) {
   for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
     JobSpec spec = TinyJob();
     spec.optimizer_mode = mode;
-    spec.lr_schedule = {workers::LrSchedule::Kind::kWarmupCosine, 2, 6, 0.1};  // the schedule position matters
+    spec.lr_schedule = {LrScheduleSpec::Kind::kWarmupCosine, 2, 6, 0.1};  // the schedule position matters
     spec.checkpoint_root = root + (mode == planning::OptimizerMode::kSync ? "/sync" : "/async");
     // Straight through, checkpointing (on request) after 3 batches on the way.
     auto straight = Train(spec, data, 3);
@@ -476,12 +487,13 @@ TEST(Engine, AQueuedJobIsNotBuiltUntilItRuns) {
   JobSpec small = TinyJob();
   auto running = (*engine)->Submit(small);
   ASSERT_TRUE(running.ok());
-  ASSERT_TRUE((*engine)->FeedBatch(*running, {RandomTokens(4, 8, small.model.vocab, 1)}).ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*running, rp::testing::ToBatch(RandomTokens(4, 8, small.model.vocab, 1))).ok());
   ASSERT_TRUE(AwaitState(**engine, *running, JobState::kRunning));
   JobSpec big;
   big.name = "big";
-  big.model = *workers::models::TransformerPreset("qwen3-32b");
-  big.master_dtype = at::kBFloat16;
+  big.model = *planning::ModelPreset("qwen3-32b");
+  big.model.lora.rank = 0;
+  big.precision = Precision::kBFloat16;
   const int64_t before = SelfRssKiB();
   auto queued = (*engine)->Submit(big);
   ASSERT_TRUE(queued.ok()) << queued.status();
@@ -499,6 +511,134 @@ TEST(Engine, AQueuedJobIsNotBuiltUntilItRuns) {
   DrainUntilEnded(**engine, *running);
   EXPECT_EQ(*(*engine)->State(*running), JobState::kSucceeded);
   EXPECT_LT(SelfRssKiB() - before, 64 * 1024);
+}
+
+// Many feeders into one job: the queue and the waiting room together never hold more than
+// 2 x max_queued_batches, whatever the number of callers; every accepted feed completes exactly
+// once (queued, then trained), the rest are told to retry; loading is reported as progress.
+TEST(Engine, AsyncFeedsAreBoundedPerJobAcrossAllCallers) {
+  auto engine = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  JobSpec spec = TinyJob();
+  spec.max_queued_batches = 3;
+  auto id = (*engine)->Submit(spec);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE((*engine)->Pause(*id).ok());  // held back: nothing drains the queue yet
+  std::atomic<int> completed_ok{0}, completed_other{0}, refused{0}, accepted{0};
+  std::vector<std::thread> feeders;
+  for (int t = 0; t < 16; ++t) {
+    feeders.emplace_back([&, t] {
+      absl::Status st =
+          (*engine)->FeedBatchAsync(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, 200 + t)),
+                                    [&](absl::Status done) { (done.ok() ? completed_ok : completed_other)++; });
+      if (st.ok()) {
+        ++accepted;
+      } else {
+        EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+        ++refused;
+      }
+    });
+  }
+  for (auto& f : feeders) f.join();
+  EXPECT_EQ(accepted.load(), 2 * spec.max_queued_batches);
+  EXPECT_EQ(refused.load(), 16 - 2 * spec.max_queued_batches);
+  EXPECT_EQ((*engine)->Info(*id)->queued_batches, 2 * spec.max_queued_batches);
+  EXPECT_EQ(completed_ok.load(), spec.max_queued_batches) << "the first ones are queued at once";
+  // A synchronous feed waits behind the waiting room, then times out.
+  EXPECT_EQ((*engine)->FeedBatch(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, 1)), 20ms).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE((*engine)->Resume(*id).ok());
+  for (int i = 0; i < 500 && completed_ok.load() < accepted.load(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(completed_ok.load(), accepted.load());
+  ASSERT_TRUE((*engine)->CloseInput(*id).ok());
+  auto events = DrainUntilEnded(**engine, *id);
+  EXPECT_EQ(completed_other.load(), 0);
+  int iterations = 0, progress = 0;
+  for (const auto& e : events) {
+    iterations += e.kind == JobEvent::Kind::kIteration;
+    if (e.kind == JobEvent::Kind::kProgress) {
+      ++progress;
+      EXPECT_EQ(iterations, 0) << "progress is reported while loading, before training";
+    }
+  }
+  EXPECT_EQ(iterations, accepted.load());
+  EXPECT_GE(progress, 1);
+  EXPECT_EQ((*engine)->Info(*id)->steps_done, accepted.load());
+}
+
+// A job that ends with feeds still waiting tells each of them so, once.
+TEST(Engine, WaitingFeedsOfACancelledJobCompleteWithAnError) {
+  auto engine = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  JobSpec spec = TinyJob();
+  spec.max_queued_batches = 1;
+  auto id = (*engine)->Submit(spec);
+  ASSERT_TRUE((*engine)->Pause(*id).ok());
+  std::atomic<int> ok{0}, failed{0};
+  auto done = [&](absl::Status st) { (st.ok() ? ok : failed)++; };
+  ASSERT_TRUE((*engine)->FeedBatchAsync(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, 1)), done).ok());
+  ASSERT_TRUE((*engine)->FeedBatchAsync(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, 2)), done).ok());
+  EXPECT_EQ(ok.load(), 1);
+  ASSERT_TRUE((*engine)->Cancel(*id).ok());
+  EXPECT_EQ(failed.load(), 1);
+  EXPECT_EQ((*engine)->FeedBatchAsync(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, 3)), done).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ok.load() + failed.load(), 2);
+}
+
+// A token-file job is read by the runner itself: no feeding, FeedBatch refused, every batch of
+// every epoch trained in order, and the job equals the same batches streamed.
+TEST(Engine, TokenFileJobsAreReadByTheRunner) {
+  const std::string path = ::testing::TempDir() + "/engine_tokens_" + std::to_string(getpid()) + ".bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (int i = 0; i < 4 * 8 * 3 + 1; ++i) {  // three batches of 4 x 8 (+1 for the last target)
+      const uint16_t t = static_cast<uint16_t>((i * 7) % 41);
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  JobSpec spec = TinyJob();
+  spec.token_file = TokenFileSource{path, TokenFileSource::Format::kBinUint16, 4, 8, 2};
+  auto engine = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  auto id = (*engine)->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ((*engine)->FeedBatch(*id, rp::testing::ToBatch(RandomTokens(4, 8, 41, 1))).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*engine)->Info(*id)->total_steps, 6);
+  auto events = DrainUntilEnded(**engine, *id);
+  EXPECT_EQ(*(*engine)->State(*id), JobState::kSucceeded);
+  std::vector<double> file_losses;
+  for (const auto& e : events) {
+    if (e.kind == JobEvent::Kind::kIteration) file_losses.push_back(e.stats.loss);
+  }
+  ASSERT_EQ(file_losses.size(), 6u);  // 3 batches x 2 epochs
+  EXPECT_EQ((*engine)->Info(*id)->batches_consumed, 6);
+  // The same windows streamed: tokens[i..i+8), labels shifted by one.
+  JobSpec streamed = TinyJob();
+  auto sid = (*engine)->Submit(streamed);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (int b = 0; b < 3; ++b) {
+      Batch batch;
+      batch.rows = 4;
+      batch.cols = 8;
+      for (int r = 0; r < 4; ++r) {
+        for (int c = 0; c < 8; ++c) {
+          const int i = (b * 4 + r) * 8 + c;
+          batch.tokens.push_back((i * 7) % 41);
+          batch.labels.push_back(((i + 1) * 7) % 41);
+        }
+      }
+      ASSERT_TRUE((*engine)->FeedBatch(*sid, batch).ok());
+    }
+  }
+  ASSERT_TRUE((*engine)->CloseInput(*sid).ok());
+  std::vector<double> stream_losses;
+  for (const auto& e : DrainUntilEnded(**engine, *sid)) {
+    if (e.kind == JobEvent::Kind::kIteration) stream_losses.push_back(e.stats.loss);
+  }
+  EXPECT_EQ(stream_losses, file_losses);
+  std::remove(path.c_str());
 }
 
 }  // namespace

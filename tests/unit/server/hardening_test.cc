@@ -10,11 +10,11 @@
 #include <fstream>
 #include <limits>
 
+#include "scheduler/runtime/token_dataset.h"
 #include "server/config.h"
 #include "server/host_memory.h"
 #include "server/job_spec.h"
 #include "server/status_util.h"
-#include "server/token_dataset.h"
 #include "tests/support/npy_bytes.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/hf_config.h"
@@ -70,7 +70,8 @@ TEST(NpyHeader, ShapesThatOverflowAreRefusedNotWrapped) {
 TEST(NpyHeader, TheTokenDatasetRefusesAnOverflowingFile) {
   const fs::path d = TempDir("npy");
   std::ofstream(d / "evil.npy", std::ios::binary) << Npy("<u2", "(9223372036854775807,)", 4096);
-  auto ds = TokenDataset::Open((d / "evil.npy").string(), TokenFileFormat::kAuto, 1, 8);
+  auto ds = scheduler::runtime::TokenDataset::Open((d / "evil.npy").string(), scheduler::TokenFileSource::Format::kAuto,
+                                                   1, 8);
   ASSERT_FALSE(ds.ok());
   EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -212,7 +213,7 @@ TEST(JobSpec, AStreamedBatchMustFitInOneMessage) {
 }
 
 TEST(JobSpec, TheHostEstimateSaturatesInsteadOfWrapping) {
-  workers::models::TransformerConfig m;
+  planning::ModelConfig m;
   m.family = "llama";
   m.vocab = int64_t{1} << 57;
   m.hidden = int64_t{1} << 40;
@@ -221,7 +222,7 @@ TEST(JobSpec, TheHostEstimateSaturatesInsteadOfWrapping) {
   m.num_heads = 1 << 30;
   m.num_kv_heads = 1 << 30;
   m.head_dim = int64_t{1} << 30;
-  EXPECT_GT(EstimateHostBytes(m, 4), int64_t{1} << 62);
+  EXPECT_GT(planning::HostStateBytes(m, 4), int64_t{1} << 62);
 }
 
 TEST(StatusUtil, EchoedInputIsBoundedInTheGrpcStatus) {

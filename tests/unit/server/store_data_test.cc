@@ -1,14 +1,13 @@
-// The SQLite job store (a real file, reopened), token files (.bin / .npy) and job-spec rules.
-#include <ATen/ATen.h>
+// The SQLite job store (a real file, reopened) and job-spec rules.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include "scheduler/planning/model_config.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
-#include "server/token_dataset.h"
 
 namespace rp::server {
 namespace {
@@ -53,68 +52,6 @@ TEST(JobStore, JobsSurviveReopeningTheFile) {
   EXPECT_FALSE(JobStore::Open((d / "no" / "such" / "dir" / "x.sqlite").string()).ok());
 }
 
-TEST(TokenDataset, BinWindowsShiftLabelsAndDropTheRemainder) {
-  const fs::path d = TempDir("bin");
-  std::ofstream out(d / "t.bin", std::ios::binary);
-  for (uint16_t i = 0; i < 1000; ++i) out.write(reinterpret_cast<const char*>(&i), 2);
-  out.close();
-  auto ds = TokenDataset::Open((d / "t.bin").string(), TokenFileFormat::kAuto, 4, 10);
-  ASSERT_TRUE(ds.ok()) << ds.status();
-  EXPECT_EQ((*ds)->num_tokens(), 1000);
-  EXPECT_EQ((*ds)->batches_per_epoch(), 999 / 10 / 4);  // 24
-  auto [t, l] = (*ds)->Batch(1);
-  ASSERT_EQ(t.sizes(), (std::vector<int64_t>{4, 10}));
-  EXPECT_EQ(t[0][0].item<int64_t>(), 40);  // batch 1 starts at window 4
-  EXPECT_EQ(l[0][0].item<int64_t>(), 41);
-  EXPECT_EQ(t[3][9].item<int64_t>(), 79);
-  EXPECT_EQ(l[3][9].item<int64_t>(), 80);
-  auto [t0, l0] = (*ds)->Batch((*ds)->batches_per_epoch());  // wraps to the next epoch
-  EXPECT_EQ(t0[0][0].item<int64_t>(), 0);
-  // Odd byte count for uint16, too small a file, a missing file.
-  std::ofstream(d / "odd.bin") << "abc";
-  auto odd = TokenDataset::Open((d / "odd.bin").string(), TokenFileFormat::kBinUint16, 1, 1);
-  ASSERT_FALSE(odd.ok());
-  EXPECT_NE(odd.status().message().find("whole number"), std::string::npos);
-  EXPECT_FALSE(TokenDataset::Open((d / "t.bin").string(), TokenFileFormat::kAuto, 200, 10).ok());
-  EXPECT_EQ(TokenDataset::Open((d / "none.bin").string(), TokenFileFormat::kAuto, 1, 1).status().code(),
-            absl::StatusCode::kNotFound);
-}
-
-TEST(TokenDataset, NpyHeaderIsParsedAndCheckedAgainstTheFileSize) {
-  const fs::path d = TempDir("npy");
-  auto write_npy = [&](const std::string& name, const std::string& descr, const std::string& shape, int count,
-                       int bytes) {
-    std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-    header += '\n';
-    std::ofstream out(d / name, std::ios::binary);
-    out.write("\x93NUMPY\x01\x00", 8);
-    const uint16_t len = static_cast<uint16_t>(header.size());
-    out.write(reinterpret_cast<const char*>(&len), 2);
-    out << header;
-    for (int i = 0; i < count; ++i) {
-      const int64_t v = i % 7;
-      out.write(reinterpret_cast<const char*>(&v), bytes);
-    }
-  };
-  write_npy("u4.npy", "<u4", "(300,)", 300, 4);
-  auto ds = TokenDataset::Open((d / "u4.npy").string(), TokenFileFormat::kAuto, 2, 8);
-  ASSERT_TRUE(ds.ok()) << ds.status();
-  EXPECT_EQ((*ds)->num_tokens(), 300);
-  auto [t, l] = (*ds)->Batch(0);
-  EXPECT_EQ(t[1][0].item<int64_t>(), 8 % 7);
-  write_npy("i8.npy", "<i8", "(10, 30)", 300, 8);
-  EXPECT_TRUE(TokenDataset::Open((d / "i8.npy").string(), TokenFileFormat::kAuto, 2, 8).ok());
-  write_npy("short.npy", "<u2", "(5000,)", 300, 2);
-  auto s = TokenDataset::Open((d / "short.npy").string(), TokenFileFormat::kAuto, 2, 8);
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("more data than the file holds"), std::string::npos) << s.status();
-  write_npy("f4.npy", "<f4", "(300,)", 300, 4);
-  EXPECT_FALSE(TokenDataset::Open((d / "f4.npy").string(), TokenFileFormat::kAuto, 2, 8).ok());
-  std::ofstream(d / "junk.npy") << "not numpy at all";
-  EXPECT_FALSE(TokenDataset::Open((d / "junk.npy").string(), TokenFileFormat::kAuto, 2, 8).ok());
-}
-
 JobSpecContext Ctx(const fs::path& root) {
   JobSpecContext c;
   c.daemon_devices = "cpu:2";
@@ -139,12 +76,12 @@ TEST(JobSpec, PresetsDefaultsAndOverrides) {
   EXPECT_EQ(r->engine.model.num_blocks, 2);
   EXPECT_EQ(r->engine.model.vocab, 256);
   EXPECT_EQ(r->engine.microbatches, 4);
-  EXPECT_EQ(r->engine.master_dtype, at::kBFloat16);
+  EXPECT_EQ(r->engine.precision, scheduler::Precision::kBFloat16);
   EXPECT_EQ(r->engine.optimizer_mode, planning::OptimizerMode::kAsync);
   EXPECT_TRUE(r->engine.auto_partition);
-  EXPECT_TRUE(r->streamed);
+  EXPECT_TRUE(r->streamed());
   EXPECT_EQ(r->output_dir, (d / "out").string());
-  for (const auto& name : TransformerPresetNames()) EXPECT_TRUE(TransformerPreset(name).ok()) << name;
+  for (const auto& name : planning::ModelPresetNames()) EXPECT_TRUE(planning::ModelPreset(name).ok()) << name;
   // Devices: empty, "auto" or exactly the daemon's.
   for (const char* devices : {"auto", "cpu:2"}) {
     s.set_devices(devices);
@@ -231,7 +168,7 @@ TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
   big.mutable_model()->mutable_lora()->set_rank(16);
   auto lora = ResolveJobSpec(big, host20g);
   ASSERT_TRUE(lora.ok()) << lora.status();
-  const int64_t need = EstimateHostBytes(lora->engine.model, 2);
+  const int64_t need = planning::HostStateBytes(lora->engine.model, 2);
   EXPECT_GT(need, int64_t{15} << 30);
   EXPECT_LT(need, int64_t{17} << 30);
 }
@@ -255,9 +192,9 @@ TEST(JobSpec, TheShippedExampleIsAcceptedByTheDaemonRules) {
   const fs::path d = TempDir("example");
   auto r = ResolveJobSpec(spec, Ctx(d));
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(r->streamed);
+  EXPECT_TRUE(r->streamed());
   EXPECT_EQ(r->engine.max_steps, 200);
-  EXPECT_EQ(r->engine.lr_schedule.kind, workers::LrSchedule::Kind::kWarmupCosine);
+  EXPECT_EQ(r->engine.lr_schedule.kind, scheduler::LrScheduleSpec::Kind::kWarmupCosine);
   // The checkpoint policy reaches the engine; checkpoints live under the output dir.
   spec.mutable_checkpoint()->set_every_steps(50);
   auto with_policy = ResolveJobSpec(spec, Ctx(d));

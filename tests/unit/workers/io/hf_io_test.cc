@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "scheduler/engine.h"
+#include "tests/support/engine_values.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/hf_export.h"
 #include "workers/io/safetensors_reader.h"
@@ -70,17 +71,17 @@ void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect
   auto engine = scheduler::Engine::Create({"cpu:2"});
   ASSERT_TRUE(engine.ok());
   scheduler::JobSpec spec;
-  spec.model = *cfg;
+  spec.model = rp::testing::ModelOf(*cfg);
   spec.hf_dir = model_dir;
-  spec.master_dtype = at::kFloat;
-  spec.adamw.lr = 1e-3;
-  spec.adamw.weight_decay = 0;
-  spec.adamw.eps = 1e-8;
+  spec.precision = scheduler::Precision::kFloat32;
+  spec.optimizer.lr = 1e-3;
+  spec.optimizer.weight_decay = 0;
+  spec.optimizer.eps = 1e-8;
   spec.microbatches = 2;
   auto id = (*engine)->Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE((*engine)->FeedBatch(*id, {tokens}).ok());
-  ASSERT_TRUE((*engine)->FeedBatch(*id, {tokens}).ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(tokens)).ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(tokens)).ok());
   ASSERT_TRUE((*engine)->CloseInput(*id).ok());
   std::vector<scheduler::IterationStats> stats;
   for (int i = 0; i < 300 && *(*engine)->State(*id) != scheduler::JobState::kSucceeded; ++i) {
@@ -104,7 +105,7 @@ void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect
   ASSERT_TRUE(shapes.ok());
   for (const auto& [name, shape] : *shapes) {
     at::Tensor want = *(*ref)->Read("after." + name, at::kFloat);
-    at::Tensor got = *(*engine)->Parameter(*id, name);
+    at::Tensor got = rp::testing::ParameterTensor(**engine, *id, name);
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 2e-6)) << name << " max diff " << (got - want).abs().max().item<float>();
   }
   // Export (fp32, two shards to exercise the index) and load it back with transformers.
@@ -112,8 +113,8 @@ void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect
   HfExportOptions o;
   o.dtype = at::kFloat;
   o.shard_bytes = 40 * 1024;
-  auto bytes = ExportHfModel(
-      out, *cfg, *shapes, [&](const std::string& n) { return (*engine)->Parameter(*id, n); }, o);
+  auto bytes =
+      ExportHfModel(out, *cfg, rp::testing::NamedShapes(*shapes), rp::testing::ParameterFetch(**engine, *id), o);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_TRUE(fs::exists(out + "/model.safetensors.index.json"));
   std::string log;
@@ -126,7 +127,8 @@ void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect
   HostModelStore again(*cfg, at::kFloat, 99);
   ASSERT_TRUE(LoadHfWeights(out, &again).ok());
   const int q = again.FindParam("model.layers.1.self_attn.q_proj.weight");
-  EXPECT_TRUE(at::equal(again.param(q).fp32, *(*engine)->Parameter(*id, "model.layers.1.self_attn.q_proj.weight")));
+  EXPECT_TRUE(at::equal(again.param(q).fp32,
+                        rp::testing::ParameterTensor(**engine, *id, "model.layers.1.self_attn.q_proj.weight")));
 }
 
 TEST_F(HfModels, Llama3WithRopeScalingMatchesTransformers) { TrainAndCompare(dir_ + "/llama", false, true); }
@@ -281,19 +283,19 @@ TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
   at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
   auto engine = scheduler::Engine::Create({"cpu:2"});
   scheduler::JobSpec spec;
-  spec.model = *cfg;
+  spec.model = rp::testing::ModelOf(*cfg);
   spec.hf_dir = base;
   spec.lora_adapter_dir = adapter;
-  spec.master_dtype = at::kFloat;
-  spec.adamw.lr = 1e-3;
-  spec.adamw.weight_decay = 0;
-  spec.adamw.eps = 1e-8;
+  spec.precision = scheduler::Precision::kFloat32;
+  spec.optimizer.lr = 1e-3;
+  spec.optimizer.weight_decay = 0;
+  spec.optimizer.eps = 1e-8;
   spec.microbatches = 2;
   spec.optimizer_mode = planning::OptimizerMode::kAsync;  // the layerwise protocol with frozen layers
   auto id = (*engine)->Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE((*engine)->FeedBatch(*id, {tokens}).ok());
-  ASSERT_TRUE((*engine)->FeedBatch(*id, {tokens}).ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(tokens)).ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(tokens)).ok());
   ASSERT_TRUE((*engine)->CloseInput(*id).ok());
   std::vector<scheduler::IterationStats> stats;
   std::string failure;
@@ -318,8 +320,8 @@ TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
   sync.optimizer_mode = planning::OptimizerMode::kSync;
   auto sid = (*engine)->Submit(sync);
   ASSERT_TRUE(sid.ok());
-  ASSERT_TRUE((*engine)->FeedBatch(*sid, {tokens}).ok());
-  ASSERT_TRUE((*engine)->FeedBatch(*sid, {tokens}).ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*sid, rp::testing::ToBatch(tokens)).ok());
+  ASSERT_TRUE((*engine)->FeedBatch(*sid, rp::testing::ToBatch(tokens)).ok());
   ASSERT_TRUE((*engine)->CloseInput(*sid).ok());
   std::vector<scheduler::IterationStats> sstats;
   for (int i = 0; i < 300 && sstats.size() < 2; ++i) {
@@ -338,7 +340,7 @@ TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
   ASSERT_TRUE(base_file.ok());
   int adapters = 0;
   for (const auto& [name, shape] : *shapes) {
-    at::Tensor got = *(*engine)->Parameter(*sid, name);
+    at::Tensor got = rp::testing::ParameterTensor(**engine, *sid, name);
     if (name.find(".lora_") != std::string::npos) {
       ++adapters;
       at::Tensor want = *(*ref)->Read("after." + name, at::kFloat);
@@ -349,11 +351,12 @@ TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
   }
   EXPECT_EQ(adapters, 2 * 5 * 2);  // A and B, 5 targets, 2 blocks
   // Exports: a PEFT adapter directory and merged full weights; peft checks both.
-  auto fetch = [&](const std::string& n) { return (*engine)->Parameter(*sid, n); };
-  ASSERT_TRUE(ExportPeftAdapter(dir_ + "/lora/engine-adapter", *cfg, *shapes, fetch).ok());
+  auto fetch = rp::testing::ParameterFetch(**engine, *sid);
+  const auto named = rp::testing::NamedShapes(*shapes);
+  ASSERT_TRUE(ExportPeftAdapter(dir_ + "/lora/engine-adapter", *cfg, named, fetch).ok());
   HfExportOptions fp32;
   fp32.dtype = at::kFloat;
-  auto merged = ExportMergedLora(dir_ + "/lora/engine-merged", *cfg, *shapes, fetch, fp32);
+  auto merged = ExportMergedLora(dir_ + "/lora/engine-merged", *cfg, named, fetch, fp32);
   ASSERT_TRUE(merged.ok()) << merged.status();
   std::string log;
   EXPECT_EQ(RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check-lora " + dir_ +
@@ -403,7 +406,7 @@ TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
       for (int i = 0; i < steps; ++i) {
         at::Tensor start = at::randint(32, {8, 1}, gen, at::TensorOptions().dtype(at::kLong));
         at::Tensor t = (start + shift * at::arange(16, at::kLong).unsqueeze(0)).remainder(32);
-        (void)(*engine)->FeedBatch(*id, {t});
+        (void)(*engine)->FeedBatch(*id, rp::testing::ToBatch(t));
       }
       (void)(*engine)->CloseInput(*id);
     });
@@ -418,9 +421,9 @@ TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
     return std::make_pair(*id, losses);
   };
   scheduler::JobSpec full_ft;
-  full_ft.model = c;
-  full_ft.master_dtype = at::kFloat;
-  full_ft.adamw.lr = 1e-2;
+  full_ft.model = rp::testing::ModelOf(c);
+  full_ft.precision = scheduler::Precision::kFloat32;
+  full_ft.optimizer.lr = 1e-2;
   full_ft.microbatches = 2;
   auto [base_id, base_losses] = train(full_ft, 100, 1);
   ASSERT_GE(base_losses.size(), 90u);
@@ -430,14 +433,14 @@ TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
   auto shapes = (*engine)->ParameterShapes(base_id);
   HfExportOptions fp32;
   fp32.dtype = at::kFloat;
-  ASSERT_TRUE(ExportHfModel(
-                  dir, c, *shapes, [&](const std::string& n) { return (*engine)->Parameter(base_id, n); }, fp32)
-                  .ok());
+  ASSERT_TRUE(
+      ExportHfModel(dir, c, rp::testing::NamedShapes(*shapes), rp::testing::ParameterFetch(**engine, base_id), fp32)
+          .ok());
   scheduler::JobSpec adapt;
-  adapt.model = lora;
+  adapt.model = rp::testing::ModelOf(lora);
   adapt.hf_dir = dir;
-  adapt.master_dtype = at::kBFloat16;
-  adapt.adamw.lr = 1e-2;
+  adapt.precision = scheduler::Precision::kBFloat16;
+  adapt.optimizer.lr = 1e-2;
   adapt.microbatches = 2;
   adapt.optimizer_mode = planning::OptimizerMode::kAsync;
   auto [lora_id, losses] = train(adapt, 100, 2);
@@ -450,7 +453,7 @@ TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
   // The base did not move.
   auto q = (*engine)->Parameter(lora_id, "model.layers.0.self_attn.q_proj.weight");
   auto q0 = (*engine)->Parameter(base_id, "model.layers.0.self_attn.q_proj.weight");
-  EXPECT_TRUE(at::allclose(*q, *q0, 0, 1e-2));  // equal up to the bf16 master rounding
+  EXPECT_TRUE(at::allclose(rp::testing::ToTensor(*q), rp::testing::ToTensor(*q0), 0, 1e-2));  // up to bf16 rounding
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
-#include "scheduler/planning/transfer_windows.h"
+#include "workers/device/transfer_windows.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <random>
 
-namespace rp::planning {
+namespace rp::workers {
 namespace {
 
 TEST(TransferWindows, CoversEveryByteOnceAndBalances) {
@@ -72,4 +72,4 @@ TEST(TransferWindows, Errors) {
 }
 
 }  // namespace
-}  // namespace rp::planning
+}  // namespace rp::workers

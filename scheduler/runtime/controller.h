@@ -1,7 +1,6 @@
-// controller.h — one per job: turns the DispatchPlan into stage tasks for the device workers,
-// splits each global batch into micro-batches, wires the per-micro-batch dependencies through
-// the ActivationStore's events, runs the synchronous optimizer step, and reports per-iteration
-// stats (paper §4.1).
+// controller.h — (runtime: behind the engine facade) one per job: turns the DispatchPlan into stage tasks for the
+// device workers, splits each global batch into micro-batches, wires the per-micro-batch dependencies through the
+// ActivationStore's events, runs the synchronous optimizer step, and reports per-iteration stats (paper §4.1).
 //
 // Sync mode: the optimizer step runs after every stage of the iteration finished; the next
 // iteration starts afterwards (exact; the reference semantics).
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "scheduler/engine_types.h"
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/partition.h"
 #include "workers/consistency.h"
@@ -78,24 +78,6 @@ struct OptimizerSnapshot {
   workers::AdamWState adamw;
   double loss_scale = 1;
   int64_t good_steps = 0;
-};
-
-struct IterationStats {
-  int iteration = 0;
-  double loss = 0;     // mean CE over the batch's non-ignored tokens
-  int64_t tokens = 0;  // non-ignored tokens
-  double seconds = 0;  // forward/backward + optimizer, wall clock
-  double lr = 0;
-  double grad_norm = 0;               // before clipping
-  std::vector<double> worker_busy_s;  // compute-stream busy time per worker
-  double bubble_ratio = 0;            // 1 - sum(busy) / (N x pipeline span)
-  int64_t activation_peak_bytes = 0;
-  std::string partition;          // the partition this iteration ran with
-  std::string partition_problem;  // non-empty: the automatic partition could not be planned (why)
-  double predicted_bubble = 0;    // the planner's estimate for it (automatic partitions only)
-  double loss_scale = 1;          // dynamic loss scale used for this iteration's gradients
-  bool skipped_step = false;      // fp16: gradients overflowed, the step was skipped
-  double optimizer_seconds = 0;   // wall time of this iteration's optimizer step
 };
 
 class Controller {

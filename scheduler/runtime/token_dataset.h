@@ -1,4 +1,4 @@
-// token_dataset.h — a server-side token file (flat little-endian uint16 / uint32 ".bin", or a
+// token_dataset.h — (runtime) a server-side token file (flat little-endian uint16 / uint32 ".bin", or a
 // 1-d/2-d ".npy" of uint16/uint32/int32/int64) cut into training batches: windows of
 // sequence_length + 1 tokens with stride sequence_length (every token is a target once),
 // global_batch windows per batch, the last partial batch of an epoch dropped.
@@ -14,10 +14,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "scheduler/engine_types.h"
 
-namespace rp::server {
+namespace rp::scheduler::runtime {
 
-enum class TokenFileFormat { kAuto, kBinUint16, kBinUint32, kNpy };
+using TokenFileFormat = TokenFileSource::Format;
 
 class TokenDataset {
  public:
@@ -43,4 +44,4 @@ class TokenDataset {
   int64_t global_batch_ = 0, sequence_length_ = 0, batches_per_epoch_ = 0;
 };
 
-}  // namespace rp::server
+}  // namespace rp::scheduler::runtime

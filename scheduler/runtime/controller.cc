@@ -1,4 +1,6 @@
-#include "scheduler/controller.h"
+#include "scheduler/runtime/controller.h"
+
+#include "scheduler/runtime/model_adapter.h"
 
 #include <ATen/ATen.h>
 
@@ -15,6 +17,24 @@
 #include "workers/models/layers.h"
 
 namespace rp::scheduler {
+
+namespace {
+// The planner's slot as the data plane's task (the workers never see the plan).
+workers::StageTask ToStageTask(const planning::StageSlot& sl) {
+  workers::StageTask t;
+  t.slot = sl.index;
+  t.iteration = sl.iteration;
+  t.kind = sl.kind == planning::SlotKind::kForward ? workers::StageKind::kForward
+           : sl.kind == planning::SlotKind::kFused ? workers::StageKind::kFused
+                                                   : workers::StageKind::kBackward;
+  t.stage = sl.stage;
+  t.first_layer = sl.first_layer;
+  t.num_layers = sl.num_layers;
+  t.first_microbatch = sl.first_microbatch;
+  t.num_microbatches = sl.num_microbatches;
+  return t;
+}
+}  // namespace
 
 using planning::SlotKind;
 
@@ -170,17 +190,7 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
   // Activation memory per token from the model's shape (the same estimate the simulator uses),
   // at the micro-batch shape of the profiled batches.
   const workers::models::TransformerConfig& tc = store_->config();
-  planning::ModelConfig mc;
-  mc.name = tc.family;
-  mc.num_blocks = tc.num_blocks;
-  mc.hidden = tc.hidden;
-  mc.intermediate = tc.intermediate;
-  mc.num_heads = tc.num_heads;
-  mc.num_kv_heads = tc.num_kv_heads;
-  mc.head_dim = tc.head_dim;
-  mc.vocab = tc.vocab;
-  mc.tied_embeddings = tc.tied_embeddings;
-  mc.lora_rank = tc.lora.rank;
+  const planning::ModelConfig mc = runtime::FromTransformerConfig(tc);
   planning::DeviceProfile dp;  // only the memory fields of the estimate are used
   dp.name = "measured";
   dp.peak_matmul_flops = 1e15;
@@ -366,7 +376,8 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
   }
   for (planning::StageSlot sl : plan->slots) {
     sl.iteration = T;
-    workers::StageTask task{sl, {}, async ? book_.get() : nullptr};
+    workers::StageTask task = ToStageTask(sl);
+    task.book = async ? book_.get() : nullptr;
     if (sl.kind == SlotKind::kForward) {
       for (int l : bwd_starts) {
         if (l > sl.first_layer && l < sl.first_layer + sl.num_layers) task.save_inputs_of.push_back(l);

@@ -1,4 +1,4 @@
-#include "server/token_dataset.h"
+#include "scheduler/runtime/token_dataset.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include "workers/io/confined_fs.h"
 #include "workers/io/npy_header.h"
 
-namespace rp::server {
+namespace rp::scheduler::runtime {
 
 TokenDataset::~TokenDataset() {
   if (map_) munmap(const_cast<unsigned char*>(map_), map_size_);
@@ -102,4 +102,4 @@ std::pair<at::Tensor, at::Tensor> TokenDataset::Batch(int64_t index) const {
   return {tokens, labels};
 }
 
-}  // namespace rp::server
+}  // namespace rp::scheduler::runtime

@@ -1,4 +1,4 @@
-// transfer_windows.h — packing a stage's parameter uploads / gradient downloads into the M
+// transfer_windows.h — (data plane) packing a stage's parameter uploads / gradient downloads into the M
 // idle windows between activation transfers (paper §4.2.2).
 //
 // Contract: pure function; safe from any thread.
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace rp::planning {
+namespace rp::workers {
 
 struct TensorExtent {
   std::string name;
@@ -37,4 +37,4 @@ struct TransferWindows {
 absl::StatusOr<TransferWindows> PlanTransferWindows(const std::vector<TensorExtent>& tensors, int num_windows,
                                                     int64_t split_threshold_bytes = 0);
 
-}  // namespace rp::planning
+}  // namespace rp::workers

@@ -1,11 +1,11 @@
-#include "scheduler/planning/transfer_windows.h"
+#include "workers/device/transfer_windows.h"
 
 #include <algorithm>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace rp::planning {
+namespace rp::workers {
 
 absl::StatusOr<TransferWindows> PlanTransferWindows(const std::vector<TensorExtent>& tensors, int num_windows,
                                                     int64_t threshold) {
@@ -53,4 +53,4 @@ absl::StatusOr<TransferWindows> PlanTransferWindows(const std::vector<TensorExte
   return out;
 }
 
-}  // namespace rp::planning
+}  // namespace rp::workers

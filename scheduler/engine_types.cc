@@ -1,0 +1,51 @@
+#include "scheduler/engine_types.h"
+
+namespace rp::scheduler {
+
+int PrecisionBytes(Precision p) { return p == Precision::kFloat32 ? 4 : 2; }
+
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kFloat32:
+      return "fp32";
+    case Precision::kBFloat16:
+      return "bf16";
+    case Precision::kFloat16:
+      return "fp16";
+  }
+  return "?";
+}
+
+const char* JobStateName(JobState s) {
+  switch (s) {
+    case JobState::kQueued:
+      return "QUEUED";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kPaused:
+      return "PAUSED";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
+  }
+  return "?";
+}
+
+bool IsTerminal(JobState s) { return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled; }
+
+std::vector<int32_t> ShiftedLabels(int64_t rows, int64_t cols, const std::vector<int32_t>& tokens,
+                                   const std::vector<bool>& loss_mask) {
+  std::vector<int32_t> labels(static_cast<size_t>(rows * cols), Batch::kIgnoreLabel);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c + 1 < cols; ++c) {
+      const size_t i = static_cast<size_t>(r * cols + c);
+      if (loss_mask.empty() || loss_mask[i]) labels[i] = tokens[i + 1];
+    }
+  }
+  return labels;
+}
+
+}  // namespace rp::scheduler

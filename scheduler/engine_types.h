@@ -1,0 +1,230 @@
+// engine_types.h — the value types of the engine facade (scheduler/engine.h): what a job is,
+// what it reports, what a batch and a tensor look like across the wall. Plain structs of
+// standard and planning types only: no LibTorch, no workers/ header, no gRPC — the daemon
+// compiles against these without the data plane on its include path (checked at build time,
+// tests/cmake/layering).
+//
+// Contract: value types; copy freely, read from any thread. Functions are pure.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scheduler/planning/dispatch_plan.h"
+#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/partition.h"
+
+namespace rp::scheduler {
+
+using JobId = int64_t;
+
+// The precision of a job's master copy (what the devices compute in). The optimizer always
+// keeps an fp32 copy and fp32 moments.
+enum class Precision { kFloat32, kBFloat16, kFloat16 };
+int PrecisionBytes(Precision p);
+const char* PrecisionName(Precision p);  // "fp32", "bf16", "fp16"
+
+// AdamW (decoupled weight decay) with optional global-norm clipping.
+struct OptimizerSpec {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  double max_grad_norm = 0;  // 0 = no clipping
+};
+
+// Constant, or linear warm-up then cosine decay to lr * min_lr_ratio at total_steps.
+struct LrScheduleSpec {
+  enum class Kind { kConstant, kWarmupCosine };
+  Kind kind = Kind::kConstant;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;
+  double min_lr_ratio = 0;
+};
+
+// A server-side token file cut into batches by the engine's runner (no feeding from outside):
+// flat little-endian uint16/uint32 ".bin", or a 1-d/2-d ".npy" of uint16/uint32/int32/int64;
+// windows of sequence_length + 1 tokens with stride sequence_length, global_batch windows per
+// batch, the last partial batch of an epoch dropped, `max_epochs` passes. A resumed job
+// continues at the checkpoint's data cursor.
+struct TokenFileSource {
+  enum class Format { kAuto, kBinUint16, kBinUint32, kNpy };  // kAuto: ".npy" by name, else uint16
+  std::string path;
+  Format format = Format::kAuto;
+  int64_t global_batch = 0;
+  int64_t sequence_length = 0;
+  int64_t max_epochs = 1;
+};
+
+struct JobSpec {
+  std::string name;
+  planning::ModelConfig model;  // dense llama / qwen3 families (the engine refuses others by name)
+  Precision precision = Precision::kFloat32;
+  uint64_t seed = 0;   // weight initialisation
+  std::string hf_dir;  // non-empty: initial weights from this Hugging Face model directory
+  // Non-empty: continue from this training checkpoint (weights, optimizer, step, partition,
+  // data cursor); max_steps then counts the steps of this run.
+  std::string resume_from;
+  // LoRA jobs (model.lora.rank > 0): initial adapters from this PEFT directory (default: A
+  // random, B zero).
+  std::string lora_adapter_dir;
+  // Checkpoint policy: every `checkpoint_every` optimizer steps (counted from the start of the
+  // job, resumed steps included) the runner writes `<checkpoint_root>/step-<N>` holding exactly
+  // N steps — a deterministic point, so an async job's trajectory does not depend on timing —
+  // and keeps the newest `checkpoint_keep_last`. Checkpoint() writes there too. A job with a
+  // root writes its final state there before it reports SUCCEEDED or CANCELLED and then frees
+  // its host state.
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_root;
+  int checkpoint_keep_last = 3;
+  std::optional<planning::Partition> partition;  // default: planned from parameter sizes
+  bool auto_partition = false;                   // profile one layer per slot, then plan from measured times
+  // Per-stage device memory for the automatic partition; 0 = derived from the GPUs, none on
+  // the CPU backend.
+  int64_t stage_memory_cap = 0;
+  int microbatches = 0;  // 0 = number of devices
+  int microbatches_per_round = 0;
+  OptimizerSpec optimizer;
+  LrScheduleSpec lr_schedule;
+  // kAsync: staleness-1 asynchronous optimizer; consecutive batches overlap (no flush).
+  planning::OptimizerMode optimizer_mode = planning::OptimizerMode::kSync;
+  int64_t max_steps = 0;                      // 0 = until the input is closed (or the token file ends)
+  std::optional<TokenFileSource> token_file;  // set: the runner reads batches; FeedBatch is refused
+  // Streamed jobs: batches accepted and not yet taken by the runner, over all feeders of the
+  // job together. FeedBatch waits (up to its timeout) while this many wait.
+  int max_queued_batches = 4;
+  int priority = 0;  // higher runs first; FIFO (submission order) among equals
+};
+
+// Queued -> Running (loading first: kProgress events say how far) <-> Paused -> an end state.
+enum class JobState { kQueued, kRunning, kPaused, kSucceeded, kFailed, kCancelled };
+bool IsTerminal(JobState s);
+const char* JobStateName(JobState s);
+
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;              // optimizer steps the checkpoint holds
+  int64_t batches_consumed = 0;  // the job's data cursor at that point
+};
+
+struct IterationStats {
+  int iteration = 0;
+  double loss = 0;     // mean CE over the batch's non-ignored tokens
+  int64_t tokens = 0;  // non-ignored tokens
+  double seconds = 0;  // forward/backward + optimizer, wall clock
+  double lr = 0;
+  double grad_norm = 0;               // before clipping
+  std::vector<double> worker_busy_s;  // compute-stream busy time per worker
+  double bubble_ratio = 0;            // 1 - sum(busy) / (N x pipeline span)
+  int64_t activation_peak_bytes = 0;
+  std::string partition;          // the partition this iteration ran with
+  std::string partition_problem;  // non-empty: the automatic partition could not be planned (why)
+  double predicted_bubble = 0;    // the planner's estimate for it (automatic partitions only)
+  double loss_scale = 1;          // dynamic loss scale used for this iteration's gradients
+  bool skipped_step = false;      // fp16: gradients overflowed, the step was skipped
+  double optimizer_seconds = 0;   // wall time of this iteration's optimizer step
+};
+
+struct JobEvent {
+  // kCheckpointFailed: a checkpoint (policy or requested) could not be written; `message` says
+  // why. After kMaxCheckpointFailures policy failures in a row the job pauses. kProgress: what
+  // a loading job is doing ("loading weights 37 %"), in `message`.
+  enum class Kind { kState, kIteration, kBatchRejected, kCheckpoint, kCheckpointFailed, kProgress } kind = Kind::kState;
+  JobState state = JobState::kQueued;
+  IterationStats stats;                        // kIteration
+  std::string message;                         // kState (failure reason), kBatchRejected, kCheckpointFailed, kProgress
+  std::chrono::system_clock::time_point time;  // when the engine emitted it
+  CheckpointInfo checkpoint;                   // kCheckpoint
+};
+
+// Failure policies of the runner (both optimizer modes):
+//  - a job whose checkpoint policy failed this many times in a row pauses (fix the disk, resume);
+//  - fp16: a job fails when a step overflows with the loss scale at its floor (1), or when this
+//    many steps in a row overflowed (it diverged; skipping forever would report success);
+//  - any precision: a step whose loss is not finite fails the job, naming the step.
+inline constexpr int kMaxCheckpointFailures = 3;
+inline constexpr int kMaxConsecutiveSkippedSteps = 32;
+
+// One global batch: rows x cols token ids, row-major. `labels` empty: the next-token shift of
+// each row (the last position ignored); otherwise rows x cols targets, kIgnoreLabel = no loss.
+struct Batch {
+  static constexpr int32_t kIgnoreLabel = -100;
+  int64_t rows = 0, cols = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> labels;
+};
+
+// The next-token targets of `tokens` with positions where `loss_mask` is false ignored (what a
+// client's loss mask means); `loss_mask` empty = every target counts.
+std::vector<int32_t> ShiftedLabels(int64_t rows, int64_t cols, const std::vector<int32_t>& tokens,
+                                   const std::vector<bool>& loss_mask = {});
+
+// A parameter's fp32 value, row-major.
+struct TensorValue {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// What a job is doing now (GetJob-style snapshots; Status reads never wait for training).
+struct JobInfo {
+  JobState state = JobState::kQueued;
+  std::string message;           // why it failed / paused, or what it is loading
+  int64_t steps_done = 0;        // optimizer steps, resumed ones included
+  int64_t batches_consumed = 0;  // data cursor
+  int queued_batches = 0;        // streamed batches waiting for the runner
+  int64_t total_steps = 0;       // max_steps, or what the token file holds; 0 = open-ended
+};
+
+// Per device: bytes copied host<->device per kind, busy seconds per stream, memory.
+struct DeviceStats {
+  std::string name;         // "cpu:0", "cuda:1"
+  std::string description;  // e.g. the GPU model
+  int64_t activation_up_bytes = 0, activation_down_bytes = 0, param_up_bytes = 0, grad_down_bytes = 0;
+  double compute_busy_s = 0, transfer_busy_s = 0;  // since the engine started
+  int64_t memory_total_bytes = 0, memory_in_use_bytes = 0, memory_peak_bytes = 0;
+  int64_t pinned_reserved_bytes = 0, pinned_in_use_bytes = 0;
+};
+
+struct EngineStats {
+  std::vector<DeviceStats> devices;
+  int jobs_total = 0;
+  int jobs_active = 0;
+  int64_t host_model_bytes = 0;  // of the running job's host model store
+};
+
+// One recorded device operation (Engine::Timeline): worker, stream ("compute", "act_up", ...),
+// label ("F s0 mb3", "B1 mb0", "up params s2"), seconds since the engine started.
+struct OpRecord {
+  int worker = 0;
+  std::string stream;
+  std::string label;
+  int iteration = -1;
+  int slot = -1;
+  int microbatch = -1;
+  double start_s = 0, end_s = 0;
+};
+
+// Export formats: kHfModel, the job's natural format — a Hugging Face model directory
+// (safetensors + config.json), or for LoRA jobs a PEFT adapter directory; kPeftAdapter (LoRA
+// only); kMergedLora, a LoRA job's base with the adapters merged in, as a HF model directory.
+enum class ExportKind { kHfModel, kPeftAdapter, kMergedLora };
+
+struct BuildInfo {
+  std::string torch_version;
+  bool torch_cuda_built = false;  // the loaded LibTorch has its CUDA library
+  int cuda_device_count = 0;
+  std::string cpu_optimizer_path;  // the fused AdamW kernel's SIMD path on this CPU
+};
+
+}  // namespace rp::scheduler

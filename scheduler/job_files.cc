@@ -1,0 +1,77 @@
+#include "scheduler/job_files.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "scheduler/runtime/export.h"
+#include "scheduler/runtime/model_adapter.h"
+#include "workers/io/checkpoint.h"
+#include "workers/io/confined_fs.h"
+#include "workers/io/hf_config.h"
+#include "workers/io/safetensors_reader.h"
+
+namespace rp::scheduler {
+
+namespace io = workers::io;
+
+absl::Status ConfineFileAccess(const std::vector<std::string>& roots) { return io::ConfineTo(roots); }
+
+absl::StatusOr<planning::ModelConfig> ReadHfModelConfig(const std::string& dir) {
+  auto c = io::ReadHfConfig(dir);
+  if (!c.ok()) return c.status();
+  return runtime::FromTransformerConfig(*c);
+}
+
+std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vector<std::string>* skipped) {
+  std::vector<CheckpointInfo> out;
+  for (const std::string& dir : io::ListCheckpoints(root)) {
+    auto meta = io::ReadCheckpointMeta(dir);
+    if (!meta.ok()) {
+      if (skipped) skipped->push_back(absl::StrCat(dir, ": ", meta.status().message()));
+      continue;
+    }
+    out.push_back({dir, meta->step, meta->batches_consumed});
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const planning::ModelConfig& model,
+                                         Precision precision, const std::string& out_dir, ExportKind kind) {
+  auto config = runtime::ToTransformerConfig(model);
+  if (!config.ok()) return config.status();
+  auto f = io::SafetensorsFile::Open(checkpoint_dir + "/weights.safetensors");
+  if (!f.ok()) return f.status();
+  std::vector<ParameterShape> shapes;
+  for (const auto& t : (*f)->tensors()) shapes.push_back({t.name, t.shape});
+  io::SafetensorsFile* weights = f->get();
+  return runtime::WriteExport(
+      out_dir, *config, shapes, [weights](const std::string& name) { return weights->Read(name, at::kFloat); },
+      runtime::ToScalarType(precision), kind);
+}
+
+absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner) {
+  if (absl::Status st = io::MakeDirs(dir); !st.ok()) return st;
+  const std::string path = absl::StrCat(dir, "/", kOutputClaimFile);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::Status st = io::WriteNewFile(path, owner + "\n");
+    if (st.ok()) return st;
+    if (!absl::IsAlreadyExists(st)) return st;
+    auto text = io::ReadSmallFile(path, 4096);
+    if (!text.ok()) return text.status();
+    const std::string holder(absl::StripAsciiWhitespace(*text));
+    if (holder == owner) return absl::OkStatus();
+    if (holder.empty()) {  // a claim torn by a crash between create and write: take it over
+      (void)io::RemoveTree(path);
+      continue;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("output_dir '", dir, "' belongs to job ", holder.substr(0, holder.find(' ')), " (",
+                     kOutputClaimFile, "); give each job its own output_dir (or delete that directory)"));
+  }
+  return absl::UnavailableError(absl::StrCat("output_dir '", dir, "': the claim keeps changing"));
+}
+
+void ReleaseOutputDir(const std::string& dir) { (void)io::RemoveTree(absl::StrCat(dir, "/", kOutputClaimFile)); }
+
+}  // namespace rp::scheduler

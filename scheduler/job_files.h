@@ -1,0 +1,45 @@
+// job_files.h — the files of jobs that the daemon handles without running them, behind the
+// engine facade: where files may live (confinement), a Hugging Face model's config, the
+// checkpoints under a job's root, export from a checkpoint (a job of an earlier daemon run),
+// and each job's claim on its output directory.
+//
+// Contract: free functions, any thread. Every path is opened beneath the confined roots at the
+// moment of use (workers/io/confined_fs: no symlink escapes, no FIFOs) once ConfineFileAccess
+// ran; errors name the file and what is wrong with it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "scheduler/engine_types.h"
+
+namespace rp::scheduler {
+
+// From now on (process-wide, once) every file the engine and these functions touch must lie
+// beneath one of `roots` (directories that exist). InvalidArgument for a root that is not one.
+absl::Status ConfineFileAccess(const std::vector<std::string>& roots);
+
+// A model directory's config.json as the planner's model description. InvalidArgument naming
+// the field for anything the engine cannot run or a malformed file.
+absl::StatusOr<planning::ModelConfig> ReadHfModelConfig(const std::string& dir);
+
+// Checkpoints ("step-<N>" with a readable meta.json) under `root`, newest first; `skipped`
+// (optional) collects "<dir>: why" for damaged ones.
+std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vector<std::string>* skipped = nullptr);
+
+// Writes the weights of checkpoint `checkpoint_dir` (of a job training `model` in `precision`)
+// to `out_dir` in `kind`'s format; returns the bytes written.
+absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const planning::ModelConfig& model,
+                                         Precision precision, const std::string& out_dir, ExportKind kind);
+
+// Each job owns its output directory (checkpoints, exports): a claim file
+// `<dir>/.roundpipe-job` holds the owner's token. OK when `dir` is now claimed by `owner`
+// (created with O_EXCL, or already its own); FailedPrecondition naming the other owner when it
+// belongs to another job; the file system's error otherwise. Release removes the claim.
+inline constexpr char kOutputClaimFile[] = ".roundpipe-job";
+absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner);
+void ReleaseOutputDir(const std::string& dir);
+
+}  // namespace rp::scheduler

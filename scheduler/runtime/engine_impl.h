@@ -1,0 +1,82 @@
+// engine_impl.h — (runtime) what stands behind the engine facade: the devices, the job table,
+// the runner thread and, per running job, its HostModelStore and Controller. scheduler/engine.h
+// forwards every call here; only the runtime and its tests include this header.
+//
+// Contract: the facade's (every method thread-safe). Locks: `mu_` guards the job table; each
+// job's `mu` guards its queue, events and state; its `run_mu` is held while an iteration, a
+// checkpoint or a read of the store runs (reads wait for the iteration boundary). Order:
+// mu_ before a job's mu; run_mu before mu; never mu_ while waiting on a job.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "scheduler/engine.h"
+#include "workers/device/device.h"
+#include "workers/device/timeline.h"
+
+namespace rp::scheduler {
+
+class Engine::Impl {
+ public:
+  static absl::StatusOr<std::unique_ptr<Impl>> Create(const EngineOptions& options);
+  ~Impl();
+
+  absl::StatusOr<JobId> Submit(const JobSpec& spec);
+  absl::Status FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout);
+  absl::Status FeedBatchAsync(JobId id, Batch batch, std::function<void(absl::Status)> done);
+  absl::Status CloseInput(JobId id);
+  absl::StatusOr<std::vector<JobEvent>> AwaitEvents(JobId id, std::chrono::milliseconds timeout);
+  absl::Status Cancel(JobId id);
+  absl::Status Pause(JobId id);
+  absl::Status Resume(JobId id);
+  absl::StatusOr<JobInfo> Info(JobId id) const;
+  absl::StatusOr<planning::ModelConfig> ModelConfig(JobId id) const;
+  absl::StatusOr<std::vector<ParameterShape>> ParameterShapes(JobId id) const;
+  absl::StatusOr<TensorValue> Parameter(JobId id, const std::string& name) const;
+  absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& note);
+  absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind);
+  EngineStats Stats() const;
+  const workers::Timeline& timeline() const { return timeline_; }
+  void Shutdown();
+
+  struct Job;
+
+ private:
+  Impl() = default;
+  void RunnerLoop();
+  void RunJob(Job& job);
+  void ReleaseEnded(Job& job);
+  absl::Status BuildJob(Job& job);  // runner thread, run_mu held: allocate and load the job's host state
+  std::shared_ptr<Job> Find(JobId id) const;
+  std::shared_ptr<Job> TakeRunnableLocked();  // mu_ held
+
+  workers::Timeline timeline_;
+  std::vector<std::unique_ptr<workers::Device>> devices_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_:
+  std::map<JobId, std::shared_ptr<Job>> jobs_;
+  std::vector<JobId> pending_;  // not started yet (queued or paused while queued)
+  JobId next_id_ = 1;
+  bool shutdown_ = false;
+  std::thread runner_;
+};
+
+// 90 % of the smallest per-worker share of GPU memory (a GPU's memory divided among the workers
+// that share it), halved because one stage is prefetched while one runs; 0 when any device has
+// no memory figure (CPU).
+int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices);
+
+// Default partition when a job names none: AutoPartition over a cost model in which parameter
+// counts (planning::ModelConfig::LayerParams) stand in for time (DESIGN §9).
+absl::StatusOr<planning::Partition> PlanFromParameterSizes(const planning::ModelConfig& model, int num_workers,
+                                                           int microbatches);
+
+}  // namespace rp::scheduler

@@ -1,0 +1,27 @@
+// export.h — (runtime) one way to write a job's weights in a user-facing format, whatever they
+// come from (a running job's store, a released job's final checkpoint, an old checkpoint).
+//
+// Contract: pure function over `fetch`, any thread; the directory is written atomically
+// (workers/io/atomic_dir) and must not exist.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/engine_types.h"
+#include "workers/models/transformer_config.h"
+
+namespace rp::scheduler::runtime {
+
+using TensorFetch = std::function<absl::StatusOr<at::Tensor>(const std::string&)>;
+
+// InvalidArgument for a LoRA format on a job without adapters.
+absl::StatusOr<int64_t> WriteExport(const std::string& dir, const workers::models::TransformerConfig& config,
+                                    const std::vector<ParameterShape>& shapes, const TensorFetch& fetch,
+                                    at::ScalarType dtype, ExportKind kind);
+
+}  // namespace rp::scheduler::runtime

@@ -1,0 +1,94 @@
+#include "scheduler/runtime/model_adapter.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace rp::scheduler::runtime {
+
+absl::StatusOr<workers::models::TransformerConfig> ToTransformerConfig(const planning::ModelConfig& m) {
+  if (m.family != "llama" && m.family != "qwen3") {
+    return absl::InvalidArgumentError(absl::StrCat("model family '", m.family,
+                                                   "': the engine trains the dense llama and qwen3 families "
+                                                   "(mixture-of-experts models are not supported yet)"));
+  }
+  if (m.is_moe() || m.sliding_window > 0) {
+    return absl::InvalidArgumentError("model: experts and sliding-window attention are not supported yet");
+  }
+  workers::models::TransformerConfig c;
+  c.family = m.family;
+  c.vocab = m.vocab;
+  c.hidden = m.hidden;
+  c.intermediate = m.intermediate;
+  c.num_blocks = m.num_blocks;
+  c.num_heads = m.num_heads;
+  c.num_kv_heads = m.num_kv_heads;
+  c.head_dim = m.head_dim;
+  c.rope_theta = m.rope_theta;
+  c.rms_eps = m.rms_eps;
+  c.qk_norm = m.qk_norm;
+  c.tied_embeddings = m.tied_embeddings;
+  c.rope_scaling = {m.rope_scaling.factor, m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor,
+                    m.rope_scaling.original_max_position};
+  c.lora.rank = m.lora.rank;
+  c.lora.alpha = m.lora.alpha;
+  if (m.lora.rank > 0) c.lora.targets = m.lora.targets;
+  if (absl::Status st = c.Validate(); !st.ok()) return st;
+  return c;
+}
+
+planning::ModelConfig FromTransformerConfig(const workers::models::TransformerConfig& c) {
+  planning::ModelConfig m;
+  m.name = c.family;
+  m.family = c.family;
+  m.vocab = c.vocab;
+  m.hidden = c.hidden;
+  m.intermediate = c.intermediate;
+  m.num_blocks = c.num_blocks;
+  m.num_heads = c.num_heads;
+  m.num_kv_heads = c.num_kv_heads;
+  m.head_dim = c.head_dim;
+  m.rope_theta = c.rope_theta;
+  m.rms_eps = c.rms_eps;
+  m.qk_norm = c.qk_norm;
+  m.tied_embeddings = c.tied_embeddings;
+  m.rope_scaling = {c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+                    c.rope_scaling.original_max_position};
+  m.lora.rank = c.lora.rank;
+  m.lora.alpha = c.lora.alpha;
+  if (c.lora.rank > 0) m.lora.targets = c.lora.targets;
+  return m;
+}
+
+at::ScalarType ToScalarType(Precision p) {
+  switch (p) {
+    case Precision::kBFloat16:
+      return at::kBFloat16;
+    case Precision::kFloat16:
+      return at::kHalf;
+    case Precision::kFloat32:
+      break;
+  }
+  return at::kFloat;
+}
+
+workers::AdamWOptions ToAdamW(const OptimizerSpec& o) {
+  workers::AdamWOptions a;
+  a.lr = o.lr;
+  a.beta1 = o.beta1;
+  a.beta2 = o.beta2;
+  a.eps = o.eps;
+  a.weight_decay = o.weight_decay;
+  a.max_grad_norm = o.max_grad_norm;
+  return a;
+}
+
+workers::LrSchedule ToLrSchedule(const LrScheduleSpec& s) {
+  workers::LrSchedule l;
+  l.kind = s.kind == LrScheduleSpec::Kind::kWarmupCosine ? workers::LrSchedule::Kind::kWarmupCosine
+                                                         : workers::LrSchedule::Kind::kConstant;
+  l.warmup_steps = s.warmup_steps;
+  l.total_steps = s.total_steps;
+  l.min_lr_ratio = s.min_lr_ratio;
+  return l;
+}
+
+}  // namespace rp::scheduler::runtime

@@ -1,0 +1,26 @@
+// model_adapter.h — (runtime) the one translation between the facade's value types and the data
+// plane's: the planner's model description (planning::ModelConfig, the one preset registry)
+// and the engine's TransformerConfig, precision and dtype, the optimizer spec and AdamW.
+//
+// Contract: pure functions, any thread. ToTransformerConfig refuses what the engine cannot run
+// (InvalidArgument naming the field or family) and applies TransformerConfig::Validate.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include "absl/status/statusor.h"
+#include "scheduler/engine_types.h"
+#include "scheduler/planning/model_config.h"
+#include "workers/models/transformer_config.h"
+#include "workers/optim/adamw.h"
+
+namespace rp::scheduler::runtime {
+
+absl::StatusOr<workers::models::TransformerConfig> ToTransformerConfig(const planning::ModelConfig& m);
+planning::ModelConfig FromTransformerConfig(const workers::models::TransformerConfig& c);
+
+at::ScalarType ToScalarType(Precision p);
+workers::AdamWOptions ToAdamW(const OptimizerSpec& o);
+workers::LrSchedule ToLrSchedule(const LrScheduleSpec& s);
+
+}  // namespace rp::scheduler::runtime

@@ -1,0 +1,95 @@
+// One preset registry, one parameter count: the planner's arithmetic (planning::ModelConfig)
+// equals the engine's parameter layout (workers::models::ModelParams) and a real store's bytes,
+// for every preset the engine runs, full fine-tuning and LoRA; the adapter round-trips and
+// refuses what the engine cannot run by name.
+#include "scheduler/runtime/model_adapter.h"
+
+#include <gtest/gtest.h>
+
+#include "scheduler/engine.h"
+#include "scheduler/planning/model_config.h"
+#include "workers/models/layers.h"
+#include "workers/store/host_model_store.h"
+
+namespace rp::scheduler::runtime {
+namespace {
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<planning::ModelConfig> EngineModels() {
+  std::vector<planning::ModelConfig> out;
+  for (const std::string& name : planning::ModelPresetNames()) {
+    planning::ModelConfig m = *planning::ModelPreset(name);
+    if (m.is_moe()) continue;
+    m.lora.rank = 0;
+    out.push_back(m);
+    m.lora.rank = 8;
+    m.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    out.push_back(m);
+    m.lora.targets = {"v_proj", "down_proj"};
+    out.push_back(m);
+  }
+  return out;
+}
+
+TEST(ModelAdapter, ThePlannersParameterCountIsTheEnginesLayout) {
+  for (const planning::ModelConfig& m : EngineModels()) {
+    auto c = ToTransformerConfig(m);
+    ASSERT_TRUE(c.ok()) << m.name << ": " << c.status();
+    int64_t base = 0, adapters = 0;
+    for (const auto& p : workers::models::ModelParams(*c)) {
+      (p.name.find(".lora_") != std::string::npos ? adapters : base) += Numel(p.shape);
+    }
+    EXPECT_EQ(m.TotalParams(), base) << m.name << " lora " << m.lora.rank;
+    EXPECT_EQ(m.num_blocks * m.BlockLoraParams(), adapters) << m.name << " lora " << m.lora.rank;
+    for (int l = 1; l <= m.num_blocks; l += std::max(1, m.num_blocks - 1)) {
+      int64_t layer = 0;
+      for (const auto& p : workers::models::LayerParams(*c, l)) layer += Numel(p.shape);
+      EXPECT_EQ(m.LayerParams(l), layer) << m.name << " block " << l;
+    }
+  }
+}
+
+TEST(ModelAdapter, HostStateBytesIsWhatAStoreAndItsMomentsTake) {
+  for (const char* name : {"llama-tiny", "qwen3-tiny"}) {
+    for (int rank : {0, 4}) {
+      planning::ModelConfig m = *planning::ModelPreset(name);
+      m.lora.rank = rank;
+      for (auto [precision, bytes] : {std::pair{at::kFloat, 4}, std::pair{at::kBFloat16, 2}}) {
+        workers::HostModelStore store(*ToTransformerConfig(m), precision, 1);
+        int64_t trainable = 0;
+        for (int i = 0; i < store.num_params(); ++i) {
+          if (store.param(i).fp32.defined()) trainable += store.param(i).fp32.numel();
+        }
+        EXPECT_EQ(planning::HostStateBytes(m, bytes), store.HostBytes() + 8 * trainable)
+            << name << " rank " << rank << " master bytes " << bytes;
+      }
+    }
+  }
+}
+
+TEST(ModelAdapter, RoundTripsAndRefusesWhatTheEngineCannotRun) {
+  for (const planning::ModelConfig& m : EngineModels()) {
+    auto c = ToTransformerConfig(m);
+    ASSERT_TRUE(c.ok());
+    auto back = ToTransformerConfig(FromTransformerConfig(*c));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(workers::models::ModelParams(*back).size(), workers::models::ModelParams(*c).size());
+    EXPECT_EQ(back->rope_theta, c->rope_theta);
+    EXPECT_EQ(back->rope_scaling.factor, c->rope_scaling.factor);
+    EXPECT_EQ(back->lora.targets, c->lora.targets);
+  }
+  auto moe = ToTransformerConfig(*planning::ModelPreset("gpt-oss-20b"));
+  ASSERT_FALSE(moe.ok());
+  EXPECT_NE(moe.status().message().find("gpt_oss"), std::string::npos) << moe.status();
+  planning::ModelConfig bad = *planning::ModelPreset("qwen3-tiny");
+  bad.num_kv_heads = 3;
+  EXPECT_EQ(ValidateModel(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rp::scheduler::runtime

@@ -1,0 +1,31 @@
+// stage_task.h — what a device worker needs to run one stage slot: which layers, which
+// micro-batches, which kind of stage, and (async mode) the consistency events to honour. The
+// controller translates the planner's StageSlot into this; the data plane never sees the plan.
+//
+// Contract: a plain value type.
+#pragma once
+
+#include <vector>
+
+#include "workers/consistency.h"
+
+namespace rp::workers {
+
+enum class StageKind { kForward, kFused, kBackward };  // F_i; B_1 (forward + loss + backward); B_j
+
+struct StageTask {
+  int slot = 0;  // the slot's index in the iteration's dispatch plan (timeline records carry it)
+  int iteration = 0;
+  StageKind kind = StageKind::kForward;
+  int stage = 0;  // forward: 1..Sf (F_i); fused: 1 (B_1); backward: 2..Sb (B_j)
+  int first_layer = 0;
+  int num_layers = 0;
+  int first_microbatch = 0;  // global index within the iteration
+  int num_microbatches = 0;
+  std::vector<int> save_inputs_of;  // forward: layers whose input becomes a checkpoint
+  // Async mode only (null in sync mode): the layerwise consistency events (consistency.h) this
+  // stage waits on before uploading weights / downloading gradients, and counts down after.
+  ConsistencyBook* book = nullptr;
+};
+
+}  // namespace rp::workers
