@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "roundpipe/v1/jobs.pb.h"
 #include "scheduler/engine.h"
+#include "server/engine_metrics.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -110,7 +111,6 @@ class JobManager {
   void Persist(Managed& job);                                            // job.mu held
   void UpdateJobGauges();                                                // absolute counts from the records (startup)
   void CountTransition(roundpipe::v1::JobState from, roundpipe::v1::JobState to);  // incremental
-  void RecordIterationMetrics(const scheduler::IterationStats& st);
   absl::StatusOr<roundpipe::v1::Job> Snapshot(const std::shared_ptr<Managed>& job);
 
   scheduler::Engine* engine_;
@@ -134,9 +134,7 @@ class JobManager {
   std::mutex tasks_mu_;
   std::vector<Task> tasks_;  // finished ones are joined when the next task starts
 
-  std::mutex metrics_mu_;  // the last engine counters seen (deltas become counter increments)
-  double timeline_seen_s_ = 0;
-  std::vector<std::array<int64_t, 4>> transfer_seen_;  // per device: act up, act down, params up, grads down
+  EngineMetrics engine_metrics_;  // the engine's counters as increments
 };
 
 }  // namespace rp::server

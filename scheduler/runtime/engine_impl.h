@@ -1,6 +1,7 @@
-// engine_impl.h — (runtime) what stands behind the engine facade: the devices, the job table,
-// the runner thread and, per running job, its HostModelStore and Controller. scheduler/engine.h
-// forwards every call here; only the runtime and its tests include this header.
+// engine_impl.h — (runtime) what stands behind the engine facade: the devices, the job table
+// (runtime::EngineJob), the feeds into each job's queue, the queries, and the runner thread that
+// builds (job_builder.h) and runs (job_runner.h) one job at a time. scheduler/engine.h forwards
+// every call here; only the runtime and its tests include this header.
 //
 // Contract: the facade's (every method thread-safe). Locks: `mu_` guards the job table; each
 // job's `mu` guards its queue, events and state; its `run_mu` is held while an iteration, a
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include "scheduler/engine.h"
+#include "scheduler/runtime/engine_job.h"
+#include "scheduler/runtime/job_builder.h"
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
 
@@ -46,14 +49,13 @@ class Engine::Impl {
   const workers::Timeline& timeline() const { return timeline_; }
   void Shutdown();
 
-  struct Job;
+  using Job = runtime::EngineJob;
 
  private:
   Impl() = default;
-  void RunnerLoop();
-  void RunJob(Job& job);
+  void RunnerLoop();  // takes jobs by priority; builds (job_builder) and runs (job_runner) each
   void ReleaseEnded(Job& job);
-  absl::Status BuildJob(Job& job);  // runner thread, run_mu held: allocate and load the job's host state
+  std::vector<workers::Device*> RawDevices() const;
   std::shared_ptr<Job> Find(JobId id) const;
   std::shared_ptr<Job> TakeRunnableLocked();  // mu_ held
 
@@ -68,15 +70,5 @@ class Engine::Impl {
   bool shutdown_ = false;
   std::thread runner_;
 };
-
-// 90 % of the smallest per-worker share of GPU memory (a GPU's memory divided among the workers
-// that share it), halved because one stage is prefetched while one runs; 0 when any device has
-// no memory figure (CPU).
-int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices);
-
-// Default partition when a job names none: AutoPartition over a cost model in which parameter
-// counts (planning::ModelConfig::LayerParams) stand in for time (DESIGN §9).
-absl::StatusOr<planning::Partition> PlanFromParameterSizes(const planning::ModelConfig& model, int num_workers,
-                                                           int microbatches);
 
 }  // namespace rp::scheduler

@@ -1,0 +1,107 @@
+#include "scheduler/runtime/engine_job.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "workers/io/atomic_dir.h"
+#include "workers/io/checkpoint.h"
+#include "workers/io/confined_fs.h"
+
+namespace rp::scheduler::runtime {
+
+void EngineJob::ReportCheckpoint(const absl::StatusOr<CheckpointInfo>& info, int64_t step) {
+  if (info.ok()) {
+    JobEvent e{JobEvent::Kind::kCheckpoint, state, {}, ""};
+    e.checkpoint = *info;
+    Emit(e);
+    return;
+  }
+  JobEvent e{JobEvent::Kind::kCheckpointFailed, state, {}, ""};
+  e.message = absl::StrCat("checkpoint at step ", step, " failed: ", info.status().message());
+  e.checkpoint.step = step;
+  Emit(e);
+}
+
+namespace {
+
+// Writes the job's state as <root>/step-<step> (the caller ensures an iteration boundary with
+// the optimizer flushed) and keeps the newest `keep_last`. A checkpoint of that step that
+// exists already holds this very state: it is returned as is.
+absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore& store, const Controller& c,
+                                                  int64_t step, int64_t consumed, const std::string& root,
+                                                  int keep_last, const std::string& note) {
+  if (root.empty()) return absl::FailedPreconditionError("the job has no checkpoint directory");
+  const std::string dir = absl::StrCat(root, "/step-", step);
+  if (workers::io::KindOf(dir + "/meta.json") == workers::io::FileKind::kFile)
+    return CheckpointInfo{dir, step, consumed};
+  const OptimizerSnapshot snap = c.Snapshot();
+  workers::io::CheckpointMeta meta;
+  meta.step = step;
+  meta.batches_consumed = consumed;
+  meta.loss_scale = snap.loss_scale;
+  meta.good_steps = snap.good_steps;
+  meta.forward = c.partition().forward;
+  meta.fused = c.partition().fused;
+  meta.backward = c.partition().backward;
+  meta.note = note;
+  if (absl::Status st = workers::io::WriteCheckpoint(dir, store, snap.adamw, meta); !st.ok()) return st;
+  // Pruning never follows a symlink and stays beneath the daemon's roots (confined_fs).
+  const auto all = workers::io::ListCheckpoints(root);
+  for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i) {
+    (void)workers::io::RemoveTree(all[i]);
+  }
+  // Temporaries torn by a crash mid-write (the job's writes are serialised by run_mu: none is live).
+  if (auto names = workers::io::ListDir(root); names.ok()) {
+    for (const std::string& n : *names) {
+      if (workers::io::IsAtomicDirTemporary(n)) (void)workers::io::RemoveTree(root + "/" + n);
+    }
+  }
+  return CheckpointInfo{dir, step, consumed};
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note, bool report_existing) {
+  int64_t step, cursor;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    step = first_step + steps_done;
+    cursor = consumed_offset + consumed;
+  }
+  const bool existed = !spec.checkpoint_root.empty() &&
+                       workers::io::KindOf(absl::StrCat(spec.checkpoint_root, "/step-", step, "/meta.json")) ==
+                           workers::io::FileKind::kFile;
+  auto info =
+      WriteJobCheckpoint(*store, *controller, step, cursor, spec.checkpoint_root, spec.checkpoint_keep_last, note);
+  std::lock_guard<std::mutex> lock(mu);
+  if (report_existing || !existed || !info.ok()) ReportCheckpoint(info, step);
+  return info;
+}
+
+// The fp32 value of a parameter (caller holds run_mu): from the store, or once released from
+// the final checkpoint.
+absl::StatusOr<at::Tensor> EngineJob::ReadParameter(const std::string& name) {
+  if (!store) {  // not built yet, or released: read the final checkpoint
+    if (final_checkpoint.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!terminal()) {
+        return absl::FailedPreconditionError(absl::StrCat("job ", id, " has not started; its weights are not loaded"));
+      }
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " ended without weights to keep (it failed, or was cancelled before it started)"));
+    }
+    if (!final_weights) {
+      auto f = workers::io::SafetensorsFile::Open(final_checkpoint + "/weights.safetensors");
+      if (!f.ok()) return f.status();
+      final_weights = std::move(*f);
+    }
+    if (!final_weights->Find(name)) return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));
+    return final_weights->Read(name, at::kFloat);
+  }
+  const int i = store->FindParam(name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));
+  const workers::HostParam& p = store->param(i);
+  return p.fp32.defined() ? p.fp32 : p.master.to(at::kFloat);  // frozen (LoRA base): master only
+}
+
+}  // namespace rp::scheduler::runtime

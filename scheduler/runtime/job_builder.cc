@@ -1,0 +1,159 @@
+#include "scheduler/runtime/job_builder.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/planning/cost_model.h"
+#include "scheduler/runtime/model_adapter.h"
+#include "workers/io/checkpoint.h"
+#include "workers/io/hf_config.h"
+
+namespace rp::scheduler {
+
+absl::StatusOr<planning::Partition> PlanFromParameterSizes(const planning::ModelConfig& model, int num_workers,
+                                                           int microbatches) {
+  planning::CostModel costs;
+  for (int l = 0; l < model.num_layers(); ++l) {
+    planning::LayerCost c;
+    // The embedding is a lookup, not a matmul: count it as one row per token, i.e. cheap. The
+    // head's matmul costs its weight even when it is tied to the embedding.
+    const double work = l == 0                        ? static_cast<double>(model.hidden)
+                        : l == model.num_layers() - 1 ? static_cast<double>(model.vocab * model.hidden + model.hidden)
+                                                      : static_cast<double>(model.LayerParams(l));
+    c.fwd_s = work;
+    c.bwd_s = 3 * work;
+    c.fused_s = 3 * work;
+    costs.layers.push_back(c);
+  }
+  auto r = planning::AutoPartition({&costs, num_workers, microbatches, 0});
+  if (!r.ok()) return r.status();
+  return r->partition;
+}
+
+int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices) {
+  std::map<std::string, int> sharing;  // physical device -> workers on it
+  for (workers::Device* d : devices) ++sharing[d->torch_device().str()];
+  int64_t cap = 0;
+  for (workers::Device* d : devices) {
+    const int64_t total = d->Memory().device_total_bytes;
+    if (total <= 0) return 0;
+    const int64_t share = total / sharing[d->torch_device().str()] * 9 / 10 / 2;
+    cap = cap == 0 ? share : std::min(cap, share);
+  }
+  return cap;
+}
+
+}  // namespace rp::scheduler
+
+namespace rp::scheduler::runtime {
+
+absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Device*>& devices, EngineJob* job) {
+  // Validation only: the files a job names are checked (headers, checksums) but nothing is
+  // allocated or loaded until the runner takes the job (BuildJob), so a queued job costs no host
+  // memory and Submit returns at once.
+  JobSpec spec = spec_in;
+  auto model = ToTransformerConfig(spec.model);
+  if (!model.ok()) return model.status();
+  if (spec.max_queued_batches < 1) return absl::InvalidArgumentError("job: max_queued_batches must be >= 1");
+  if (spec.max_steps < 0) return absl::InvalidArgumentError("job: max_steps must be >= 0");
+  const int N = static_cast<int>(devices.size());
+  if (spec.microbatches == 0) spec.microbatches = N;
+  if (!spec.partition && !spec.auto_partition) {
+    auto p = PlanFromParameterSizes(spec.model, N, spec.microbatches);
+    if (!p.ok()) return p.status();
+    spec.partition = *p;
+  }
+  job->model = *model;
+  job->dtype = ToScalarType(spec.precision);
+  if (!spec.hf_dir.empty()) {
+    if (absl::Status st = workers::io::CheckHfWeights(spec.hf_dir, job->model); !st.ok()) return st;
+  }
+  if (!spec.lora_adapter_dir.empty()) {
+    if (job->model.lora.rank <= 0) return absl::InvalidArgumentError("job: an adapter dir needs a LoRA model");
+    if (absl::Status st = workers::io::CheckPeftAdapter(spec.lora_adapter_dir, job->model); !st.ok()) return st;
+  }
+  if (!spec.resume_from.empty()) {
+    auto meta = workers::io::VerifyCheckpoint(spec.resume_from);
+    if (!meta.ok()) return meta.status();
+    job->first_step = meta->step;
+    job->consumed_offset = meta->batches_consumed;
+    if (meta->fused > 0) {
+      spec.partition = planning::Partition{meta->forward, meta->fused, meta->backward};
+      spec.auto_partition = false;
+    }
+  }
+  if (spec.token_file) {
+    const TokenFileSource& tf = *spec.token_file;
+    auto ds = TokenDataset::Open(tf.path, tf.format, tf.global_batch, tf.sequence_length);
+    if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
+    if (tf.global_batch % spec.microbatches != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("data.token_file: global_batch ", tf.global_batch,
+                                                     " cannot be split into ", spec.microbatches, " micro-batches"));
+    }
+    if (tf.max_epochs < 1) return absl::InvalidArgumentError("data.token_file: max_epochs must be >= 1");
+    job->data = std::move(*ds);
+  }
+  ControllerOptions& o = job->controller_options;
+  if (spec.partition) o.partition = *spec.partition;
+  o.microbatches = spec.microbatches;
+  o.microbatches_per_round = spec.microbatches_per_round;
+  o.adamw = ToAdamW(spec.optimizer);
+  o.lr_schedule = ToLrSchedule(spec.lr_schedule);
+  o.loss_scaler.enabled = spec.precision == Precision::kFloat16;
+  o.mode = spec.optimizer_mode;
+  o.auto_partition = spec.auto_partition;
+  o.stage_memory_cap = spec.stage_memory_cap > 0 ? spec.stage_memory_cap : DefaultStageMemoryCap(devices);
+  if (absl::Status st = Controller::ValidateOptions(o, job->model, N); !st.ok()) return st;
+  job->spec = spec;
+  return absl::OkStatus();
+}
+
+absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devices, workers::Timeline* timeline) {
+  const JobSpec& spec = job.spec;
+  auto progress = [&job](std::string what) {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.message = what;
+    job.Emit({JobEvent::Kind::kProgress, job.state, {}, std::move(what)});
+  };
+  progress("allocating the host model store");
+  std::shared_ptr<workers::HostModelStore> store;
+  try {
+    store = std::make_shared<workers::HostModelStore>(job.model, job.dtype, spec.seed);
+    if (devices.front()->torch_device().is_cuda()) {
+      // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2).
+      store->RelocateMasters(
+          [d = devices.front()](at::IntArrayRef sizes, at::ScalarType dt) { return d->EmptyHost(sizes, dt); });
+    }
+  } catch (const std::exception& ex) {
+    return absl::ResourceExhaustedError(absl::StrCat("host memory for the model store: ", ex.what()));
+  }
+  if (!spec.hf_dir.empty()) {
+    progress("loading weights from " + spec.hf_dir);
+    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get()); !st.ok()) return st;
+  }
+  if (!spec.lora_adapter_dir.empty()) {
+    progress("loading the LoRA adapter from " + spec.lora_adapter_dir);
+    if (absl::Status st = workers::io::LoadPeftAdapter(spec.lora_adapter_dir, store.get()); !st.ok()) return st;
+  }
+  ControllerOptions o = job.controller_options;
+  if (!spec.resume_from.empty()) {
+    progress("loading checkpoint " + spec.resume_from);
+    workers::AdamWState adamw;
+    auto meta = workers::io::ReadCheckpoint(spec.resume_from, store.get(), &adamw);
+    if (!meta.ok()) return meta.status();
+    o.first_step = meta->step;
+    o.resume_adamw = adamw;
+    o.resume_loss_scale = meta->loss_scale;
+    o.resume_good_steps = meta->good_steps;
+  }
+  auto c = Controller::Create(o, store.get(), devices, timeline);
+  if (!c.ok()) return c.status();
+  std::lock_guard<std::mutex> lock(job.mu);
+  job.store = std::move(store);
+  job.controller = std::move(*c);
+  return absl::OkStatus();
+}
+
+}  // namespace rp::scheduler::runtime

@@ -1,0 +1,223 @@
+#include "scheduler/runtime/job_runner.h"
+
+#include <cmath>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace rp::scheduler::runtime {
+
+bool JobRunner::FinishPending() {
+  if (!pending_) return true;
+  absl::StatusOr<IterationStats> st;
+  {
+    std::lock_guard<std::mutex> run(job_.run_mu);
+    st = c_.AwaitIteration(*pending_);
+  }
+  pending_.reset();
+  std::lock_guard<std::mutex> lock(job_.mu);
+  if (!st.ok()) {
+    job_.SetState(JobState::kFailed, std::string(st.status().message()));
+    return false;
+  }
+  ++steps_;
+  ++job_.steps_done;
+  job_.Emit({JobEvent::Kind::kIteration, job_.state, *st, ""});
+  const int64_t step = job_.first_step + job_.steps_done;
+  skipped_in_a_row_ = st->skipped_step ? skipped_in_a_row_ + 1 : 0;
+  if (st->skipped_step && (st->loss_scale <= 1.0 || skipped_in_a_row_ >= kMaxConsecutiveSkippedSteps)) {
+    job_.SetState(JobState::kFailed,
+                  absl::StrCat("training diverged at step ", step, ": ", skipped_in_a_row_,
+                               " step(s) in a row overflowed in fp16 (loss ", st->loss, ", loss scale ", st->loss_scale,
+                               "); lower the learning rate or train in bf16"));
+    return false;
+  }
+  if (!st->skipped_step && !std::isfinite(st->loss)) {
+    job_.SetState(JobState::kFailed, absl::StrCat("training diverged at step ", step, ": the loss is ", st->loss,
+                                                  "; lower the learning rate"));
+    return false;
+  }
+  return true;
+}
+
+void JobRunner::End(JobState s, std::string message) {
+  if (!FinishPending()) return;  // already FAILED
+  {
+    std::lock_guard<std::mutex> run(job_.run_mu);
+    (void)c_.Flush();  // the store now holds every step
+    // A daemon job's final weights go to disk before it is reported ended: export works after
+    // any restart, and the host state can be released (ReleaseEnded).
+    if (!job_.spec.checkpoint_root.empty()) {
+      auto info = job_.CheckpointNow("final", /*report_existing=*/false);
+      std::lock_guard<std::mutex> lock(job_.mu);
+      if (info.ok()) job_.final_checkpoint = info->path;
+    }
+  }
+  std::lock_guard<std::mutex> lock(job_.mu);
+  job_.SetState(s, std::move(message));
+}
+
+bool JobRunner::TakeCheckpoints() {
+  std::deque<EngineJob::CheckpointRequest> reqs;
+  {
+    std::lock_guard<std::mutex> lock(job_.mu);
+    if (job_.checkpoints.empty()) return true;
+    reqs.swap(job_.checkpoints);
+  }
+  const bool ok = FinishPending();
+  std::lock_guard<std::mutex> run(job_.run_mu);
+  if (ok) (void)c_.Flush();
+  for (auto& r : reqs) {
+    if (!ok) {
+      if (r.done) r.done->set_value(absl::FailedPreconditionError("the job failed before the checkpoint"));
+      continue;
+    }
+    auto info = job_.CheckpointNow(r.note);
+    {
+      std::lock_guard<std::mutex> lock(job_.mu);
+      if (!r.done) {  // the policy: a disk that keeps failing pauses the job instead of losing its progress
+        job_.checkpoint_failures = info.ok() ? 0 : job_.checkpoint_failures + 1;
+        if (job_.checkpoint_failures >= kMaxCheckpointFailures && !job_.cancel) {
+          job_.pause = true;
+          job_.pause_reason = absl::StrCat("paused after ", job_.checkpoint_failures,
+                                           " checkpoints in a row failed (last: ", info.status().message(),
+                                           "); fix the output directory, then resume");
+          job_.checkpoint_failures = 0;
+        }
+      }
+    }
+    if (r.done) r.done->set_value(info);
+  }
+  return ok;
+}
+
+void JobRunner::PolicyCheckpoint() {
+  if (job_.spec.checkpoint_every <= 0) return;
+  const int64_t submitted = job_.first_step + steps_ + (pending_ ? 1 : 0);
+  if (submitted == last_policy_step_ || submitted % job_.spec.checkpoint_every != 0) return;
+  last_policy_step_ = submitted;
+  std::lock_guard<std::mutex> lock(job_.mu);
+  job_.checkpoints.push_back({"every " + std::to_string(job_.spec.checkpoint_every) + " steps_", nullptr});
+}
+
+bool JobRunner::MaybePause() {
+  {
+    std::lock_guard<std::mutex> lock(job_.mu);
+    if (!job_.pause || job_.cancel) return true;
+  }
+  if (!FinishPending()) return false;
+  {
+    std::lock_guard<std::mutex> run(job_.run_mu);
+    (void)c_.Flush();
+  }
+  std::unique_lock<std::mutex> lock(job_.mu);
+  job_.SetState(JobState::kPaused, std::exchange(job_.pause_reason, ""));
+  for (;;) {
+    job_.cv.wait(lock, [&] { return !job_.pause || job_.cancel || !job_.checkpoints.empty(); });
+    if (job_.checkpoints.empty()) break;
+    lock.unlock();
+    if (!TakeCheckpoints()) return false;
+    lock.lock();
+  }
+  if (!job_.cancel) job_.SetState(JobState::kRunning);
+  return true;
+}
+
+JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
+  if (job_.data) {
+    std::unique_lock<std::mutex> lock(job_.mu);
+    if ((job_.pause || !job_.checkpoints.empty()) && !job_.cancel) return Next::kAgain;
+    const int64_t index = job_.consumed_offset + job_.consumed;
+    if (job_.cancel || index >= job_.data->batches_per_epoch() * job_.spec.token_file->max_epochs) {
+      const bool cancelled = job_.cancel;
+      lock.unlock();
+      End(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "");
+      return Next::kEnded;
+    }
+    ++job_.consumed;
+    lock.unlock();
+    auto [tokens, labels] = job_.data->Batch(index);
+    *batch = {tokens, labels};
+    *data_index = index;
+  } else {
+    std::unique_lock<std::mutex> lock(job_.mu);
+    const bool idle = job_.batches.empty() && !job_.cancel && !job_.input_closed;
+    if (idle && pending_) {
+      // Nothing to overlap with: report the pending iteration now instead of holding it.
+      lock.unlock();
+      return FinishPending() ? Next::kAgain : Next::kEnded;
+    }
+    job_.cv.wait(lock, [&] {
+      return job_.cancel || job_.pause || job_.input_closed || !job_.batches.empty() || !job_.checkpoints.empty();
+    });
+    if ((job_.pause || !job_.checkpoints.empty()) && !job_.cancel) return Next::kAgain;
+    if (job_.cancel || job_.batches.empty()) {
+      const bool cancelled = job_.cancel;
+      lock.unlock();
+      End(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "");
+      return Next::kEnded;
+    }
+    *batch = std::move(job_.batches.front());
+    job_.batches.pop_front();
+    ++job_.consumed;
+    // Room in the queue: the oldest waiting asynchronous feed takes it.
+    std::function<void(absl::Status)> admitted;
+    if (!job_.waiting.empty()) {
+      job_.batches.push_back(std::move(job_.waiting.front().batch));
+      admitted = std::move(job_.waiting.front().done);
+      job_.waiting.pop_front();
+    }
+    job_.cv.notify_all();  // room for FeedBatch
+    lock.unlock();
+    if (admitted) admitted(absl::OkStatus());
+  }
+  return Next::kBatch;
+}
+
+void JobRunner::Run() {
+  {
+    std::lock_guard<std::mutex> lock(job_.mu);
+    if (job_.terminal()) return;  // cancelled while queued
+    if (job_.state != JobState::kRunning) job_.SetState(JobState::kRunning);
+  }
+  for (;;) {
+    PolicyCheckpoint();
+    if (!TakeCheckpoints()) return;
+    if (!MaybePause()) return;
+    if (job_.spec.max_steps > 0 && steps_ + (pending_ ? 1 : 0) >= job_.spec.max_steps) {
+      End(JobState::kSucceeded, "");
+      return;
+    }
+    TensorBatch batch;
+    int64_t data_index = -1;  // token-file jobs: the batch's index in the file
+    const Next next = TakeBatch(&batch, &data_index);
+    if (next == Next::kEnded) return;
+    if (next == Next::kAgain) continue;
+    absl::StatusOr<int> it;
+    {
+      std::lock_guard<std::mutex> run(job_.run_mu);
+      it = c_.SubmitIteration(batch.tokens, batch.labels);
+    }
+    if (!it.ok()) {
+      std::lock_guard<std::mutex> lock(job_.mu);
+      if (it.status().code() == absl::StatusCode::kInvalidArgument && data_index >= 0) {
+        job_.SetState(JobState::kFailed, absl::StrCat("token file batch ", data_index, ": ", it.status().message()));
+        return;
+      }
+      if (it.status().code() == absl::StatusCode::kInvalidArgument) {
+        job_.Emit({JobEvent::Kind::kBatchRejected, job_.state, {}, std::string(it.status().message())});
+        continue;
+      }
+      job_.SetState(JobState::kFailed, std::string(it.status().message()));
+      return;
+    }
+    // Sync: the iteration is complete already. Async: keep it in flight while the next one is
+    // submitted, then report the older one.
+    if (!FinishPending()) return;
+    pending_ = *it;
+    if (job_.spec.optimizer_mode == planning::OptimizerMode::kSync && !FinishPending()) return;
+  }
+}
+
+}  // namespace rp::scheduler::runtime

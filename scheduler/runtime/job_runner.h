@@ -1,0 +1,51 @@
+// job_runner.h — (runtime) runs one built job on the engine's devices: takes batches (from the
+// job's queue or its token file), submits iterations (async: one in flight across the boundary),
+// reports each step, applies the failure policies (divergence, fp16 overflow, checkpoints that
+// keep failing), serves checkpoint requests and the checkpoint_every policy at iteration
+// boundaries, pauses and resumes, and ends the job with its final checkpoint written.
+//
+// Contract: the engine's runner thread only, with the job built (store and controller set).
+// Every state change is an event of the job (EngineJob::SetState).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "scheduler/runtime/engine_job.h"
+
+namespace rp::scheduler::runtime {
+
+class JobRunner {
+ public:
+  explicit JobRunner(EngineJob& job) : job_(job), c_(*job.controller), last_policy_step_(job.first_step) {}
+  // Until the job ends (succeeded, failed, cancelled).
+  void Run();
+
+ private:
+  // Awaits the pending iteration and reports it; false when the job must stop (it failed).
+  bool FinishPending();
+  // Reports the pending iteration, flushes the optimizer, writes a daemon job's final
+  // checkpoint (export works after any restart, and the store can be released), then `s`.
+  void End(JobState s, std::string message);
+  // Checkpoint requests (served between iterations): report the pending iteration, flush the
+  // optimizer (async), write. False when the job failed meanwhile.
+  bool TakeCheckpoints();
+  // The checkpoint_every policy: when the steps submitted so far reach a multiple of it, the
+  // checkpoint is taken before more are submitted (exactly that many steps, whatever the timing).
+  void PolicyCheckpoint();
+  // Pause point (between iterations): report the pending iteration, flush the optimizer so the
+  // store is consistent, then wait for Resume or Cancel (serving checkpoint requests meanwhile).
+  bool MaybePause();
+  enum class Next { kBatch, kAgain, kEnded };
+  // The next batch: from the token file or the queue (admitting a waiting feed into the room).
+  Next TakeBatch(TensorBatch* batch, int64_t* data_index);
+
+  EngineJob& job_;
+  Controller& c_;
+  int64_t steps_ = 0;             // reported in this run
+  int64_t skipped_in_a_row_ = 0;  // fp16 steps skipped for overflow, consecutively
+  std::optional<int> pending_;    // async: the submitted iteration not yet awaited
+  int64_t last_policy_step_;
+};
+
+}  // namespace rp::scheduler::runtime

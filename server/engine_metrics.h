@@ -1,0 +1,34 @@
+// engine_metrics.h — the engine's counters as Prometheus metrics: per step the iteration's
+// stats, and the engine's cumulative counters (device busy time from its timeline, bytes moved
+// per transfer kind) turned into counter increments by difference with what was seen last, plus
+// the memory gauges.
+//
+// Contract: thread-safe (one lock); the metric families outlive it.
+#pragma once
+
+#include <array>
+#include <mutex>
+#include <vector>
+
+#include "scheduler/engine_types.h"
+#include "server/metrics.h"
+
+namespace rp::server {
+
+class EngineMetrics {
+ public:
+  explicit EngineMetrics(DaemonMetrics* metrics) : metrics_(metrics) {}
+  // One step's stats, and the engine's counters now (`ops`: timeline records ending after
+  // seen_until(); older ones are ignored, so overlapping calls count nothing twice).
+  void RecordIteration(const scheduler::IterationStats& st, const scheduler::EngineStats& es,
+                       const std::vector<scheduler::OpRecord>& ops);
+  double seen_until() const;
+
+ private:
+  DaemonMetrics* metrics_;
+  mutable std::mutex mu_;
+  double timeline_seen_s_ = 0;                         // guarded by mu_
+  std::vector<std::array<int64_t, 4>> transfer_seen_;  // guarded by mu_: per device act up/down, params up, grads down
+};
+
+}  // namespace rp::server

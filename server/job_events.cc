@@ -1,0 +1,164 @@
+#include "server/job_events.h"
+
+#include <google/protobuf/util/time_util.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace rp::server {
+
+namespace v1 = roundpipe::v1;
+using google::protobuf::util::TimeUtil;
+using scheduler::JobState;
+
+v1::JobState ToProto(JobState s) {
+  switch (s) {
+    case JobState::kQueued:
+      return v1::JOB_STATE_QUEUED;
+    case JobState::kRunning:
+      return v1::JOB_STATE_RUNNING;
+    case JobState::kPaused:
+      return v1::JOB_STATE_PAUSED;
+    case JobState::kSucceeded:
+      return v1::JOB_STATE_SUCCEEDED;
+    case JobState::kFailed:
+      return v1::JOB_STATE_FAILED;
+    case JobState::kCancelled:
+      return v1::JOB_STATE_CANCELLED;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::steady_clock::time_point now,
+                                   bool drained, v1::Job* record) {
+  v1::Job& rec = *record;
+  EventEffect fx;
+  v1::JobEvent& out = fx.out;
+  *out.mutable_time() = TimeUtil::NanosecondsToTimestamp(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(e.time.time_since_epoch()).count());
+  const auto stamp = [&] { *rec.mutable_updated() = TimeUtil::GetCurrentTime(); };
+  switch (e.kind) {
+    case scheduler::JobEvent::Kind::kState: {
+      const v1::JobState s = ToProto(e.state);
+      std::string message = e.message;
+      if (s == v1::JOB_STATE_FAILED) rec.set_error(message);
+      if (s == v1::JOB_STATE_SUCCEEDED && message.empty() && checkpoint_failures_ > 0) {
+        message = absl::StrCat("succeeded, but ", checkpoint_failures_,
+                               " checkpoint(s) failed (last: ", last_checkpoint_failure_, ")");
+      }
+      fx.from = rec.state();
+      fx.to = s;
+      rec.set_state(s);
+      if (s != v1::JOB_STATE_PAUSED) {
+        rec.set_message(message);
+      } else if (drained) {
+        rec.set_message("paused by a daemon drain");
+      } else if (!message.empty() && message != "paused before it started") {
+        rec.set_message(message);  // the engine paused it itself (e.g. checkpoints keep failing): say why
+      } else if (rec.message().empty()) {
+        rec.set_message("paused");
+      }
+      if (s == v1::JOB_STATE_RUNNING) {
+        rec.clear_message();
+        if (!rec.has_started()) *rec.mutable_started() = out.time();
+      }
+      stamp();
+      out.set_state(s);
+      out.set_message(message);
+      fx.ended = IsTerminal(s);
+      fx.persist = true;
+      fx.log = EventEffect::Log::kInfo;
+      fx.log_line = absl::StrCat(v1::JobState_Name(s), message.empty() ? "" : ": ", message);
+      break;
+    }
+    case scheduler::JobEvent::Kind::kIteration: {
+      const scheduler::IterationStats& st = e.stats;
+      v1::JobProgress* p = rec.mutable_progress();
+      if (std::exchange(progress_message_, false)) rec.clear_message();  // loaded: training now
+      p->set_step(p->step() + 1);
+      p->set_tokens(p->tokens() + st.tokens);
+      p->set_last_loss(st.loss);
+      const double tps = st.seconds > 0 ? static_cast<double>(st.tokens) / st.seconds : 0;
+      p->set_tokens_per_second(tps);
+      if (last_step_at_ != std::chrono::steady_clock::time_point{}) {
+        const double dt = std::chrono::duration<double>(now - last_step_at_).count();
+        ema_step_s_ = ema_step_s_ == 0 ? dt : 0.8 * ema_step_s_ + 0.2 * dt;
+      } else {
+        ema_step_s_ = st.seconds;
+      }
+      last_step_at_ = now;
+      if (!st.partition.empty()) rec.set_partition(st.partition);
+      if (st.partition_problem != partition_problem_) {  // log changes only, not every step
+        if (!st.partition_problem.empty()) {
+          fx.log = EventEffect::Log::kWarn;
+          fx.log_line = st.partition_problem;
+        }
+        partition_problem_ = st.partition_problem;
+      }
+      v1::StepMetrics* m = out.mutable_step();
+      m->set_step(p->step());
+      m->set_loss(st.loss);
+      m->set_tokens_per_second(tps);
+      m->set_learning_rate(st.lr);
+      m->set_grad_norm(st.grad_norm);
+      m->set_bubble_ratio(st.bubble_ratio);
+      m->set_skipped(st.skipped_step);
+      m->set_eta_seconds(rec.total_steps() > 0
+                             ? std::max<double>(0, static_cast<double>(rec.total_steps() - p->step())) * ema_step_s_
+                             : -1);
+      if (now - last_persist_ > std::chrono::seconds(1)) {  // at most once a second: steps are frequent
+        stamp();
+        fx.persist = true;
+        last_persist_ = now;
+      }
+      if (fx.log == EventEffect::Log::kNone && p->step() % 50 == 1) {
+        fx.log = EventEffect::Log::kInfo;
+        fx.log_line = absl::StrCat("step ", p->step(), " loss ", st.loss, " tokens/s ", static_cast<int64_t>(tps));
+      }
+      break;
+    }
+    case scheduler::JobEvent::Kind::kCheckpoint:
+      rec.set_last_checkpoint(e.checkpoint.path);
+      rec.set_last_checkpoint_step(e.checkpoint.step);
+      stamp();
+      fx.persist = true;
+      out.mutable_checkpoint()->set_path(e.checkpoint.path);
+      out.mutable_checkpoint()->set_step(e.checkpoint.step);
+      fx.log = EventEffect::Log::kInfo;
+      fx.log_line = absl::StrCat("checkpoint at step ", e.checkpoint.step, ": ", e.checkpoint.path);
+      break;
+    case scheduler::JobEvent::Kind::kCheckpointFailed:
+      ++checkpoint_failures_;
+      last_checkpoint_failure_ = e.message;
+      rec.set_message(e.message);
+      stamp();
+      fx.persist = true;
+      out.set_checkpoint_failed(e.message);
+      fx.log = EventEffect::Log::kError;
+      fx.log_line = e.message;
+      break;
+    case scheduler::JobEvent::Kind::kProgress:  // loading: "loading weights from ..." (GetJob's message)
+      rec.set_message(e.message);
+      progress_message_ = true;
+      stamp();
+      fx.persist = true;
+      out.set_progress(e.message);
+      fx.log = EventEffect::Log::kInfo;
+      fx.log_line = e.message;
+      break;
+    case scheduler::JobEvent::Kind::kBatchRejected:
+      out.set_batch_rejected(e.message);
+      fx.log = EventEffect::Log::kWarn;
+      fx.log_line = absl::StrCat("batch rejected: ", e.message);
+      break;
+  }
+  return fx;
+}
+
+}  // namespace rp::server

@@ -1,0 +1,60 @@
+// job_manager_internal.h — what the job manager's files share (job_manager.cc: admission,
+// control, streams, the event pump, export, drain; job_recovery.cc: restart recovery): the
+// per-job record and the log. Not for other rooms.
+#pragma once
+
+#include <google/protobuf/util/time_util.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/job_events.h"
+#include "server/job_manager.h"
+
+namespace rp::server {
+
+inline std::shared_ptr<spdlog::logger> JobLog() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto l = spdlog::get("jobs");
+    if (l) return l;
+    l = spdlog::default_logger()->clone("jobs");
+    spdlog::register_logger(l);
+    return l;
+  }();
+  return logger;
+}
+
+inline google::protobuf::Timestamp Now() { return google::protobuf::util::TimeUtil::GetCurrentTime(); }
+
+// "<id> <created seconds>.<nanos>": unique even if a damaged job store made ids restart.
+inline std::string OwnerToken(const roundpipe::v1::Job& record) {
+  return absl::StrCat(record.id(), " ", record.created().seconds(), ".", record.created().nanos());
+}
+
+// One job of the daemon: its record, how it runs in the engine, its watchers and its pump.
+struct JobManager::Managed {
+  std::string id;
+  int64_t seq = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  roundpipe::v1::Job record;
+  std::optional<scheduler::JobId> engine_id;  // absent: listed from a previous daemon run
+  ResolvedJob resolved;
+  bool input_end = false;               // a stream closed the job's input
+  std::atomic<int> threads_running{0};  // the pump is still inside its loop (reaped at 0)
+  bool stop = false;                    // daemon shutdown: threads leave without touching the record
+  bool drained = false;                 // paused by Drain (not by a user)
+  std::vector<std::shared_ptr<JobSubscriber>> subscribers;
+  std::thread pump;
+  JobEventTracker tracker;  // engine events -> record (guarded by mu; the pump only)
+};
+
+}  // namespace rp::server

@@ -1,0 +1,141 @@
+// A job's outputs and the daemon's drain: ExportModel, Checkpoint, Drain (job_manager.h).
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/job_files.h"
+#include "server/job_manager_internal.h"
+#include "server/paths.h"
+
+namespace rp::server {
+
+namespace v1 = roundpipe::v1;
+
+absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in, bool merge_lora) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  std::optional<scheduler::JobId> eid;
+  int64_t step;
+  v1::JobSpec spec;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    const v1::JobState s = job->record.state();
+    if (s != v1::JOB_STATE_SUCCEEDED && s != v1::JOB_STATE_CANCELLED && s != v1::JOB_STATE_PAUSED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", v1::JobState_Name(s), "; export a job that is PAUSED or has finished (pause it first)"));
+    }
+    eid = job->engine_id;
+    step = job->record.progress().step();
+    spec = job->record.spec();
+  }
+  // The job as admitted (a job listed from an earlier daemon run is resolved again).
+  JobSpecContext ctx = options_.spec;
+  ctx.host_memory_budget = nullptr;
+  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / id).string();
+  auto resolved = eid ? absl::StatusOr<ResolvedJob>(job->resolved) : ResolveJobSpec(spec, ctx);
+  if (!resolved.ok()) return resolved.status();
+  std::string dir;
+  if (dir_in.empty()) {
+    dir = (std::filesystem::path(resolved->output_dir) / absl::StrCat("export-step", step)).string();
+  } else {
+    auto inside = ResolveInsideRoots(dir_in, options_.spec.allowed_roots, "output_dir");
+    if (!inside.ok()) return inside.status();
+    dir = *inside;
+  }
+  const bool lora = resolved->engine.model.lora.rank > 0;
+  if (merge_lora && !lora) return absl::InvalidArgumentError("merge_lora: this job has no LoRA adapters");
+  const scheduler::ExportKind kind = merge_lora ? scheduler::ExportKind::kMergedLora : scheduler::ExportKind::kHfModel;
+  absl::StatusOr<int64_t> bytes;
+  if (eid) {
+    bytes = engine_->Export(*eid, dir, kind);
+  } else {
+    // From an earlier daemon run: the job's final weights are its newest checkpoint (the engine
+    // writes one when a job ends), which must hold the step the job ended at.
+    const auto all = scheduler::ListJobCheckpoints(resolved->engine.checkpoint_root);
+    if (all.empty() || all.front().step != step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " has no checkpoint of its final step ", step, " under ", resolved->engine.checkpoint_root,
+          all.empty() ? std::string() : absl::StrCat(" (newest: step ", all.front().step, ")")));
+    }
+    bytes =
+        scheduler::ExportCheckpoint(all.front().path, resolved->engine.model, resolved->engine.precision, dir, kind);
+  }
+  if (!bytes.ok()) return bytes.status();
+  JobLog()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);
+  return dir;
+}
+
+absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string& id) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  scheduler::JobId eid;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (!job->engine_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " has no training state in this daemon: ", job->record.message()));
+    }
+    if (job->record.state() == v1::JOB_STATE_FAILED) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " failed; its state is not consistent"));
+    }
+    eid = *job->engine_id;
+  }
+  auto info = engine_->Checkpoint(eid, "requested");
+  if (!info.ok()) return absl::Status(info.status().code(), absl::StrCat("job ", id, ": ", info.status().message()));
+  v1::CheckpointResponse r;
+  r.set_path(info->path);
+  r.set_step(info->step);
+  return r;
+}
+
+int JobManager::Drain(std::chrono::seconds deadline) {
+  std::vector<std::shared_ptr<Managed>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+    jobs = order_;
+  }
+  int paused = 0;
+  std::vector<std::shared_ptr<Managed>> waiting;
+  for (const auto& j : jobs) {
+    std::optional<scheduler::JobId> eid;
+    bool user_paused = false;
+    {
+      std::lock_guard<std::mutex> lock(j->mu);
+      const v1::JobState s = j->record.state();
+      if (!j->engine_id) continue;
+      // Paused by its user: it stays paused, but its state must survive the restart too.
+      user_paused = s == v1::JOB_STATE_PAUSED && j->record.has_started();
+      if (!user_paused && s != v1::JOB_STATE_RUNNING && s != v1::JOB_STATE_QUEUED) continue;
+      eid = j->engine_id;
+      if (!user_paused) j->drained = true;
+    }
+    if (user_paused) {
+      auto info = engine_->Checkpoint(*eid, "drain");
+      if (!info.ok()) JobLog()->warn("[{}] drain checkpoint: {}", j->id, std::string(info.status().message()));
+    } else if (engine_->Pause(*eid).ok()) {
+      waiting.push_back(j);
+    }
+  }
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  for (const auto& j : waiting) {
+    std::unique_lock<std::mutex> lock(j->mu);
+    j->cv.wait_until(lock, until,
+                     [&] { return j->record.state() == v1::JOB_STATE_PAUSED || IsTerminal(j->record.state()); });
+    if (j->record.state() == v1::JOB_STATE_PAUSED) {
+      ++paused;  // counted (and logged below) once it really paused
+      j->record.set_message("paused by a daemon drain");
+      Persist(*j);
+      const bool started = j->record.has_started();
+      const scheduler::JobId eid = *j->engine_id;
+      lock.unlock();
+      if (started) {  // so the restarted daemon continues from exactly here
+        auto info = engine_->Checkpoint(eid, "drain");
+        if (!info.ok()) JobLog()->warn("[{}] drain checkpoint: {}", j->id, std::string(info.status().message()));
+      }
+    }
+  }
+  JobLog()->info("drain: paused {} job(s)", paused);
+  return paused;
+}
+
+}  // namespace rp::server

@@ -1,0 +1,167 @@
+// Restart recovery: the job store's records become jobs again (job_manager.h, Create).
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "scheduler/job_files.h"
+#include "server/job_manager_internal.h"
+#include "server/status_util.h"
+
+namespace rp::server {
+
+namespace v1 = roundpipe::v1;
+
+absl::Status JobManager::Recover() {
+  auto all = store_->LoadAll();
+  if (!all.ok()) return all.status();
+  const char* kDrained = "paused by a daemon drain";
+  std::vector<std::pair<std::shared_ptr<Managed>, bool>> readmit;  // (job, pause again)
+  std::vector<std::pair<std::shared_ptr<Managed>, bool>> resume;   // started ones
+  for (auto& [seq, record] : *all) {
+    auto job = std::make_shared<Managed>();
+    job->id = record.id();
+    job->seq = seq;
+    job->record = record;
+    next_seq_ = std::max(next_seq_, seq + 1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_[job->id] = job;
+      order_.push_back(job);
+    }
+    const v1::JobState s = record.state();
+    if (!IsTerminal(s) && !record.has_started()) {
+      // Never ran: admit it again from its stored spec (a user's pause while queued stays).
+      readmit.emplace_back(job, s == v1::JOB_STATE_PAUSED && record.message() != kDrained);
+      if (s == v1::JOB_STATE_PAUSED) job->record.set_state(v1::JOB_STATE_QUEUED);
+    } else if (!IsTerminal(s)) {
+      // Started: it continues from its newest good checkpoint, if it has one (below).
+      resume.emplace_back(job, s == v1::JOB_STATE_PAUSED && record.message() != kDrained);
+      job->record.set_state(v1::JOB_STATE_QUEUED);
+    }
+  }
+  // Ids never restart: a damaged or replaced store must not hand out the id (and so the default
+  // output dir and checkpoints) of a job that existed before.
+  int64_t highest_dir = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.jobs_dir, ec)) {
+    {
+      const std::string n = entry.path().filename().string();
+      int64_t seq = 0;
+      if (n.rfind("job-", 0) == 0 && absl::SimpleAtoi(n.substr(4), &seq)) highest_dir = std::max(highest_dir, seq);
+    }
+  }
+  if (highest_dir >= next_seq_) {
+    JobLog()->error(
+        "the job store lists {} job(s) but {} holds directories up to job-{:06d}: the store was damaged or "
+        "replaced; those jobs are not listed, new ids continue after them",
+        all->size(), options_.jobs_dir, highest_dir);
+    next_seq_ = highest_dir + 1;
+  }
+  UpdateJobGauges();  // absolute counts before any pump moves them
+  auto fail = [&](const std::shared_ptr<Managed>& job, const std::string& why) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    CountTransition(job->record.state(), v1::JOB_STATE_FAILED);
+    job->record.set_state(v1::JOB_STATE_FAILED);
+    job->record.set_error(why);
+    *job->record.mutable_updated() = Now();
+    Persist(*job);
+    JobLog()->error("[{}] {}", job->id, why);
+  };
+  for (auto& [job, pause] : readmit) {
+    JobSpecContext ctx = options_.spec;
+    ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
+    absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
+      auto resolved = ResolveJobSpec(job->record.spec(), ctx);
+      if (!resolved.ok()) return resolved.status();
+      job->resolved = *resolved;
+      if (absl::Status c = scheduler::ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !c.ok())
+        return c;
+      return Admit(job);
+    });
+    if (!st.ok()) {
+      fail(job, absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
+      continue;
+    }
+    if (pause) (void)engine_->Pause(*job->engine_id);
+    JobLog()->info("[{}] re-admitted after restart", job->id);
+  }
+  for (auto& [job, pause] : resume) {
+    bool resumed = false;
+    absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
+      resumed = ResumeFromCheckpoint(job);
+      return absl::OkStatus();
+    });
+    if (!st.ok()) {
+      fail(job, absl::StrCat("could not be resumed after a daemon restart: ", st.message()));
+      continue;
+    }
+    if (resumed) {
+      if (pause) (void)engine_->Pause(*job->engine_id);
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(job->mu);
+    CountTransition(job->record.state(), v1::JOB_STATE_PAUSED);
+    job->record.set_state(v1::JOB_STATE_PAUSED);
+    job->record.set_message("interrupted by a daemon restart at step " + std::to_string(job->record.progress().step()) +
+                            " with no usable checkpoint; submit it again");
+    *job->record.mutable_updated() = Now();
+    Persist(*job);
+    JobLog()->warn("[{}] interrupted at step {} and has no usable checkpoint; listed as PAUSED", job->id,
+                   job->record.progress().step());
+  }
+  return absl::OkStatus();
+}
+
+bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job) {
+  JobSpecContext ctx = options_.spec;
+  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
+  auto resolved = ResolveJobSpec(job->record.spec(), ctx);
+  if (!resolved.ok()) {
+    JobLog()->warn("[{}] cannot resume: {}", job->id, std::string(resolved.status().message()));
+    return false;
+  }
+  if (absl::Status c = scheduler::ClaimOutputDir(resolved->output_dir, OwnerToken(job->record)); !c.ok()) {
+    JobLog()->warn("[{}] cannot resume: {}", job->id, std::string(c.message()));
+    return false;
+  }
+  std::vector<std::string> skipped;
+  const auto checkpoints = scheduler::ListJobCheckpoints(resolved->engine.checkpoint_root, &skipped);
+  for (const std::string& why : skipped) JobLog()->warn("[{}] skipping checkpoint {}", job->id, why);
+  for (const scheduler::CheckpointInfo& cp : checkpoints) {
+    const std::string& dir = cp.path;
+    const scheduler::CheckpointInfo* meta = &cp;
+    job->resolved = *resolved;
+    scheduler::JobSpec& e = job->resolved.engine;
+    if (e.max_steps > 0) {
+      if (meta->step >= e.max_steps) {  // it had finished; only the final record was lost
+        std::lock_guard<std::mutex> lock(job->mu);
+        CountTransition(job->record.state(), v1::JOB_STATE_SUCCEEDED);
+        job->record.set_state(v1::JOB_STATE_SUCCEEDED);
+        Persist(*job);
+        return true;
+      }
+      e.max_steps -= meta->step;
+    }
+    e.resume_from = dir;
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->record.mutable_progress()->set_step(meta->step);
+      job->record.set_last_checkpoint(dir);
+      job->record.set_last_checkpoint_step(meta->step);
+      job->record.set_message(absl::StrCat("resumed from ", dir, " after a daemon restart"));
+    }
+    absl::Status st = Admit(job);
+    if (st.ok()) {
+      // Admit counts the total from the spec; keep it.
+      JobLog()->info("[{}] resumed from {} (step {}, data cursor {})", job->id, dir, meta->step,
+                     meta->batches_consumed);
+      std::lock_guard<std::mutex> lock(job->mu);
+      Persist(*job);
+      return true;
+    }
+    JobLog()->warn("[{}] checkpoint {} unusable: {}", job->id, dir, std::string(st.message()));
+  }
+  return false;
+}
+
+}  // namespace rp::server

@@ -1,0 +1,132 @@
+// The pump's two pure parts: engine events applied to a job's record (JobEventTracker) and the
+// engine's cumulative counters turned into metric increments (EngineMetrics).
+#include "server/job_events.h"
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include "server/engine_metrics.h"
+
+namespace rp::server {
+namespace {
+
+namespace v1 = roundpipe::v1;
+using scheduler::JobEvent;
+using scheduler::JobState;
+using Clock = std::chrono::steady_clock;
+
+JobEvent State(JobState s, std::string why = "") {
+  JobEvent e;
+  e.kind = JobEvent::Kind::kState;
+  e.state = s;
+  e.message = std::move(why);
+  e.time = std::chrono::system_clock::now();
+  return e;
+}
+
+JobEvent Step(double loss, double seconds, int64_t tokens = 64) {
+  JobEvent e;
+  e.kind = JobEvent::Kind::kIteration;
+  e.stats.loss = loss;
+  e.stats.seconds = seconds;
+  e.stats.tokens = tokens;
+  e.stats.partition = "F[2] B1[2]";
+  return e;
+}
+
+JobEvent Other(JobEvent::Kind kind, std::string message) {
+  JobEvent e;
+  e.kind = kind;
+  e.message = std::move(message);
+  return e;
+}
+
+TEST(JobEventTracker, StatesMessagesAndTransitions) {
+  JobEventTracker t;
+  v1::Job rec;
+  rec.set_state(v1::JOB_STATE_QUEUED);
+  const auto now = Clock::now();
+  auto fx = t.Apply(Other(JobEvent::Kind::kProgress, "allocating the host model store"), now, false, &rec);
+  EXPECT_EQ(fx.out.progress(), "allocating the host model store");
+  EXPECT_EQ(rec.message(), "allocating the host model store");
+  fx = t.Apply(State(JobState::kRunning), now, false, &rec);
+  EXPECT_EQ(fx.from, v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(fx.to, v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(rec.has_started());
+  EXPECT_TRUE(fx.persist);
+  EXPECT_FALSE(fx.ended);
+  // The engine paused it itself: the reason stays; a drain says so.
+  fx = t.Apply(State(JobState::kPaused, "paused after 3 checkpoints in a row failed"), now, false, &rec);
+  EXPECT_EQ(rec.message(), "paused after 3 checkpoints in a row failed");
+  fx = t.Apply(State(JobState::kPaused, "paused before it started"), now, true, &rec);
+  EXPECT_EQ(rec.message(), "paused by a daemon drain");
+  fx = t.Apply(State(JobState::kRunning), now, false, &rec);
+  EXPECT_TRUE(rec.message().empty());
+  // A checkpoint failure is counted and named in the final message.
+  fx = t.Apply(Other(JobEvent::Kind::kCheckpointFailed, "checkpoint at step 4 failed: disk full"), now, false, &rec);
+  EXPECT_EQ(fx.out.checkpoint_failed(), "checkpoint at step 4 failed: disk full");
+  EXPECT_EQ(fx.log, EventEffect::Log::kError);
+  EXPECT_EQ(t.checkpoint_failures(), 1);
+  fx = t.Apply(State(JobState::kSucceeded), now, false, &rec);
+  EXPECT_TRUE(fx.ended);
+  EXPECT_EQ(rec.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_NE(rec.message().find("succeeded, but 1 checkpoint(s) failed (last: checkpoint at step 4 failed: disk full)"),
+            std::string::npos)
+      << rec.message();
+  v1::Job failed;
+  fx = JobEventTracker().Apply(State(JobState::kFailed, "training diverged at step 3"), now, false, &failed);
+  EXPECT_EQ(failed.error(), "training diverged at step 3");
+  EXPECT_TRUE(fx.ended);
+}
+
+TEST(JobEventTracker, StepsCountTokensEstimateTheEndAndPersistAtMostOnceASecond) {
+  JobEventTracker t;
+  v1::Job rec;
+  rec.set_total_steps(10);
+  (void)t.Apply(Other(JobEvent::Kind::kProgress, "loading weights from /m"), Clock::now(), false, &rec);
+  const auto t0 = Clock::now();
+  auto fx = t.Apply(Step(5.0, 0.5), t0, false, &rec);
+  EXPECT_TRUE(rec.message().empty()) << "the first step ends the loading message";
+  EXPECT_TRUE(fx.persist);
+  EXPECT_EQ(fx.out.step().step(), 1);
+  EXPECT_DOUBLE_EQ(fx.out.step().tokens_per_second(), 128);
+  EXPECT_DOUBLE_EQ(fx.out.step().eta_seconds(), 9 * 0.5);  // the first step's own time
+  fx = t.Apply(Step(4.0, 0.5), t0 + std::chrono::milliseconds(200), false, &rec);
+  EXPECT_FALSE(fx.persist) << "steps within a second are not each written";
+  EXPECT_NEAR(fx.out.step().eta_seconds(), 8 * (0.8 * 0.5 + 0.2 * 0.2), 1e-9);
+  fx = t.Apply(Step(3.0, 0.5), t0 + std::chrono::milliseconds(1300), false, &rec);
+  EXPECT_TRUE(fx.persist);
+  EXPECT_EQ(rec.progress().step(), 3);
+  EXPECT_EQ(rec.progress().tokens(), 3 * 64);
+  EXPECT_DOUBLE_EQ(rec.progress().last_loss(), 3.0);
+  EXPECT_EQ(rec.partition(), "F[2] B1[2]");
+  v1::Job open;
+  fx = JobEventTracker().Apply(Step(1.0, 1.0), t0, false, &open);
+  EXPECT_EQ(fx.out.step().eta_seconds(), -1) << "unknown length";
+}
+
+TEST(EngineMetrics, CumulativeEngineCountersBecomeIncrementsOnce) {
+  prometheus::Registry registry;
+  DaemonMetrics m(registry);
+  EngineMetrics em(&m);
+  scheduler::EngineStats es;
+  es.devices.resize(1);
+  es.devices[0].name = "cpu:0";
+  es.devices[0].param_up_bytes = 1000;
+  std::vector<scheduler::OpRecord> ops = {{0, "compute", "F s0 mb0", 0, 0, 0, 0.0, 0.25}};
+  scheduler::IterationStats st;
+  st.tokens = 64;
+  st.seconds = 0.5;
+  em.RecordIteration(st, es, ops);
+  es.devices[0].param_up_bytes = 1500;  // +500
+  ops.push_back({0, "compute", "F s0 mb1", 1, 0, 1, 0.25, 0.75});
+  em.RecordIteration(st, es, ops);  // the first op ended before what was seen: not again
+  EXPECT_DOUBLE_EQ(m.transfer_bytes.Add({{"direction", "host_to_device"}, {"kind", "parameter"}}).Value(), 1500);
+  EXPECT_DOUBLE_EQ(m.worker_busy.Add({{"worker", "0"}, {"stream", "compute"}}).Value(), 0.75);
+  EXPECT_DOUBLE_EQ(m.tokens_trained.Value(), 128);
+  EXPECT_DOUBLE_EQ(m.iterations.Value(), 2);
+  EXPECT_DOUBLE_EQ(em.seen_until(), 0.75);
+}
+
+}  // namespace
+}  // namespace rp::server
