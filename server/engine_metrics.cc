@@ -6,7 +6,7 @@
 namespace rp::server {
 
 double EngineMetrics::seen_until() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return timeline_seen_s_;
 }
 
@@ -20,7 +20,7 @@ void EngineMetrics::RecordIteration(const scheduler::IterationStats& st, const s
   metrics_->learning_rate.Set(st.lr);
   metrics_->grad_norm.Set(st.grad_norm);
   metrics_->bubble_ratio.Set(st.bubble_ratio);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   double latest = timeline_seen_s_;
   for (const scheduler::OpRecord& e : ops) {
     if (e.end_s <= timeline_seen_s_) continue;

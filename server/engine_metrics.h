@@ -7,9 +7,10 @@
 #pragma once
 
 #include <array>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "scheduler/engine_types.h"
 #include "server/metrics.h"
 
@@ -26,9 +27,10 @@ class EngineMetrics {
 
  private:
   DaemonMetrics* metrics_;
-  mutable std::mutex mu_;
-  double timeline_seen_s_ = 0;                         // guarded by mu_
-  std::vector<std::array<int64_t, 4>> transfer_seen_;  // guarded by mu_: per device act up/down, params up, grads down
+  mutable absl::Mutex mu_;
+  double timeline_seen_s_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per device: activations up/down, parameters up, gradients down.
+  std::vector<std::array<int64_t, 4>> transfer_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rp::server

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(scheduler::Engine
 JobManager::~JobManager() { Shutdown(); }
 
 std::shared_ptr<JobManager::Managed> JobManager::Find(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second;
 }
@@ -84,10 +84,10 @@ absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
 void JobManager::ReapJobThreads() {
   std::vector<std::shared_ptr<Managed>> jobs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     jobs = order_;
   }
-  std::lock_guard<std::mutex> reap(reap_mu_);
+  absl::MutexLock reap(&reap_mu_);
   for (const auto& j : jobs) {
     if (j->threads_running.load() != 0) continue;
     if (j->pump.joinable()) j->pump.join();
@@ -98,7 +98,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   ReapJobThreads();  // ended jobs keep no threads
   int64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (draining_ || shutdown_) return absl::UnavailableError("the daemon is draining and admits no new jobs");
     seq = next_seq_++;
   }
@@ -130,7 +130,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     Persist(*job);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     jobs_[job->id] = job;
     order_.push_back(job);
   }
@@ -163,7 +163,7 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest&
   }
   std::vector<std::shared_ptr<Managed>> jobs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     jobs = order_;
   }
   v1::ListJobsResponse out;
@@ -236,7 +236,7 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& id) {
   auto live = LiveJob(id, "resume");
   if (!live.ok()) return live.status();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("the daemon is draining; jobs resume after it restarts");
   }
   if (absl::Status st = engine_->Resume(live->second); !st.ok()) return st;
@@ -384,7 +384,7 @@ void JobManager::UpdateJobGauges() {
   std::map<v1::JobState, int> counts;
   std::vector<std::shared_ptr<Managed>> jobs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     jobs = order_;
   }
   for (const auto& j : jobs) {
@@ -421,12 +421,12 @@ void JobManager::Unsubscribe(const std::string& id, JobSubscriber* subscriber) {
 }
 
 bool JobManager::draining() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return draining_;
 }
 
 int JobManager::active_jobs() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& j : order_) {
     std::lock_guard<std::mutex> jl(j->mu);
@@ -436,7 +436,7 @@ int JobManager::active_jobs() const {
 }
 
 absl::Status JobManager::RunInBackground(std::function<void()> task) {
-  std::lock_guard<std::mutex> lock(tasks_mu_);
+  absl::MutexLock lock(&tasks_mu_);
   for (auto it = tasks_.begin(); it != tasks_.end();) {  // reap finished ones
     if (it->done->load()) {
       it->thread.join();
@@ -465,7 +465,7 @@ absl::Status JobManager::RunInBackground(std::function<void()> task) {
 void JobManager::Shutdown() {
   std::vector<std::shared_ptr<Managed>> jobs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
     jobs = order_;
@@ -484,14 +484,14 @@ void JobManager::Shutdown() {
     j->subscribers.clear();
   }
   {
-    std::lock_guard<std::mutex> reap(reap_mu_);
+    absl::MutexLock reap(&reap_mu_);
     for (const auto& j : jobs) {
       if (j->pump.joinable()) j->pump.join();
     }
   }
   std::vector<Task> tasks;
   {
-    std::lock_guard<std::mutex> lock(tasks_mu_);
+    absl::MutexLock lock(&tasks_mu_);
     tasks.swap(tasks_);
   }
   for (auto& t : tasks) t.thread.join();

@@ -22,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "roundpipe/v1/jobs.pb.h"
 #include "scheduler/engine.h"
 #include "server/engine_metrics.h"
@@ -118,21 +120,21 @@ class JobManager {
   DaemonMetrics* metrics_;
   JobManagerOptions options_;
 
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Managed>> jobs_;  // by id
-  std::vector<std::shared_ptr<Managed>> order_;           // by seq
-  int64_t next_seq_ = 1;
-  bool draining_ = false;
-  bool shutdown_ = false;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Managed>> jobs_ ABSL_GUARDED_BY(mu_);  // by id
+  std::vector<std::shared_ptr<Managed>> order_ ABSL_GUARDED_BY(mu_);           // by seq
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 
-  std::mutex reap_mu_;  // serialises joining job threads (ReapJobThreads, Shutdown)
+  absl::Mutex reap_mu_;  // serialises joining job threads (ReapJobThreads, Shutdown)
 
   struct Task {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
-  std::mutex tasks_mu_;
-  std::vector<Task> tasks_;  // finished ones are joined when the next task starts
+  absl::Mutex tasks_mu_;
+  std::vector<Task> tasks_ ABSL_GUARDED_BY(tasks_mu_);  // finished ones are joined when the next task starts
 
   EngineMetrics engine_metrics_;  // the engine's counters as increments
 };

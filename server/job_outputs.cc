@@ -90,7 +90,7 @@ absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string&
 int JobManager::Drain(std::chrono::seconds deadline) {
   std::vector<std::shared_ptr<Managed>> jobs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     draining_ = true;
     jobs = order_;
   }

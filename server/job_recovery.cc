@@ -22,9 +22,9 @@ absl::Status JobManager::Recover() {
     job->id = record.id();
     job->seq = seq;
     job->record = record;
-    next_seq_ = std::max(next_seq_, seq + 1);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
+      next_seq_ = std::max(next_seq_, seq + 1);
       jobs_[job->id] = job;
       order_.push_back(job);
     }
@@ -50,12 +50,15 @@ absl::Status JobManager::Recover() {
       if (n.rfind("job-", 0) == 0 && absl::SimpleAtoi(n.substr(4), &seq)) highest_dir = std::max(highest_dir, seq);
     }
   }
-  if (highest_dir >= next_seq_) {
-    JobLog()->error(
-        "the job store lists {} job(s) but {} holds directories up to job-{:06d}: the store was damaged or "
-        "replaced; those jobs are not listed, new ids continue after them",
-        all->size(), options_.jobs_dir, highest_dir);
-    next_seq_ = highest_dir + 1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (highest_dir >= next_seq_) {
+      JobLog()->error(
+          "the job store lists {} job(s) but {} holds directories up to job-{:06d}: the store was damaged or "
+          "replaced; those jobs are not listed, new ids continue after them",
+          all->size(), options_.jobs_dir, highest_dir);
+      next_seq_ = highest_dir + 1;
+    }
   }
   UpdateJobGauges();  // absolute counts before any pump moves them
   auto fail = [&](const std::shared_ptr<Managed>& job, const std::string& why) {
@@ -67,7 +70,9 @@ absl::Status JobManager::Recover() {
     Persist(*job);
     JobLog()->error("[{}] {}", job->id, why);
   };
-  for (auto& [job, pause] : readmit) {
+  for (auto& entry : readmit) {  // (not a structured binding: the lambdas below capture it)
+    const std::shared_ptr<Managed>& job = entry.first;
+    const bool pause = entry.second;
     JobSpecContext ctx = options_.spec;
     ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
     absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
@@ -85,7 +90,9 @@ absl::Status JobManager::Recover() {
     if (pause) (void)engine_->Pause(*job->engine_id);
     JobLog()->info("[{}] re-admitted after restart", job->id);
   }
-  for (auto& [job, pause] : resume) {
+  for (auto& entry : resume) {
+    const std::shared_ptr<Managed>& job = entry.first;
+    const bool pause = entry.second;
     bool resumed = false;
     absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
       resumed = ResumeFromCheckpoint(job);

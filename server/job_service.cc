@@ -6,7 +6,9 @@
 #include <optional>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/status_util.h"
 
 namespace rp::server {
@@ -79,7 +81,7 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
     // The manager may report the batch queued before FeedAsync returns (room in the queue) or
     // later from the engine's runner: act on it only once this handler is done with the call.
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       in_feed_ = true;
       early_.reset();
     }
@@ -88,7 +90,7 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
     });
     std::optional<absl::Status> early;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       in_feed_ = false;
       early.swap(early_);
     }
@@ -109,7 +111,7 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
   }
   void OnFed(const absl::Status& st) {  // inside FeedAsync, or later on the engine's runner thread
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (in_feed_) {
         early_ = st;
         return;
@@ -129,9 +131,9 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
   grpc::CallbackServerContext* ctx_;
   JobManager* manager_;
   v1::StreamSummary* summary_;
-  std::mutex mu_;
-  bool in_feed_ = false;               // guarded by mu_: OnReadDone is inside FeedAsync
-  std::optional<absl::Status> early_;  // guarded by mu_: the result reported meanwhile
+  absl::Mutex mu_;
+  bool in_feed_ ABSL_GUARDED_BY(mu_) = false;               // OnReadDone is inside FeedAsync
+  std::optional<absl::Status> early_ ABSL_GUARDED_BY(mu_);  // the result reported meanwhile
   v1::Batch batch_;
   std::string job_id_;
   bool keep_open_ = false;

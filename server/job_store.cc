@@ -43,7 +43,7 @@ absl::Status JobStore::Exec(const char* sql) {
 
 absl::Status JobStore::Put(int64_t seq, const roundpipe::v1::Job& job) {
   const std::string blob = job.SerializeAsString();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO jobs (id, seq, state, record) VALUES (?, ?, ?, ?)", -1, &stmt,
                          nullptr) != SQLITE_OK) {
@@ -60,7 +60,7 @@ absl::Status JobStore::Put(int64_t seq, const roundpipe::v1::Job& job) {
 }
 
 absl::StatusOr<std::vector<std::pair<int64_t, roundpipe::v1::Job>>> JobStore::LoadAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db_, "SELECT seq, record, id FROM jobs ORDER BY seq", -1, &stmt, nullptr) != SQLITE_OK) {
     return SqlError(db_, "prepare");
@@ -88,7 +88,7 @@ absl::StatusOr<std::vector<std::pair<int64_t, roundpipe::v1::Job>>> JobStore::Lo
 }
 
 absl::StatusOr<int64_t> JobStore::MaxSeq() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(seq), 0) FROM jobs", -1, &stmt, nullptr) != SQLITE_OK) {
     return SqlError(db_, "prepare");

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "roundpipe/v1/jobs.pb.h"
 
 namespace rp::server {
@@ -32,8 +34,8 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql);
-  std::mutex mu_;
-  sqlite3* db_;
+  absl::Mutex mu_;
+  sqlite3* db_ ABSL_PT_GUARDED_BY(mu_);  // the connection is used by one caller at a time
 };
 
 }  // namespace rp::server

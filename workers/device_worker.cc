@@ -61,41 +61,27 @@ std::string Label(const StageTask& sl, const char* what, int mb) {
   return s;
 }
 
-}  // namespace
-
-EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext> ctx) {
-  auto s = std::make_shared<StageState>();
-  s->task = task;
-  s->ctx = ctx;
-  s->device = device_->torch_device();
-  s->dev = device_;
-  const StageTask& sl = task;
-  const int mbs = sl.num_microbatches;
-  s->in.resize(static_cast<size_t>(mbs));
-  s->grad_out.resize(static_cast<size_t>(mbs));
-  s->labels.resize(static_cast<size_t>(mbs));
-  s->fwd_out.resize(static_cast<size_t>(mbs));
-  s->grad_in.resize(static_cast<size_t>(mbs));
-  const bool trains = sl.kind != StageKind::kForward;
-
-  Stream& up = device_->stream(StreamKind::kParamUp);
-  Stream& act_up = device_->stream(StreamKind::kActivationUp);
-  Stream& compute = device_->stream(StreamKind::kCompute);
-  Stream& act_down = device_->stream(StreamKind::kActivationDown);
-  Stream& grad_down = device_->stream(StreamKind::kGradDown);
-
-  // Owner layers of every parameter the stage touches (consistency protocol, async mode).
+// Owner layers of every parameter the stage touches (consistency protocol, async mode).
+std::vector<int> StageOwners(const StageTask& task) {
   std::vector<int> owners;
-  if (task.book) {
-    for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
-      for (int o : task.book->ownership().owners_used[static_cast<size_t>(l)]) {
-        if (std::find(owners.begin(), owners.end(), o) == owners.end()) owners.push_back(o);
-      }
+  if (!task.book) return owners;
+  for (int l = task.first_layer; l < task.first_layer + task.num_layers; ++l) {
+    for (int o : task.book->ownership().owners_used[static_cast<size_t>(l)]) {
+      if (std::find(owners.begin(), owners.end(), o) == owners.end()) owners.push_back(o);
     }
   }
+  return owners;
+}
 
-  // --- parameters -------------------------------------------------------------------------
-  if (compute_done_[0]) up.WaitEvent(compute_done_[0]);  // bound: one stage prefetched
+// Step 1 (param-up stream): the stage's unique parameters to the device, chunk j of the weights
+// after the running stage's j-th input upload; returns the event compute waits on.
+EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, const std::vector<int>& owners,
+                             const EventPtr& older_compute, const std::vector<EventPtr>& running_inputs) {
+  const StageTask& task = s->task;
+  const StageTask& sl = task;
+  const bool trains = sl.kind != StageKind::kForward;
+  Stream& up = dev.stream(StreamKind::kParamUp);
+  if (older_compute) up.WaitEvent(older_compute);  // bound: one stage prefetched
   if (task.book && sl.iteration >= 2) {
     // Edge (2): upload only weights already stepped with iteration T-2's gradients.
     auto prev2 = task.book->Get(sl.iteration - 2);
@@ -103,7 +89,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   }
   // The stage's unique parameters (a tied head shares the embedding's), in layer order.
   {
-    HostModelStore& store = *ctx->store;
+    HostModelStore& store = *s->ctx->store;
     for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
       std::vector<int> idx;
       for (int id : store.layer_params(l)) {
@@ -120,13 +106,13 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   // and the weights fill the windows between them. Chunks are packed longest-processing-time
   // first; tensors larger than a fair share are split.
   std::vector<std::vector<TransferPiece>> chunks;
-  if (!device_->keeps_weights_resident()) {
+  if (!dev.keeps_weights_resident()) {
     std::vector<TensorExtent> extents;
     for (int id : s->param_ids) {
-      const HostParam& p = ctx->store->param(id);
+      const HostParam& p = s->ctx->store->param(id);
       extents.push_back({p.name, static_cast<int64_t>(p.master.nbytes())});
     }
-    chunks = PlanChunks(extents, static_cast<int>(prev_inputs_uploaded_.size()), /*split: fair share*/ 0);
+    chunks = PlanChunks(extents, static_cast<int>(running_inputs.size()), /*split: fair share*/ 0);
   }
   auto params_ready = MakeEvent();
   up.Enqueue({}, [s] {
@@ -141,7 +127,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     });
   });
   for (size_t w = 0; w < chunks.size(); ++w) {
-    if (w < prev_inputs_uploaded_.size()) up.WaitEvent(prev_inputs_uploaded_[w]);
+    if (w < running_inputs.size()) up.WaitEvent(running_inputs[w]);
     up.Enqueue(
         {absl::StrCat(Label(sl, "up ", -1), " c", w), sl.iteration, sl.slot, -1}, [s, pieces = std::move(chunks[w])] {
           Guarded(*s, "weight upload", [&] {
@@ -180,11 +166,28 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     });
   }
   up.RecordEvent(params_ready);
-  compute.WaitEvent(params_ready);
+  return params_ready;
+}
 
-  // --- micro-batches ----------------------------------------------------------------------
-  std::vector<EventPtr> computed(static_cast<size_t>(mbs));
-  std::vector<EventPtr> inputs_uploaded, outputs_downloaded;
+struct MicrobatchEvents {
+  std::vector<EventPtr> computed, inputs_uploaded, outputs_downloaded;
+};
+
+// Step 2 (act-up, compute, act-down streams): per micro-batch take and upload its inputs (one
+// ahead of compute), run the stage's math, download and Put its outputs; after the last one a
+// training stage keeps only its weights' gradients.
+MicrobatchEvents EnqueueMicrobatches(Device& dev, const std::shared_ptr<StageState>& s) {
+  const StageTask& sl = s->task;
+  const int mbs = sl.num_microbatches;
+  const bool trains = sl.kind != StageKind::kForward;
+  Stream& act_up = dev.stream(StreamKind::kActivationUp);
+  Stream& compute = dev.stream(StreamKind::kCompute);
+  Stream& act_down = dev.stream(StreamKind::kActivationDown);
+  MicrobatchEvents ev;
+  std::vector<EventPtr>& computed = ev.computed;
+  computed.resize(static_cast<size_t>(mbs));
+  std::vector<EventPtr>& inputs_uploaded = ev.inputs_uploaded;
+  std::vector<EventPtr>& outputs_downloaded = ev.outputs_downloaded;
   for (int m = 0; m < mbs; ++m) {
     const int mb = sl.first_microbatch + m;
     // act-up: at most one micro-batch ahead of compute.
@@ -270,70 +273,99 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     outputs_downloaded.push_back(MakeEvent());
     act_down.RecordEvent(outputs_downloaded.back());
   }
-  compute_done_[0] = compute_done_[1];
-  compute_done_[1] = computed.back();
-  prev_inputs_uploaded_ = std::move(inputs_uploaded);
+  return ev;
+}
 
-  // The previous stage's gradient download goes into this stage's windows (below).
+// Step 3 (grad-down stream), returned rather than issued: the weight gradients go down in
+// chunks between the activation downloads of the stage that runs next on this worker (chunk j
+// after its output j); the next Submit — or Flush, when none follows — calls it with those
+// events. `done` is recorded once the outputs and the gradients are on the host.
+std::function<void(const std::vector<EventPtr>&)> GradientDownload(Device& dev, const std::shared_ptr<StageState>& s,
+                                                                   const std::vector<int>& owners,
+                                                                   const EventPtr& last_compute, const EventPtr& done) {
+  Stream& act_down = dev.stream(StreamKind::kActivationDown);
+  Stream& grad_down = dev.stream(StreamKind::kGradDown);
+  auto outputs = MakeEvent();
+  act_down.RecordEvent(outputs);
+  return [s, owners, outputs, done, last_compute, gd = &grad_down](const std::vector<EventPtr>& gates) {
+    const StageTask& sl = s->task;
+    gd->WaitEvent(last_compute);
+    if (s->task.book && sl.iteration >= 1) {
+      // Edge (4): the host gradient buffer must have been handed to the optimizer (G_cp).
+      auto prev = s->task.book->Get(sl.iteration - 1);
+      for (int o : owners) gd->WaitEvent(prev->gcp[static_cast<size_t>(o)]);
+    }
+    // Whole tensors (a gradient is accumulated on the host as one piece), LPT-packed.
+    std::vector<TensorExtent> extents;
+    int64_t largest = 1;
+    for (int id : s->param_ids) {
+      const HostParam& p = s->ctx->store->param(id);
+      extents.push_back({p.name, p.trainable ? static_cast<int64_t>(p.master.nbytes()) : 0});
+      largest = std::max(largest, extents.back().bytes);
+    }
+    auto chunks = PlanChunks(extents, static_cast<int>(gates.size()), /*no split*/ largest);
+    for (size_t w = 0; w < chunks.size(); ++w) {
+      if (chunks[w].empty()) continue;
+      if (w < gates.size()) gd->WaitEvent(gates[w]);
+      gd->Enqueue({absl::StrCat(Label(sl, "grads ", -1), " c", w), sl.iteration, sl.slot, -1},
+                  [s, pieces = std::move(chunks[w])] {
+                    Guarded(*s, "gradient download", [&] {
+                      for (const TransferPiece& pc : pieces) {
+                        const size_t k = static_cast<size_t>(pc.tensor);
+                        if (k < s->grads.size() && s->grads[k].defined()) {
+                          s->ctx->store->AccumulateGrad(s->param_ids[k], s->dev->Download(s->grads[k]));
+                        }
+                      }
+                    });
+                  });
+    }
+    gd->Enqueue({}, [s] { s->grads.clear(); });
+    if (s->task.book) {
+      auto ev = s->task.book->Get(sl.iteration);
+      gd->Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
+        for (int l = first; l < first + n; ++l) ev->grads[static_cast<size_t>(l)]->CountDown();
+      });
+    }
+    // The stage is done when its outputs and its gradients are on host.
+    gd->WaitEvent(outputs);
+    gd->RecordEvent(done);
+  };
+}
+
+}  // namespace
+
+EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext> ctx) {
+  auto s = std::make_shared<StageState>();
+  s->task = task;
+  s->ctx = std::move(ctx);
+  s->device = device_->torch_device();
+  s->dev = device_;
+  const size_t mbs = static_cast<size_t>(task.num_microbatches);
+  s->in.resize(mbs);
+  s->grad_out.resize(mbs);
+  s->labels.resize(mbs);
+  s->fwd_out.resize(mbs);
+  s->grad_in.resize(mbs);
+  const std::vector<int> owners = StageOwners(task);
+
+  const EventPtr params_ready = EnqueueWeightUpload(*device_, s, owners, compute_done_[0], prev_inputs_uploaded_);
+  device_->stream(StreamKind::kCompute).WaitEvent(params_ready);
+  MicrobatchEvents mb = EnqueueMicrobatches(*device_, s);
+  compute_done_[0] = compute_done_[1];
+  compute_done_[1] = mb.computed.back();
+  prev_inputs_uploaded_ = std::move(mb.inputs_uploaded);
+
+  // The previous stage's gradient download goes into this stage's windows.
   if (pending_grads_) {
     auto pending = std::move(pending_grads_);
     pending_grads_ = nullptr;
-    pending(outputs_downloaded);
+    pending(mb.outputs_downloaded);
   }
-
-  // --- weight gradients -------------------------------------------------------------------
   auto done = MakeEvent();
-  if (trains) {
-    // Priority-aware download (paper §4.2.2): the gradients go down in chunks between the
-    // activation downloads of the stage that runs next on this worker (chunk j after its
-    // output j); the next Submit — or Flush, when none follows — issues them.
-    auto outputs = MakeEvent();
-    act_down.RecordEvent(outputs);
-    EventPtr last_compute = computed.back();
-    pending_grads_ = [s, owners, outputs, done, last_compute, gd = &grad_down](const std::vector<EventPtr>& gates) {
-      const StageTask& sl = s->task;
-      gd->WaitEvent(last_compute);
-      if (s->task.book && sl.iteration >= 1) {
-        // Edge (4): the host gradient buffer must have been handed to the optimizer (G_cp).
-        auto prev = s->task.book->Get(sl.iteration - 1);
-        for (int o : owners) gd->WaitEvent(prev->gcp[static_cast<size_t>(o)]);
-      }
-      // Whole tensors (a gradient is accumulated on the host as one piece), LPT-packed.
-      std::vector<TensorExtent> extents;
-      int64_t largest = 1;
-      for (int id : s->param_ids) {
-        const HostParam& p = s->ctx->store->param(id);
-        extents.push_back({p.name, p.trainable ? static_cast<int64_t>(p.master.nbytes()) : 0});
-        largest = std::max(largest, extents.back().bytes);
-      }
-      auto chunks = PlanChunks(extents, static_cast<int>(gates.size()), /*no split*/ largest);
-      for (size_t w = 0; w < chunks.size(); ++w) {
-        if (chunks[w].empty()) continue;
-        if (w < gates.size()) gd->WaitEvent(gates[w]);
-        gd->Enqueue({absl::StrCat(Label(sl, "grads ", -1), " c", w), sl.iteration, sl.slot, -1},
-                    [s, pieces = std::move(chunks[w])] {
-                      Guarded(*s, "gradient download", [&] {
-                        for (const TransferPiece& pc : pieces) {
-                          const size_t k = static_cast<size_t>(pc.tensor);
-                          if (k < s->grads.size() && s->grads[k].defined()) {
-                            s->ctx->store->AccumulateGrad(s->param_ids[k], s->dev->Download(s->grads[k]));
-                          }
-                        }
-                      });
-                    });
-      }
-      gd->Enqueue({}, [s] { s->grads.clear(); });
-      if (s->task.book) {
-        auto ev = s->task.book->Get(sl.iteration);
-        gd->Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
-          for (int l = first; l < first + n; ++l) ev->grads[static_cast<size_t>(l)]->CountDown();
-        });
-      }
-      // The stage is done when its outputs and its gradients are on host.
-      gd->WaitEvent(outputs);
-      gd->RecordEvent(done);
-    };
+  if (task.kind != StageKind::kForward) {
+    pending_grads_ = GradientDownload(*device_, s, owners, mb.computed.back(), done);
   } else {
+    Stream& act_down = device_->stream(StreamKind::kActivationDown);
     act_down.Enqueue({}, [s] {
       s->params.clear();
       s->weights.layers.clear();

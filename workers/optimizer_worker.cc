@@ -1,13 +1,13 @@
 #include "workers/optimizer_worker.h"
 
-#include <chrono>
-
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "workers/device/test_hooks.h"
+#include "workers/optim/step_policy.h"
 
 namespace rp::workers {
 
@@ -94,27 +94,23 @@ void OptimizerWorker::Process(const StepRequest& r) {
   }
 
   // The step.
-  StepResult res;
-  res.grad_norm = std::sqrt(sq) / r.loss_scale;
-  const bool finite = std::isfinite(res.grad_norm);
-  bool apply;
+  // The same policy as the synchronous step (workers/optim/step_policy.h).
+  StepDecision d;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    apply = scaler_.enabled() ? scaler_.Update(finite) : finite;
+    d = DecideStep(std::sqrt(sq), r.loss_scale, adamw_.options().max_grad_norm, &scaler_);
   }
-  if (r.ctx->failed()) apply = false;
-  if (!finite && !scaler_.enabled() && !r.ctx->failed()) {
-    res.status = absl::FailedPreconditionError(
-        absl::StrCat("optimizer: gradient norm of iteration ", r.iteration, " is ", res.grad_norm,
-                     " (training diverged, or the model holds non-finite weights); step skipped"));
+  StepResult res;
+  res.grad_norm = d.grad_norm;
+  const bool apply = d.apply && !r.ctx->failed();
+  if (!r.ctx->failed() && !d.status.ok()) {
+    res.status = absl::Status(d.status.code(), absl::StrCat("iteration ", r.iteration, ": ", d.status.message()));
   }
   res.skipped = !apply;
   if (apply) {
     MaybeDelayOptimizerForTest();
     const auto t0 = std::chrono::steady_clock::now();
-    double mult = 1.0 / r.loss_scale;
-    const double max_norm = adamw_.options().max_grad_norm;
-    if (max_norm > 0 && res.grad_norm > max_norm) mult *= max_norm / (res.grad_norm + 1e-6);
+    const double mult = d.multiplier;
     adamw_.BeginStep();
     for (int i = 0; i < store_->num_params(); ++i) {
       HostParam& p = store_->param(i);

@@ -15,6 +15,7 @@
 #include "scheduler/planning/partition.h"
 #include "workers/device/test_hooks.h"
 #include "workers/models/layers.h"
+#include "workers/optim/step_policy.h"
 
 namespace rp::scheduler {
 
@@ -401,27 +402,20 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
     f.result = absl::StatusOr<IterationStats>(err);
   } else {
     IterationStats st = FinishStats(T, f);
-    bool step = true;
-    if (scaler_.enabled()) {
-      const double scaled_norm = workers::AdamW::GradNorm(*store_);
-      if (!scaler_.Update(std::isfinite(scaled_norm))) {
-        st.skipped_step = true;
-        st.grad_norm = scaled_norm / f.loss_scale;
-        step = false;
-      }
-    }
-    if (step) {
-      workers::MaybeDelayOptimizerForTest();
-      const auto t0 = std::chrono::steady_clock::now();
-      auto norm = adamw_.Step(*store_, f.lr, f.loss_scale);
-      st.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (norm.ok()) {
-        st.grad_norm = *norm;
-        f.result = st;
-      } else {
-        f.result = absl::StatusOr<IterationStats>(norm.status());
-      }
+    // The same policy as the asynchronous optimizer (workers/optim/step_policy.h).
+    const workers::StepDecision d =
+        workers::DecideStep(workers::AdamW::GradNorm(*store_), f.loss_scale, opt_.adamw.max_grad_norm, &scaler_);
+    st.grad_norm = d.grad_norm;
+    st.skipped_step = !d.apply && d.status.ok();
+    if (!d.status.ok()) {
+      f.result = absl::StatusOr<IterationStats>(d.status);
     } else {
+      if (d.apply) {
+        workers::MaybeDelayOptimizerForTest();
+        const auto t0 = std::chrono::steady_clock::now();
+        adamw_.StepAll(*store_, f.lr, d.multiplier);
+        st.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
       f.result = st;
     }
     store_->ZeroGrads();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "workers/optim/cpu_adamw.h"
+#include "workers/optim/step_policy.h"
 
 namespace rp::workers {
 
@@ -73,24 +74,22 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
 }
 
 absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad_divisor) {
+  const StepDecision d = DecideStep(GradNorm(store), grad_divisor, opt_.max_grad_norm, /*scaler=*/nullptr);
+  if (!d.status.ok()) return d.status;
+  StepAll(store, lr, d.multiplier);
+  return d.grad_norm;
+}
+
+void AdamW::StepAll(HostModelStore& store, double lr, double grad_multiplier) {
   const int n = store.num_params();
   if (static_cast<int>(m_.size()) != n) {
     m_.assign(static_cast<size_t>(n), at::Tensor());
     v_.assign(static_cast<size_t>(n), at::Tensor());
   }
-  const double norm = GradNorm(store) / grad_divisor;
-  if (!std::isfinite(norm)) {
-    return absl::FailedPreconditionError(absl::StrCat("optimizer: gradient norm is ", norm,
-                                                      " (training diverged, or the model holds non-finite weights); "
-                                                      "step skipped"));
-  }
-  double clip = 1.0 / grad_divisor;
-  if (opt_.max_grad_norm > 0 && norm > opt_.max_grad_norm) clip *= opt_.max_grad_norm / (norm + 1e-6);
   BeginStep();
   for (int i = 0; i < n; ++i) {
-    if (store.param(i).trainable) StepParam(store, i, store.param(i).grad, lr, clip, /*write_master=*/true);
+    if (store.param(i).trainable) StepParam(store, i, store.param(i).grad, lr, grad_multiplier, /*write_master=*/true);
   }
-  return norm;
 }
 
 }  // namespace rp::workers

@@ -54,7 +54,11 @@ class AdamW {
   // gradient buffers (already summed over micro-batches) divided by `grad_divisor` (the loss
   // scale). Returns the global gradient norm (unscaled, before clipping). Non-finite gradients
   // are an error and leave the weights and the step count untouched.
+  // The decision is workers/optim/step_policy.h's, as in the asynchronous optimizer.
   absl::StatusOr<double> Step(HostModelStore& store, double lr, double grad_divisor = 1.0);
+  // The update itself once decided: every trainable gradient times `grad_multiplier`, masters
+  // written in the same pass.
+  void StepAll(HostModelStore& store, double lr, double grad_multiplier);
   // The global norm of the (scaled) gradient buffers; +inf/NaN when any element is not finite.
   static double GradNorm(const HostModelStore& store);
 

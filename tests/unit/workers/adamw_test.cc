@@ -122,3 +122,38 @@ TEST(HostModelStore, FrozenParametersKeepOnlyTheMasterCopy) {
 
 }  // namespace
 }  // namespace rp::workers
+
+#include "workers/optim/step_policy.h"
+
+namespace rp::workers {
+namespace {
+
+// The one step policy both optimizer modes use: unscale, clip like
+// torch.nn.utils.clip_grad_norm_ (max / (norm + 1e-6)), skip on fp16 overflow, refuse non-finite
+// gradients without a loss scaler.
+TEST(StepPolicy, UnscalesClipsSkipsAndRefuses) {
+  StepDecision d = DecideStep(/*scaled_norm=*/8.0, /*loss_scale=*/4.0, /*max_grad_norm=*/0, nullptr);
+  EXPECT_TRUE(d.apply);
+  EXPECT_DOUBLE_EQ(d.grad_norm, 2.0);
+  EXPECT_DOUBLE_EQ(d.multiplier, 0.25);
+  d = DecideStep(40.0, 4.0, 1.0, nullptr);  // norm 10 > 1: clipped
+  EXPECT_DOUBLE_EQ(d.grad_norm, 10.0);
+  EXPECT_DOUBLE_EQ(d.multiplier, 0.25 * 1.0 / (10.0 + 1e-6));
+  d = DecideStep(0.5, 1.0, 1.0, nullptr);  // below the clip: untouched
+  EXPECT_DOUBLE_EQ(d.multiplier, 1.0);
+  d = DecideStep(std::nan(""), 1.0, 0, nullptr);
+  EXPECT_FALSE(d.apply);
+  EXPECT_EQ(d.status.code(), absl::StatusCode::kFailedPrecondition);
+  LossScaler scaler({true, 1024.0, 2.0, 0.5, 2000, 1.0});
+  d = DecideStep(INFINITY, 1024.0, 0, &scaler);  // fp16 overflow: skipped, not an error
+  EXPECT_FALSE(d.apply);
+  EXPECT_TRUE(d.status.ok());
+  EXPECT_DOUBLE_EQ(scaler.scale(), 512.0);
+  d = DecideStep(512.0, 512.0, 0, &scaler);
+  EXPECT_TRUE(d.apply);
+  EXPECT_DOUBLE_EQ(d.grad_norm, 1.0);
+  EXPECT_DOUBLE_EQ(d.multiplier, 1.0 / 512.0);
+}
+
+}  // namespace
+}  // namespace rp::workers
