@@ -121,9 +121,11 @@ absl::StatusOr<ModelConfig> ResolveModel(const v1::ModelSpec& m, const JobSpecCo
 
 }  // namespace
 
-absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpecContext& ctx) {
+namespace {
+
+// name, model (preset, HF dir or sizes), LoRA, precision and the host-memory admission.
+absl::Status ResolveModelAndPrecision(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
   if (absl::Status st = CheckFiniteNumbers(spec, ""); !st.ok()) return st;
-  ResolvedJob r;
   scheduler::JobSpec& e = r.engine;
   e.name = spec.name().empty() ? "job" : spec.name();
   if (e.name.size() > 200) return absl::InvalidArgumentError("name: at most 200 characters");
@@ -172,8 +174,12 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
                                                        budget >> 20, " MiB available now; choose a smaller model"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // Optimizer.
+// AdamW hyper-parameters, the learning-rate schedule and the optimizer mode.
+absl::Status ResolveOptimizer(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
+  scheduler::JobSpec& e = r.engine;
   const v1::OptimizerSpec& o = spec.optimizer();
   if (o.lr() < 0 || o.eps() < 0 || o.weight_decay() < 0 || o.max_grad_norm() < 0) {
     return absl::InvalidArgumentError("optimizer: lr, eps, weight_decay and max_grad_norm must not be negative");
@@ -205,8 +211,12 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   }
   e.optimizer_mode =
       o.mode() == v1::OPTIMIZER_MODE_SYNC ? planning::OptimizerMode::kSync : planning::OptimizerMode::kAsync;
+  return absl::OkStatus();
+}
 
-  // Batching.
+// global batch, micro-batches, sequence length and the round structure.
+absl::Status ResolveBatching(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
+  scheduler::JobSpec& e = r.engine;
   const v1::BatchingSpec& b = spec.batching();
   if (b.global_batch() < 0 || b.micro_batch() < 0 || b.sequence_length() < 0 || b.microbatches_per_round() < 0) {
     return absl::InvalidArgumentError("batching: sizes must not be negative");
@@ -242,8 +252,12 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
     return absl::InvalidArgumentError(absl::StrCat("batching.microbatches_per_round: must be >= ", ctx.num_devices,
                                                    " (devices) and divide the ", e.microbatches, " micro-batches"));
   }
+  return absl::OkStatus();
+}
 
-  // Partition.
+// an explicit partition (checked against the model's layers) or the automatic one.
+absl::Status ResolvePartition(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
+  scheduler::JobSpec& e = r.engine;
   const v1::PartitionSpec& p = spec.partition();
   if (p.fused() > 0) {
     planning::Partition part;
@@ -271,7 +285,12 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   } else {
     e.auto_partition = true;
   }
+  return absl::OkStatus();
+}
 
+// devices, the checkpoint policy, step limit, priority and the queue bound.
+absl::Status ResolveRun(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
+  scheduler::JobSpec& e = r.engine;
   if (!spec.devices().empty() && spec.devices() != "auto" && spec.devices() != ctx.daemon_devices) {
     return absl::FailedPreconditionError(absl::StrCat("devices: this daemon runs every job on all its devices (",
                                                       ctx.daemon_devices,
@@ -287,8 +306,12 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   e.max_steps = spec.max_steps();
   e.priority = spec.priority();
   e.max_queued_batches = ctx.max_queued_batches;
+  return absl::OkStatus();
+}
 
-  // Data.
+// a streamed job (its batches must fit a message) or a server-side token file.
+absl::Status ResolveData(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
+  scheduler::JobSpec& e = r.engine;
   switch (spec.data().source_case()) {
     case v1::DataSource::kTokenFile: {
       const auto& tf = spec.data().token_file();
@@ -332,6 +355,12 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
           "); lower global_batch or sequence_length, use a token file, or raise maxMessageBytes"));
     }
   }
+  return absl::OkStatus();
+}
+
+// the output directory (inside the allowed roots) and the checkpoints under it.
+absl::Status ResolveOutput(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
+  scheduler::JobSpec& e = r.engine;
   if (!spec.output_dir().empty()) {
     auto out = ResolveInsideRoots(spec.output_dir(), ctx.allowed_roots, "output_dir");
     if (!out.ok()) return out.status();
@@ -340,6 +369,17 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
     r.output_dir = ctx.default_output_dir;
   }
   e.checkpoint_root = r.output_dir + "/checkpoints";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpecContext& ctx) {
+  ResolvedJob r;
+  for (auto step : {ResolveModelAndPrecision, ResolveOptimizer, ResolveBatching, ResolvePartition, ResolveRun,
+                    ResolveData, ResolveOutput}) {
+    if (absl::Status st = step(spec, ctx, r); !st.ok()) return st;
+  }
   return r;
 }
 

@@ -161,7 +161,20 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   return job->id;
 }
 
-absl::Status Engine::Impl::FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout) {
+namespace {
+// A job that takes no more batches, in the words every feed uses (caller holds job.mu).
+bool Closed(const runtime::EngineJob& job) { return job.input_closed || job.terminal() || job.cancel; }
+absl::Status ClosedError(const runtime::EngineJob& job) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", job.id, " accepts no more batches (", JobStateName(job.state), ")"));
+}
+bool HasRoom(const runtime::EngineJob& job) {  // caller holds job.mu
+  return job.waiting.empty() && static_cast<int>(job.batches.size()) < job.spec.max_queued_batches;
+}
+}  // namespace
+
+absl::StatusOr<std::pair<std::shared_ptr<Engine::Impl::Job>, runtime::TensorBatch>> Engine::Impl::AcceptFeed(
+    JobId id, const Batch& batch) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   if (job->spec.token_file) {
@@ -169,23 +182,21 @@ absl::Status Engine::Impl::FeedBatch(JobId id, Batch batch, std::chrono::millise
   }
   {
     std::lock_guard<std::mutex> lock(job->mu);
-    if (job->terminal()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " accepts no more batches (", JobStateName(job->state), ")"));
-    }
+    if (Closed(*job)) return ClosedError(*job);
   }
   // Against the spec (vocab, micro-batches): a queued job has no controller yet.
   if (absl::Status st = ValidateBatch(batch, job->model.vocab, job->spec.microbatches); !st.ok()) return st;
-  runtime::TensorBatch t = ToTensors(batch);
+  return std::make_pair(job, ToTensors(batch));
+}
+
+absl::Status Engine::Impl::FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout) {
+  auto accepted = AcceptFeed(id, batch);
+  if (!accepted.ok()) return accepted.status();
+  const std::shared_ptr<Job> job = accepted->first;  // (named: a lambda below uses it)
+  runtime::TensorBatch& t = accepted->second;
   std::unique_lock<std::mutex> lock(job->mu);
-  const bool room = job->cv.wait_for(lock, timeout, [&] {
-    return job->cancel || job->input_closed || job->terminal() ||
-           (job->waiting.empty() && static_cast<int>(job->batches.size()) < job->spec.max_queued_batches);
-  });
-  if (job->input_closed || job->terminal() || job->cancel) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", id, " accepts no more batches (", JobStateName(job->state), ")"));
-  }
+  const bool room = job->cv.wait_for(lock, timeout, [&] { return Closed(*job) || HasRoom(*job); });
+  if (Closed(*job)) return ClosedError(*job);
   if (!room) {
     return absl::DeadlineExceededError(
         absl::StrCat("job ", id, ": batch queue still full after ", timeout.count(), " ms"));
@@ -196,20 +207,14 @@ absl::Status Engine::Impl::FeedBatch(JobId id, Batch batch, std::chrono::millise
 }
 
 absl::Status Engine::Impl::FeedBatchAsync(JobId id, Batch batch, std::function<void(absl::Status)> done) {
-  auto job = Find(id);
-  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  if (job->spec.token_file) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", id, " reads a token file; it takes no streamed batches"));
-  }
-  if (absl::Status st = ValidateBatch(batch, job->model.vocab, job->spec.microbatches); !st.ok()) return st;
-  runtime::TensorBatch t = ToTensors(batch);
+  auto accepted = AcceptFeed(id, batch);
+  if (!accepted.ok()) return accepted.status();
+  const std::shared_ptr<Job> job = accepted->first;
+  runtime::TensorBatch& t = accepted->second;
   {
     std::lock_guard<std::mutex> lock(job->mu);
-    if (job->input_closed || job->terminal() || job->cancel) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " accepts no more batches (", JobStateName(job->state), ")"));
-    }
-    if (job->waiting.empty() && static_cast<int>(job->batches.size()) < job->spec.max_queued_batches) {
+    if (Closed(*job)) return ClosedError(*job);
+    if (HasRoom(*job)) {
       job->batches.push_back(std::move(t));
       job->cv.notify_all();
     } else if (static_cast<int>(job->waiting.size()) < job->spec.max_queued_batches) {

@@ -57,6 +57,8 @@ class Engine::Impl {
   void ReleaseEnded(Job& job);
   std::vector<workers::Device*> RawDevices() const;
   std::shared_ptr<Job> Find(JobId id) const;
+  // What both feeds check first (the job, its kind, its state, the batch), and the batch as tensors.
+  absl::StatusOr<std::pair<std::shared_ptr<Job>, runtime::TensorBatch>> AcceptFeed(JobId id, const Batch& batch) const;
   std::shared_ptr<Job> TakeRunnableLocked();  // mu_ held
 
   workers::Timeline timeline_;
