@@ -108,7 +108,7 @@ Engine::Impl::~Impl() { Shutdown(); }
 
 void Engine::Impl::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    workers::MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
     for (auto& [id, job] : jobs_) {
@@ -117,9 +117,9 @@ void Engine::Impl::Shutdown() {
       job->cv.notify_all();
     }
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (runner_.joinable()) runner_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  workers::MutexLock lock(&mu_);
   for (auto& [id, job] : jobs_) {
     std::deque<runtime::WaitingFeed> waiting;
     {
@@ -138,7 +138,7 @@ std::vector<workers::Device*> Engine::Impl::RawDevices() const {
 }
 
 std::shared_ptr<Engine::Impl::Job> Engine::Impl::Find(JobId id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  workers::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second;
 }
@@ -148,7 +148,7 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   // takes the job, so a queued job costs no host memory and Submit returns at once.
   auto job = std::make_shared<Job>();
   if (absl::Status st = runtime::PrepareJob(spec, RawDevices(), job.get()); !st.ok()) return st;
-  std::lock_guard<std::mutex> lock(mu_);
+  workers::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("engine is shutting down");
   job->id = next_id_++;
   {
@@ -157,7 +157,7 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   }
   jobs_[job->id] = job;
   pending_.push_back(job->id);
-  cv_.notify_all();
+  cv_.SignalAll();
   return job->id;
 }
 
@@ -290,7 +290,7 @@ absl::Status Engine::Impl::Resume(JobId id) {
     if (job->state == JobState::kPaused && !job->controller_started) job->SetState(JobState::kQueued);
     job->cv.notify_all();
   }
-  cv_.notify_all();  // a job paused while queued may start now
+  cv_.SignalAll();  // a job paused while queued may start now
   return absl::OkStatus();
 }
 
@@ -421,7 +421,7 @@ EngineStats Engine::Impl::Stats() const {
     ds.pinned_reserved_bytes = m.pinned_reserved_bytes;
     ds.pinned_in_use_bytes = m.pinned_in_use_bytes;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  workers::MutexLock lock(&mu_);
   s.jobs_total = static_cast<int>(jobs_.size());
   for (const auto& [id, job] : jobs_) {
     std::lock_guard<std::mutex> jl(job->mu);
@@ -435,8 +435,8 @@ void Engine::Impl::RunnerLoop() {
   for (;;) {
     std::shared_ptr<Job> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return shutdown_ || (job = TakeRunnableLocked()) != nullptr; });
+      workers::MutexLock lock(&mu_);
+      while (!shutdown_ && (job = TakeRunnableLocked()) == nullptr) cv_.Wait(&mu_);
       if (shutdown_) return;
     }
     try {  // the job's barrier: an unexpected exception fails this job, never the daemon

@@ -3,10 +3,11 @@
 // builds (job_builder.h) and runs (job_runner.h) one job at a time. scheduler/engine.h forwards
 // every call here; only the runtime and its tests include this header.
 //
-// Contract: the facade's (every method thread-safe). Locks: `mu_` guards the job table; each
-// job's `mu` guards its queue, events and state; its `run_mu` is held while an iteration, a
-// checkpoint or a read of the store runs (reads wait for the iteration boundary). Order:
-// mu_ before a job's mu; run_mu before mu; never mu_ while waiting on a job.
+// Contract: the facade's (every method thread-safe). Locks: `mu_` guards the job table (checked:
+// ABSL_GUARDED_BY, deploy/thread-safety.sh); each job's `mu` guards its queue, events and state;
+// its `run_mu` is held while an iteration, a checkpoint or a read of the store runs (reads wait
+// for the iteration boundary). Order: mu_ before a job's mu; run_mu before mu; never mu_ while
+// waiting on a job.
 #pragma once
 
 #include <condition_variable>
@@ -23,6 +24,7 @@
 #include "scheduler/runtime/job_builder.h"
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
+#include "workers/sync/mutex.h"
 
 namespace rp::scheduler {
 
@@ -59,17 +61,16 @@ class Engine::Impl {
   std::shared_ptr<Job> Find(JobId id) const;
   // What both feeds check first (the job, its kind, its state, the batch), and the batch as tensors.
   absl::StatusOr<std::pair<std::shared_ptr<Job>, runtime::TensorBatch>> AcceptFeed(JobId id, const Batch& batch) const;
-  std::shared_ptr<Job> TakeRunnableLocked();  // mu_ held
+  std::shared_ptr<Job> TakeRunnableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   workers::Timeline timeline_;
   std::vector<std::unique_ptr<workers::Device>> devices_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  // Guarded by mu_:
-  std::map<JobId, std::shared_ptr<Job>> jobs_;
-  std::vector<JobId> pending_;  // not started yet (queued or paused while queued)
-  JobId next_id_ = 1;
-  bool shutdown_ = false;
+  mutable workers::Mutex mu_;
+  workers::CondVar cv_;  // the runner waits on it for a runnable job
+  std::map<JobId, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<JobId> pending_ ABSL_GUARDED_BY(mu_);  // not started yet (queued or paused while queued)
+  JobId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread runner_;
 };
 
