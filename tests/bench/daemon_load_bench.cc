@@ -44,14 +44,9 @@ double Percentile(std::vector<double> v, double p) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int clients = absl::GetFlag(FLAGS_clients), seconds = absl::GetFlag(FLAGS_seconds);
-  const std::string root = std::filesystem::temp_directory_path() / ("rp_load_" + std::to_string(getpid()));
-  std::filesystem::remove_all(root);
-  std::filesystem::create_directories(root + "/data");
   rp::testing::DaemonProcess daemon;
-  if (!daemon.Start(root + "/state", {"--allowed_root", root + "/data", "--log_level", "warn"})) {
-    std::fprintf(stderr, "daemon did not start:\n%s\n", daemon.Output().c_str());
-    return 1;
-  }
+  const std::string root = rp::testing::StartBenchDaemon("rp_load", &daemon);
+  if (root.empty()) return 1;
   auto c = daemon.Connect();
   v1::JobSpec spec = rp::testing::TinyJobSpec();
   spec.set_name("load");

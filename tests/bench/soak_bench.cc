@@ -47,14 +47,9 @@ v1::Batch OneBatch(const std::string& job, bool keep_open, uint32_t seed) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const std::string root = std::filesystem::temp_directory_path() / ("rp_soak_" + std::to_string(getpid()));
-  std::filesystem::remove_all(root);
-  std::filesystem::create_directories(root + "/data");
   rp::testing::DaemonProcess daemon;
-  if (!daemon.Start(root + "/state", {"--allowed_root", root + "/data", "--log_level", "warn"})) {
-    std::fprintf(stderr, "daemon did not start:\n%s\n", daemon.Output().c_str());
-    return 1;
-  }
+  const std::string root = rp::testing::StartBenchDaemon("rp_soak", &daemon);
+  if (root.empty()) return 1;
   auto c = daemon.Connect();
   const v1::JobSpec spec = rp::testing::TinyJobSpec();
   std::mutex ids_mu;

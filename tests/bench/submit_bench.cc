@@ -28,14 +28,9 @@ double RssMiB(pid_t pid) { return static_cast<double>(rp::testing::ProcStatusFie
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const std::string root = std::filesystem::temp_directory_path() / ("rp_submit_" + std::to_string(getpid()));
-  std::filesystem::remove_all(root);
-  std::filesystem::create_directories(root + "/data");
   rp::testing::DaemonProcess daemon;
-  if (!daemon.Start(root + "/state", {"--allowed_root", root + "/data", "--log_level", "warn"})) {
-    std::fprintf(stderr, "daemon did not start:\n%s\n", daemon.Output().c_str());
-    return 1;
-  }
+  const std::string root = rp::testing::StartBenchDaemon("rp_submit", &daemon);
+  if (root.empty()) return 1;
   auto c = daemon.Connect();
   auto running = c->Submit(rp::testing::TinyJobSpec());  // holds the workers: the big job queues
   if (!running.ok()) return 1;

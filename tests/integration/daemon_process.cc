@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #ifndef RP_ROUNDPIPED
@@ -136,6 +137,19 @@ int RunCommand(const std::string& command, std::string* output) {
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
   const int status = pclose(p);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string StartBenchDaemon(const std::string& prefix, DaemonProcess* daemon, const std::vector<std::string>& extra) {
+  const std::string root = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root + "/data");
+  std::vector<std::string> args = {"--allowed_root", root + "/data", "--log_level", "warn"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  if (!daemon->Start(root + "/state", args)) {
+    std::fprintf(stderr, "daemon did not start:\n%s\n", daemon->Output().c_str());
+    return "";
+  }
+  return root;
 }
 
 }  // namespace rp::testing

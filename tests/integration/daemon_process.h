@@ -39,6 +39,12 @@ class DaemonProcess {
   std::string address_, metrics_, output_;
 };
 
+// For the benchmarks: a fresh <tmp>/<prefix>_<pid> with an allowed data/ root, and `daemon`
+// started on it (quiet logs, extra flags appended). Returns the root, or "" after printing the
+// daemon's output when it did not start.
+std::string StartBenchDaemon(const std::string& prefix, DaemonProcess* daemon,
+                             const std::vector<std::string>& extra = {});
+
 // A numeric field of /proc/<pid>/status (e.g. "VmRSS:" in KiB, "Threads:"); -1 if absent.
 int64_t ProcStatusField(pid_t pid, const std::string& key);
 

@@ -97,7 +97,9 @@ class HardeningTest : public DaemonTest {
     auto a = c->Submit(TinySpec());
     EXPECT_TRUE(a.ok()) << a.status();
     if (!a.ok()) return "";
-    if (cancel) EXPECT_TRUE(c->Cancel(a->id()).ok());
+    if (cancel) {
+      EXPECT_TRUE(c->Cancel(a->id()).ok());
+    }
     EXPECT_EQ(daemon_.Stop(signal), signal == 15 ? 0 : -1);
     return a->id();
   }
