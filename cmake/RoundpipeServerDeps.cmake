@@ -1,8 +1,7 @@
 # gRPC + protobuf (Debian 12), spdlog, SQLite, libsystemd and prometheus-cpp (Debian 13 binaries
 # unpacked by deploy/install-deps.sh into ${RP_PREFIX}/prometheus, see DESIGN §7).
 find_package(Protobuf REQUIRED)
-# Debian's protobuf runtime under our own name: protobuf::libprotobuf may be LibTorch's empty
-# alias (see the top-level CMakeLists.txt).
+# Debian's protobuf runtime under our own name, the one target our generated code links.
 add_library(rp_protobuf INTERFACE)
 target_link_libraries(rp_protobuf INTERFACE ${Protobuf_LIBRARY})
 target_include_directories(rp_protobuf INTERFACE ${Protobuf_INCLUDE_DIRS})

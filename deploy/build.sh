@@ -4,6 +4,8 @@
 #   RP_BUILD_DIR   build directory (default: <checkout>/build)
 #   RP_JOBS        parallel compile jobs (default: number of cores)
 #   RP_SKIP_DEPS=1 skip deploy/install-deps.sh (you installed everything yourself)
+#   RP_BUILD_TARGETS  space-separated targets to build (default: all; demo.sh builds only the
+#                     daemon and the CLI)
 set -euo pipefail
 RP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RP_BUILD_DIR="${RP_BUILD_DIR:-$RP_ROOT/build}"
@@ -25,4 +27,5 @@ export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_f
 if [ ! -f "$RP_BUILD_DIR/build.ninja" ]; then
   cmake -S "$RP_ROOT" -B "$RP_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$RP_BUILD_DIR" -j "$RP_JOBS"
+# shellcheck disable=SC2086  # word splitting of the target list is intended
+cmake --build "$RP_BUILD_DIR" -j "$RP_JOBS" ${RP_BUILD_TARGETS:+--target $RP_BUILD_TARGETS}

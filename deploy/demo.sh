@@ -10,6 +10,7 @@
 #   RP_DEMO_STEPS=600 bash deploy/demo.sh
 set -euo pipefail
 RP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RP_BUILD_TARGETS="roundpiped roundpipe"  # only what the demo runs; the tests are test.sh's business
 source "$RP_ROOT/deploy/build.sh"
 DAEMON="$RP_BUILD_DIR/server/roundpiped"
 CLI="$RP_BUILD_DIR/client/roundpipe"

@@ -6,24 +6,27 @@
 #   * prometheus-cpp 1.0.2: not in Debian 12; the Debian 13 binary packages are fetched with
 #     a private apt configuration (the archive URI is derived from this machine's own apt
 #     sources) and unpacked with `dpkg -x` into $RP_PREFIX/prometheus (nothing goes into /).
-#   * LibTorch: PyPI's `torch` wheel (pinned, CUDA build) in a venv at $RP_PREFIX/venv, plus
-#     the test oracles transformers, safetensors and peft.
+#   * LibTorch: PyPI's `torch` wheel (pinned, CUDA build) in a venv at $RP_PREFIX/venv, the
+#     CUDA runtime headers' crt/ part (nvidia-cuda-crt, same version as the wheel's runtime; no
+#     CUDA toolkit is needed), plus the test oracles transformers, safetensors, peft, tokenizers.
+#   install-deps.sh --print-packages   lists the Debian packages it installs, one per line, and
+#                                      exits (no root needed; tests/deploy checks the build
+#                                      against it)
+#   install-deps.sh --print-archive    prints the Debian archive URI this machine's apt sources
+#                                      use (tests/bench/fresh_debian.sh debootstraps from it)
 # Environment:
 #   RP_PREFIX        where the venv and private prefixes live (default /opt/roundpipe)
-#   RP_SKIP_ORACLES  =1 to skip the PyPI test oracles (transformers, safetensors, peft)
+#   RP_SKIP_ORACLES  =1 to skip the PyPI test oracles (transformers, safetensors, peft, tokenizers)
 set -euo pipefail
 
 RP_PREFIX="${RP_PREFIX:-/opt/roundpipe}"
 TORCH_VERSION="2.15.0"
-ORACLES="transformers==5.24.0 safetensors==0.8.0 peft==0.21.2"
+ORACLES="transformers==5.24.0 safetensors==0.8.0 peft==0.21.2 tokenizers==0.23.3"
 PROM_VERSION="1.0.2"
 STAMPS="$RP_PREFIX/stamps"
 
 log() { printf '[install-deps] %s\n' "$*"; }
 die() { printf '[install-deps] error: %s\n' "$*" >&2; exit 1; }
-
-[ "$(id -u)" = 0 ] || die "run as root (it installs Debian packages)"
-mkdir -p "$STAMPS"
 
 # ---------------------------------------------------------------- Debian packages
 DEB_PACKAGES=(
@@ -32,24 +35,11 @@ DEB_PACKAGES=(
   libspdlog-dev libfmt-dev libgtest-dev googletest libgmock-dev libbenchmark-dev
   libsqlite3-dev nlohmann-json3-dev libsystemd-dev libcivetweb-dev zlib1g-dev
   libcurl4-openssl-dev python3-venv python3-dev
+  libpcre2-dev libutf8proc-dev  # tokenizer.json: pre-tokenizer regexes (Unicode classes), NFC normalisation
   python3-grpcio python3-protobuf openssl  # the example Python client and its test; TLS test certificates
-  clang  # libFuzzer targets (tests/fuzz)
+  clang libclang-rt-14-dev  # libFuzzer targets (tests/fuzz): clang recommends, but does not pull in, its runtime
   civetweb  # Debian's civetweb CMake package references /usr/bin/civetweb (prometheus-cpp pull needs it)
 )
-missing=()
-for p in "${DEB_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  log "apt-get install: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
-else
-  log "Debian packages: present"
-fi
-
-# ---------------------------------------------------------------- prometheus-cpp (Debian 13 binaries)
 # Print the first Debian archive URI this machine's apt sources use (deb822 or one-line).
 debian_archive_uri() {
   local f uri
@@ -65,6 +55,31 @@ debian_archive_uri() {
   done
 }
 
+if [ "${1:-}" = --print-archive ]; then
+  debian_archive_uri
+  exit 0
+fi
+if [ "${1:-}" = --print-packages ]; then
+  printf '%s\n' "${DEB_PACKAGES[@]}"
+  exit 0
+fi
+[ "$(id -u)" = 0 ] || die "run as root (it installs Debian packages)"
+mkdir -p "$STAMPS"
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "apt-get install: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  log "Debian packages: present"
+fi
+
+# ---------------------------------------------------------------- prometheus-cpp (Debian 13 binaries)
 PROM_DIR="$RP_PREFIX/prometheus"
 if [ ! -f "$STAMPS/prometheus-$PROM_VERSION" ]; then
   uri=$(debian_archive_uri)
@@ -100,6 +115,18 @@ if [ ! -f "$STAMPS/torch-$TORCH_VERSION" ]; then
   touch "$STAMPS/torch-$TORCH_VERSION"
 else
   log "torch $TORCH_VERSION: present"
+fi
+# The build needs no CUDA toolkit (cmake/RoundpipeTorch.cmake): it compiles against the CUDA
+# runtime headers of the nvidia-cuda-runtime wheel torch depends on. Those include crt/*.h, which
+# NVIDIA ships in another wheel, nvidia-cuda-crt: install the one of the same version.
+CUDART_VERSION="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nvidia-cuda-runtime"))' 2>/dev/null)" \
+  || die "the torch wheel brought no nvidia-cuda-runtime wheel (a CPU-only torch?); roundpipe needs the CUDA build"
+if [ ! -f "$STAMPS/cuda-crt-$CUDART_VERSION" ]; then
+  log "pip install nvidia-cuda-crt==$CUDART_VERSION (CUDA runtime headers; no toolkit needed)"
+  "$VENV/bin/pip" install -q --progress-bar off "nvidia-cuda-crt==$CUDART_VERSION"
+  touch "$STAMPS/cuda-crt-$CUDART_VERSION"
+else
+  log "CUDA runtime headers $CUDART_VERSION: present"
 fi
 if [ "${RP_SKIP_ORACLES:-0}" != 1 ]; then
   oracle_stamp="$STAMPS/oracles-$(echo "$ORACLES" | tr ' =' '_-')"

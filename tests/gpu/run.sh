@@ -51,16 +51,15 @@ BUILD="$ROOT/build-gpu"
 DD="$BUILD/devdeps"
 rm -rf "$DD" && mkdir -p "$DD"
 for f in "$DEBS"/*.deb; do dpkg -x "$f" "$DD"; done
-TORCH_PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+TORCH_PREFIX="$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
 say "torch: $TORCH_VERSION; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'nvidia-smi unavailable')"
 # Debian's zlib1g-dev's libz.so is an absolute link into /lib (another zlib version there):
 # link against the unpacked runtime file itself; at run time any libz.so.1 will do.
 ZLIB_SO="$(ls "$DD"/lib/x86_64-linux-gnu/libz.so.1.* | head -1)"
 # (A CMake *variable*, ';'-separated: the CMAKE_PREFIX_PATH environment variable splits on ':'.)
-PREFIXES="$TORCH_PREFIX;$DD/usr"
+PREFIXES="$DD/usr"
 export LD_LIBRARY_PATH="$DD/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-ARCH="$("$PY" -c 'import torch; c = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(f"{c[0]}.{c[1]}")')"
 
 # Build tools: the machine's, unless missing or older than our CMakeLists needs (3.25); then the
 # wheels fetched with --fetch.
@@ -84,17 +83,13 @@ if ! command -v ninja >/dev/null 2>&1; then
   NINJA_ARGS=(-DCMAKE_MAKE_PROGRAM="$NINJA")
 fi
 say "cmake: $("$CMAKE" --version | head -1)"
-# LibTorch's CMake config looks for the CUDA toolkit: point it at the nvcc on PATH when there is one.
-CUDA_ARGS=()
-if command -v nvcc >/dev/null 2>&1; then
-  CUDA_ARGS=(-DCUDAToolkit_ROOT="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")")
-  say "nvcc: $(nvcc --version | tail -1)"
-fi
+# No CUDA toolkit is needed: the build takes cuda_runtime_api.h and libcudart from the nvidia-*
+# wheels beside torch (cmake/RoundpipeTorch.cmake), or from a toolkit when the wheels lack them.
 
 t0=$(date +%s)
 if ! {
-  "$CMAKE" -S "$ROOT" -B "$BUILD" -G Ninja "${NINJA_ARGS[@]}" "${CUDA_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
-    -DCMAKE_PREFIX_PATH="$PREFIXES" -DTorch_DIR="$TORCH_PREFIX/Torch" -DTORCH_CUDA_ARCH_LIST="$ARCH" \
+  "$CMAKE" -S "$ROOT" -B "$BUILD" -G Ninja "${NINJA_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
+    -DCMAKE_PREFIX_PATH="$PREFIXES" -DRP_TORCH_PREFIX="$TORCH_PREFIX" \
     -DZLIB_ROOT="$DD/usr" -DZLIB_INCLUDE_DIR="$DD/usr/include" \
     -DZLIB_LIBRARY="$ZLIB_SO" &&
     "$CMAKE" --build "$BUILD" -j "$(nproc)" --target cuda_backend_test gpu_bench
