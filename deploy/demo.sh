@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # demo.sh — the main job: install what is missing, build, then run the daemon end to end:
 # start roundpiped on loopback with a throw-away state directory, submit the built-in default
-# job (a small Llama-style model, byte-level tokens of the text files under
-# /usr/share/common-licenses, or of the files you name), watch it train live, export the model
+# job (a small Llama-style model trained on the text files under /usr/share/common-licenses, or on
+# the files you name: a BPE tokenizer is trained on them, and their paragraphs become a JSONL
+# dataset the daemon tokenizes itself), watch it train live, export the model
 # as a Hugging Face directory, show the Prometheus metrics, and stop the daemon (SIGTERM = drain).
 #
 #   bash deploy/demo.sh                 # default text
@@ -31,8 +32,38 @@ if [ -z "${RP_DEMO_DEVICES:-}" ] && nvidia-smi -L >/dev/null 2>&1; then
   WORKERS=$(nvidia-smi -L | grep -c '^GPU')  # the global batch below keeps >= 2 micro-batches per worker
 fi
 
-echo "== data: byte-level tokens of ${#TEXT[@]} file(s)"
-"$CLI" tokenize --out "$WORK/data/text.bin" "${TEXT[@]}"
+PY="${RP_PREFIX:-/opt/roundpipe}/venv/bin/python"
+echo "== data: a BPE tokenizer trained on ${#TEXT[@]} file(s), and their paragraphs as a JSONL dataset"
+# The tokenizer is trained here with PyPI's `tokenizers` (Llama-3's pre-tokenizer split and
+# template); the daemon reads its tokenizer.json natively and tokenizes the JSONL itself.
+"$PY" - "$WORK/data" "${TEXT[@]}" <<'PY'
+import json, os, re, sys
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+out, files = sys.argv[1], sys.argv[2:]
+texts = [open(f, encoding="utf-8", errors="replace").read() for f in files]
+split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+tok = Tokenizer(models.BPE(ignore_merges=True))
+tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+tok.decoder = decoders.ByteLevel()
+specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=1024, special_tokens=specials, show_progress=False,
+                                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                   special_tokens=[("<|begin_of_text|>", tok.token_to_id(specials[0]))])
+os.makedirs(os.path.join(out, "tokenizer"), exist_ok=True)
+tok.save(os.path.join(out, "tokenizer", "tokenizer.json"))
+json.dump({"eos_token": specials[1], "bos_token": specials[0]}, open(os.path.join(out, "tokenizer", "tokenizer_config.json"), "w"))
+n = 0
+with open(os.path.join(out, "train.jsonl"), "w") as f:
+    for t in texts:
+        for para in re.split(r"\n\s*\n", t):
+            if para.strip():
+                f.write(json.dumps({"text": para.strip()}) + "\n")
+                n += 1
+print(f"   tokenizer: {tok.get_vocab_size()} tokens; dataset: {n} paragraphs -> {out}/train.jsonl")
+PY
 
 echo "== starting roundpiped (state in $WORK/state, log in $WORK/roundpiped.log)"
 "$DAEMON" --state_dir "$WORK/state" --listen 127.0.0.1:0 --metrics_address 127.0.0.1:0 \
@@ -57,12 +88,13 @@ echo "   gRPC on $ADDR, metrics on http://$METRICS/metrics"
 cat >"$WORK/job.json" <<JSON
 {
   "name": "demo-llama-tiny",
-  "model": {"preset": "llama-tiny", "initSeed": 1},
+  "model": {"preset": "llama-tiny", "vocab": 1024, "initSeed": 1},
   "precision": "PRECISION_FP32",
   "optimizer": {"lr": 0.003, "weightDecay": 0.01, "maxGradNorm": 1.0, "mode": "OPTIMIZER_MODE_ASYNC",
                 "lrSchedule": {"kind": "KIND_WARMUP_COSINE", "warmupSteps": 20, "minLrRatio": 0.1}},
   "batching": {"globalBatch": $((2 * WORKERS)), "microBatch": 1, "sequenceLength": 128},
-  "data": {"tokenFile": {"path": "$WORK/data/text.bin", "maxEpochs": 100}},
+  "data": {"tokenFile": {"path": "$WORK/data/train.jsonl", "tokenizerDir": "$WORK/data/tokenizer", "maxEpochs": 100,
+                         "shuffle": true, "shuffleSeed": 1}},
   "maxSteps": $STEPS,
   "outputDir": "$WORK/data/out"
 }

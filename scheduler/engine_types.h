@@ -48,18 +48,33 @@ struct LrScheduleSpec {
   double min_lr_ratio = 0;
 };
 
-// A server-side token file cut into batches by the engine's runner (no feeding from outside):
-// flat little-endian uint16/uint32 ".bin", or a 1-d/2-d ".npy" of uint16/uint32/int32/int64;
-// windows of sequence_length + 1 tokens with stride sequence_length, global_batch windows per
-// batch, the last partial batch of an epoch dropped, `max_epochs` passes. A resumed job
-// continues at the checkpoint's data cursor.
+// A server-side data file cut into batches by the engine's runner (no feeding from outside):
+// flat little-endian uint16/uint32 ".bin", a 1-d/2-d ".npy" of uint16/uint32/int32/int64, or a
+// JSON Lines file of documents tokenized with the job's tokenizer (kJsonl, below). Windows of
+// sequence_length + 1 tokens with stride sequence_length, global_batch windows per batch, the last
+// partial batch of an epoch dropped, `max_epochs` passes. A resumed job continues at the
+// checkpoint's data cursor.
 struct TokenFileSource {
-  enum class Format { kAuto, kBinUint16, kBinUint32, kNpy };  // kAuto: ".npy" by name, else uint16
+  // kAuto: by name (".npy", ".jsonl"), else flat uint16.
+  enum class Format { kAuto, kBinUint16, kBinUint32, kNpy, kJsonl };
   std::string path;
   Format format = Format::kAuto;
   int64_t global_batch = 0;
   int64_t sequence_length = 0;
   int64_t max_epochs = 1;
+  // Windows in a seeded order, a fresh permutation each epoch. The order is a pure function of
+  // (shuffle_seed, epoch), so a resumed job continues it exactly from its data cursor.
+  bool shuffle = false;
+  uint64_t shuffle_seed = 0;
+  // kJsonl: one JSON object per line, either {"text": ...} (every token trained) or
+  // {"prompt": ..., "completion": ...} (loss on the completion only). Each document is encoded
+  // with the tokenizer's own special-token template (Llama-3: <|begin_of_text|> first); a
+  // completion is encoded on its own, so prompt and completion meet at a token boundary; then
+  // eos_token. Documents are packed back to back into the windows (plain concatenation).
+  std::string tokenizer_dir;  // holds tokenizer.json; empty = the job's hf_dir
+  // Appended after every document; empty = tokenizer_config.json's eos_token when the tokenizer
+  // dir has one, else nothing.
+  std::string eos_token;
 };
 
 struct JobSpec {

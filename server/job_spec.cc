@@ -329,11 +329,22 @@ absl::Status ResolveData(const v1::JobSpec& spec, const JobSpecContext& ctx, Res
         case v1::DataSource::TokenFile::FORMAT_NPY:
           src.format = scheduler::TokenFileSource::Format::kNpy;
           break;
+        case v1::DataSource::TokenFile::FORMAT_JSONL:
+          src.format = scheduler::TokenFileSource::Format::kJsonl;
+          break;
         default:
           src.format = scheduler::TokenFileSource::Format::kAuto;
       }
       if (tf.max_epochs() < 0) return absl::InvalidArgumentError("data.token_file.max_epochs: must not be negative");
       src.max_epochs = tf.max_epochs() > 0 ? tf.max_epochs() : 1;
+      if (!tf.tokenizer_dir().empty()) {
+        auto dir = ResolveInsideRoots(tf.tokenizer_dir(), ctx.allowed_roots, "data.token_file.tokenizer_dir");
+        if (!dir.ok()) return dir.status();
+        src.tokenizer_dir = *dir;
+      }
+      src.eos_token = tf.eos_token();
+      src.shuffle = tf.shuffle();
+      src.shuffle_seed = tf.shuffle_seed();
       src.global_batch = r.global_batch;
       src.sequence_length = r.sequence_length;
       e.token_file = src;

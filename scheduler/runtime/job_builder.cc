@@ -4,10 +4,13 @@
 
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/cost_model.h"
+#include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "workers/io/checkpoint.h"
+#include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
 
 namespace rp::scheduler {
@@ -48,6 +51,14 @@ int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices) {
 }  // namespace rp::scheduler
 
 namespace rp::scheduler::runtime {
+namespace {
+
+bool IsJsonl(const TokenFileSource& tf) {
+  return tf.format == TokenFileSource::Format::kJsonl ||
+         (tf.format == TokenFileSource::Format::kAuto && absl::EndsWith(tf.path, ".jsonl"));
+}
+
+}  // namespace
 
 absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Device*>& devices, EngineJob* job) {
   // Validation only: the files a job names are checked (headers, checksums) but nothing is
@@ -85,15 +96,36 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     }
   }
   if (spec.token_file) {
-    const TokenFileSource& tf = *spec.token_file;
-    auto ds = TokenDataset::Open(tf.path, tf.format, tf.global_batch, tf.sequence_length);
-    if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
+    TokenFileSource& tf = *spec.token_file;
+    if (IsJsonl(tf)) {
+      // Checked now (tokenizer, its vocabulary against the model's, a readable file); read and
+      // tokenized by BuildJob on the runner, so Submit stays quick and a queued job holds nothing.
+      if (tf.tokenizer_dir.empty()) tf.tokenizer_dir = spec.hf_dir;
+      if (tf.tokenizer_dir.empty()) {
+        return absl::InvalidArgumentError(
+            "data.token_file: a JSONL dataset needs a tokenizer: set data.token_file.tokenizer_dir or model.hf_dir");
+      }
+      auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
+      if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", tok.status().message()));
+      if (tok->tokenizer.IdLimit() > job->model.vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("data.token_file: the tokenizer in '", tf.tokenizer_dir,
+                                                       "' has ids up to ", tok->tokenizer.IdLimit() - 1,
+                                                       " but the model's vocabulary is ", job->model.vocab));
+      }
+      uint64_t bytes = 0;
+      auto fd = workers::io::OpenForRead(tf.path, &bytes);
+      if (!fd.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", fd.status().message()));
+    } else {
+      auto ds = TokenDataset::Open(tf.path, tf.format, tf.global_batch, tf.sequence_length);
+      if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
+      if (tf.shuffle) (*ds)->Shuffle(tf.shuffle_seed);
+      job->data = std::move(*ds);
+    }
     if (tf.global_batch % spec.microbatches != 0) {
       return absl::InvalidArgumentError(absl::StrCat("data.token_file: global_batch ", tf.global_batch,
                                                      " cannot be split into ", spec.microbatches, " micro-batches"));
     }
     if (tf.max_epochs < 1) return absl::InvalidArgumentError("data.token_file: max_epochs must be >= 1");
-    job->data = std::move(*ds);
   }
   ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
@@ -148,9 +180,24 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     o.resume_loss_scale = meta->loss_scale;
     o.resume_good_steps = meta->good_steps;
   }
+  std::unique_ptr<TokenDataset> data;
+  if (spec.token_file && IsJsonl(*spec.token_file)) {
+    const TokenFileSource& tf = *spec.token_file;
+    progress("tokenizing " + tf.path);
+    auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
+    if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", tok.status().message()));
+    auto packed = ReadJsonlDocuments(tf.path, *tok);
+    if (!packed.ok()) return packed.status();
+    auto ds = TokenDataset::FromPacked(std::move(packed->tokens), std::move(packed->trained), tf.global_batch,
+                                       tf.sequence_length, absl::StrCat("dataset '", tf.path, "'"));
+    if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
+    if (tf.shuffle) (*ds)->Shuffle(tf.shuffle_seed);
+    data = std::move(*ds);
+  }
   auto c = Controller::Create(o, store.get(), devices, timeline);
   if (!c.ok()) return c.status();
   std::lock_guard<std::mutex> lock(job.mu);
+  if (data) job.data = std::move(data);
   job.store = std::move(store);
   job.controller = std::move(*c);
   return absl::OkStatus();

@@ -57,19 +57,81 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const std::stri
     d->data_ = d->map_;
     d->num_tokens_ = static_cast<int64_t>(d->map_size_ / d->element_bytes_);
   }
-  d->global_batch_ = global_batch;
-  d->sequence_length_ = sequence_length;
-  const int64_t windows = d->num_tokens_ > 1 ? (d->num_tokens_ - 1) / sequence_length : 0;
-  d->batches_per_epoch_ = windows / global_batch;
-  if (d->batches_per_epoch_ == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("token file '", path, "' holds ", d->num_tokens_,
-                                                   " tokens, not enough for one batch of ", global_batch, " x ",
-                                                   sequence_length + 1));
-  }
+  if (auto st = d->SetShape(global_batch, sequence_length, absl::StrCat("token file '", path, "'")); !st.ok())
+    return st;
   return d;
 }
 
+absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::FromPacked(std::vector<int32_t> tokens,
+                                                                       std::vector<uint8_t> trained,
+                                                                       int64_t global_batch, int64_t sequence_length,
+                                                                       const std::string& what) {
+  if (global_batch < 1 || sequence_length < 1) return absl::InvalidArgumentError("dataset: empty batch shape");
+  if (tokens.size() != trained.size()) return absl::InternalError("dataset: mask and tokens differ in length");
+  std::unique_ptr<TokenDataset> d(new TokenDataset());
+  d->element_bytes_ = 0;
+  d->num_tokens_ = static_cast<int64_t>(tokens.size());
+  d->packed_ = std::move(tokens);
+  d->trained_ = std::move(trained);
+  if (auto st = d->SetShape(global_batch, sequence_length, what); !st.ok()) return st;
+  return d;
+}
+
+absl::Status TokenDataset::SetShape(int64_t global_batch, int64_t sequence_length, const std::string& what) {
+  global_batch_ = global_batch;
+  sequence_length_ = sequence_length;
+  const int64_t windows = num_tokens_ > 1 ? (num_tokens_ - 1) / sequence_length : 0;
+  batches_per_epoch_ = windows / global_batch;
+  if (batches_per_epoch_ == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " holds ", num_tokens_,
+                                                   " tokens, not enough for one batch of ", global_batch, " x ",
+                                                   sequence_length + 1));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A keyed bijection of [0, n): a 4-round Feistel network over the smallest even-bit power of two
+// >= n, cycle-walked back into range (at most ~4 steps on average). O(1) memory per epoch.
+int64_t Permute(uint64_t i, uint64_t n, uint64_t key) {
+  int half = 1;
+  while ((uint64_t{1} << (2 * half)) < n) ++half;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  auto mix = [](uint64_t x) {  // splitmix64's finaliser
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  do {
+    uint64_t l = i >> half, r = i & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t f = mix(r ^ mix(key + round)) & mask;
+      const uint64_t t = l ^ f;
+      l = r;
+      r = t;
+    }
+    i = (l << half) | r;
+  } while (i >= n);
+  return static_cast<int64_t>(i);
+}
+
+}  // namespace
+
+int64_t TokenDataset::WindowOf(int64_t index, int64_t row) const {
+  const int64_t in_epoch = (index % batches_per_epoch_) * global_batch_ + row;
+  if (!shuffle_) return in_epoch;
+  // Every window of the epoch can be drawn, also those a drop-last epoch leaves out in file order.
+  const int64_t windows = (num_tokens_ - 1) / sequence_length_;
+  const uint64_t epoch = static_cast<uint64_t>(index / batches_per_epoch_);
+  return Permute(static_cast<uint64_t>(in_epoch), static_cast<uint64_t>(windows),
+                 seed_ * 0x9e3779b97f4a7c15ull + epoch);
+}
+
 int64_t TokenDataset::TokenAt(int64_t i) const {
+  if (element_bytes_ == 0) return packed_[i];
   const unsigned char* p = data_ + i * element_bytes_;
   switch (element_bytes_) {
     case 2:
@@ -93,10 +155,11 @@ std::pair<at::Tensor, at::Tensor> TokenDataset::Batch(int64_t index) const {
   int64_t* t = tokens.data_ptr<int64_t>();
   int64_t* l = labels.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t start = ((index % batches_per_epoch_) * B + b) * S;
+    const int64_t start = WindowOf(index, b) * S;
     for (int64_t s = 0; s < S; ++s) {
       t[b * S + s] = TokenAt(start + s);
-      l[b * S + s] = TokenAt(start + s + 1);
+      const bool target = trained_.empty() || trained_[start + s + 1] != 0;
+      l[b * S + s] = target ? TokenAt(start + s + 1) : scheduler::Batch::kIgnoreLabel;
     }
   }
   return {tokens, labels};

@@ -1,10 +1,12 @@
-// token_dataset.h — (runtime) a server-side token file (flat little-endian uint16 / uint32 ".bin", or a
-// 1-d/2-d ".npy" of uint16/uint32/int32/int64) cut into training batches: windows of
-// sequence_length + 1 tokens with stride sequence_length (every token is a target once),
-// global_batch windows per batch, the last partial batch of an epoch dropped.
+// token_dataset.h — (runtime) a token stream cut into training batches: a server-side token file
+// (flat little-endian uint16 / uint32 ".bin", or a 1-d/2-d ".npy" of uint16/uint32/int32/int64,
+// memory-mapped) or a packed stream with a loss mask (a JSONL dataset, jsonl_documents.h).
+// Windows of sequence_length + 1 tokens with stride sequence_length (every token is a target
+// once; a masked target becomes the ignore label), global_batch windows per batch, the last
+// partial batch of an epoch dropped; optionally in a seeded order, a fresh one each epoch.
 //
-// Contract: the file is memory-mapped read-only for the dataset's lifetime; Batch() is const and
-// thread-safe. The cursor (epoch, batch index) lives with the caller, so a job can persist it.
+// Contract: Batch() is const and thread-safe, and a pure function of the batch index (the window
+// order included): the cursor lives with the caller, so a job can persist and resume it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "scheduler/engine_types.h"
@@ -22,11 +25,23 @@ using TokenFileFormat = TokenFileSource::Format;
 
 class TokenDataset {
  public:
+  // A token file (format kBinUint16 / kBinUint32 / kNpy / kAuto by name).
   static absl::StatusOr<std::unique_ptr<TokenDataset>> Open(const std::string& path, TokenFileFormat format,
                                                             int64_t global_batch, int64_t sequence_length);
+  // A packed stream: `trained[i]` says whether token i is a target. `what` names it in errors.
+  static absl::StatusOr<std::unique_ptr<TokenDataset>> FromPacked(std::vector<int32_t> tokens,
+                                                                  std::vector<uint8_t> trained, int64_t global_batch,
+                                                                  int64_t sequence_length, const std::string& what);
+  // Windows in a seeded order, a fresh permutation per epoch (default: file order).
+  void Shuffle(uint64_t seed) {
+    shuffle_ = true;
+    seed_ = seed;
+  }
   ~TokenDataset();
   int64_t num_tokens() const { return num_tokens_; }
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  // The window batch `index` takes in row `row` (its first token is window * sequence_length).
+  int64_t WindowOf(int64_t index, int64_t row) const;
   // tokens and labels, each [global_batch, sequence_length] int64 (labels = tokens shifted by
   // one within each window).
   std::pair<at::Tensor, at::Tensor> Batch(int64_t index) const;
@@ -34,6 +49,7 @@ class TokenDataset {
  private:
   TokenDataset() = default;
   int64_t TokenAt(int64_t i) const;
+  absl::Status SetShape(int64_t global_batch, int64_t sequence_length, const std::string& what);
 
   const unsigned char* map_ = nullptr;
   size_t map_size_ = 0;
@@ -42,6 +58,10 @@ class TokenDataset {
   bool is_signed_ = false;
   int64_t num_tokens_ = 0;
   int64_t global_batch_ = 0, sequence_length_ = 0, batches_per_epoch_ = 0;
+  std::vector<int32_t> packed_;   // FromPacked: the tokens (element_bytes_ == 0)
+  std::vector<uint8_t> trained_;  // FromPacked: the loss mask
+  bool shuffle_ = false;
+  uint64_t seed_ = 0;
 };
 
 }  // namespace rp::scheduler::runtime

@@ -84,6 +84,25 @@ TEST_F(DaemonTest, BadInputMatrixGetsClearErrorsAndTheDaemonAndOtherJobsCarryOn)
          s.mutable_data()->mutable_token_file()->set_path(root_ + "/data/etc-link/passwd");
        },
        StatusCode::kPermissionDenied, "outside the allowed roots"},
+      {"jsonl tokenizer outside roots",
+       [this](auto& s) {
+         s.mutable_data()->mutable_token_file()->set_path(root_ + "/data/x.jsonl");
+         s.mutable_data()->mutable_token_file()->set_tokenizer_dir("/etc");
+       },
+       StatusCode::kPermissionDenied, "data.token_file.tokenizer_dir"},
+      {"jsonl without a tokenizer",
+       [this](auto& s) {
+         std::ofstream(root_ + "/data/x.jsonl") << "{\"text\": \"hi\"}\n";
+         s.mutable_data()->mutable_token_file()->set_path(root_ + "/data/x.jsonl");
+       },
+       StatusCode::kInvalidArgument, "needs a tokenizer"},
+      {"jsonl tokenizer dir without tokenizer.json",
+       [this](auto& s) {
+         std::ofstream(root_ + "/data/x.jsonl") << "{\"text\": \"hi\"}\n";
+         s.mutable_data()->mutable_token_file()->set_path(root_ + "/data/x.jsonl");
+         s.mutable_data()->mutable_token_file()->set_tokenizer_dir(root_ + "/data");
+       },
+       StatusCode::kInvalidArgument, "tokenizer.json"},
       {"missing token file",
        [this](auto& s) { s.mutable_data()->mutable_token_file()->set_path(root_ + "/data/nothing.bin"); },
        StatusCode::kInvalidArgument, "nothing.bin"},

@@ -407,6 +407,9 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
   spec.mutable_optimizer()->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::KIND_WARMUP_COSINE);
   spec.mutable_optimizer()->mutable_lr_schedule()->set_warmup_steps(3);
   spec.mutable_data()->mutable_token_file()->set_path(TokenFile(30000));
+  // Shuffled windows: the order must survive the kill too (it is a function of the cursor).
+  spec.mutable_data()->mutable_token_file()->set_shuffle(true);
+  spec.mutable_data()->mutable_token_file()->set_shuffle_seed(5);
   spec.mutable_checkpoint()->set_every_steps(2);
   spec.set_max_steps(16);
   std::string killed_id;

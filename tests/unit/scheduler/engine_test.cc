@@ -2,13 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-
 #include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
+#include "nlohmann/json.hpp"
 #include "scheduler/runtime/engine_impl.h"
 #include "tests/support/engine_values.h"
 #include "tests/support/reference_model.h"
@@ -639,6 +641,71 @@ TEST(Engine, TokenFileJobsAreReadByTheRunner) {
   }
   EXPECT_EQ(stream_losses, file_losses);
   std::remove(path.c_str());
+}
+
+// A JSONL prompt/completion dataset read and tokenized by the runner trains exactly like the plain
+// LibTorch reference on the tokens and masks PyPI `tokenizers` gives (make_jsonl_dataset.py).
+TEST(Engine, JsonlJobTrainsLikeTheReferenceOnTheSameTokensAndMasks) {
+  const std::string dir = ::testing::TempDir() + "rp_engine_jsonl_" + std::to_string(getpid());
+  std::string out;
+  FILE* p =
+      popen((std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_jsonl_dataset.py " + dir + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p)) out += buf;
+  ASSERT_EQ(pclose(p), 0) << out;
+  std::ifstream ef(dir + "/expected.json");
+  std::stringstream ss;
+  ss << ef.rdbuf();
+  const auto expected = nlohmann::json::parse(ss.str());
+  const auto tokens = expected["tokens"].get<std::vector<int64_t>>();
+  const auto trained = expected["trained"].get<std::vector<int>>();
+
+  JobSpec spec = TinyJob();
+  spec.model.vocab = expected["vocab"].get<int>();
+  const int64_t B = 4, S = 16;
+  spec.token_file = TokenFileSource{dir + "/train.jsonl", TokenFileSource::Format::kAuto, B, S, 1};
+  spec.token_file->tokenizer_dir = dir + "/tok";
+  auto engine = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  auto id = (*engine)->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<double> got;
+  for (const auto& e : DrainUntilEnded(**engine, *id)) {
+    if (e.kind == JobEvent::Kind::kIteration) got.push_back(e.stats.loss);
+  }
+  ASSERT_EQ(*(*engine)->State(*id), JobState::kSucceeded) << (*engine)->Info(*id)->message;
+  const int64_t batches = (static_cast<int64_t>(tokens.size()) - 1) / S / B;
+  ASSERT_EQ(static_cast<int64_t>(got.size()), batches);
+  ASSERT_GE(batches, 5);
+  workers::HostModelStore init(rp::testing::ConfigOf(spec.model), at::kFloat, spec.seed);
+  rp::testing::ReferenceModel ref(init, runtime::ToAdamW(spec.optimizer));
+  int64_t masked = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    at::Tensor t = at::empty({B, S}, at::kLong), l = at::empty({B, S}, at::kLong);
+    for (int64_t r = 0; r < B; ++r) {
+      for (int64_t c = 0; c < S; ++c) {
+        const int64_t i = (b * B + r) * S + c;
+        t[r][c] = tokens[i];
+        l[r][c] = trained[i + 1] ? tokens[i + 1] : -100;
+        masked += trained[i + 1] ? 0 : 1;
+      }
+    }
+    const double want = ref.Step(t, l);
+    EXPECT_NEAR(got[b], want, 1e-5 * want) << "step " << b;
+  }
+  EXPECT_GT(masked, batches * B * S / 5);  // the prompts really are masked
+  // A dataset the tokenizer cannot cover is refused at Submit, naming the vocabularies.
+  JobSpec small = spec;
+  small.model.vocab = 100;
+  auto refused = (*engine)->Submit(small);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.status().message()).find("but the model's vocabulary is 100"), std::string::npos)
+      << refused.status();
+  JobSpec no_tokenizer = spec;
+  no_tokenizer.token_file->tokenizer_dir.clear();
+  EXPECT_NE(std::string((*engine)->Submit(no_tokenizer).status().message()).find("needs a tokenizer"),
+            std::string::npos);
 }
 
 }  // namespace

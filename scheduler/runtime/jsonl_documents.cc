@@ -1,0 +1,127 @@
+#include "scheduler/runtime/jsonl_documents.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "workers/io/confined_fs.h"
+
+namespace rp::scheduler::runtime {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxTokenizerBytes = 256ull << 20;  // real ones are 2-30 MB
+constexpr uint64_t kMaxConfigBytes = 16ull << 20;
+
+// A read-only mapping that unmaps itself.
+struct Mapping {
+  const char* data = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (data != nullptr) munmap(const_cast<char*>(data), size);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const std::string& eos_token) {
+  const std::string file = dir + "/tokenizer.json";
+  auto text = workers::io::ReadSmallFile(file, kMaxTokenizerBytes);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("tokenizer: ", text.status().message()));
+  auto tok = workers::text::Tokenizer::FromJson(*text);
+  if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("tokenizer '", file, "': ", tok.status().message()));
+  std::string eos = eos_token;
+  if (eos.empty()) {
+    const std::string cfg_file = dir + "/tokenizer_config.json";
+    if (workers::io::KindOf(cfg_file) == workers::io::FileKind::kFile) {
+      auto cfg_text = workers::io::ReadSmallFile(cfg_file, kMaxConfigBytes);
+      if (!cfg_text.ok()) return cfg_text.status();
+      const json cfg = json::parse(*cfg_text, nullptr, /*allow_exceptions=*/false);
+      if (cfg.is_discarded() || !cfg.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat("'", cfg_file, "' is not a JSON object"));
+      }
+      const json e = cfg.value("eos_token", json());
+      if (e.is_string()) {
+        eos = e.get<std::string>();
+      } else if (e.is_object() && e.contains("content") && e["content"].is_string()) {
+        eos = e["content"].get<std::string>();
+      }
+    }
+  }
+  std::optional<int32_t> eos_id;
+  if (!eos.empty()) {
+    eos_id = tok->TokenToId(eos);
+    if (!eos_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eos_token '", eos, "' is not a token of '", file, "' (set data.token_file.eos_token)"));
+    }
+  }
+  return LoadedTokenizer{*std::move(tok), eos_id};
+}
+
+absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok) {
+  uint64_t bytes = 0;
+  auto fd = workers::io::OpenForRead(path, &bytes);
+  if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("dataset: ", fd.status().message()));
+  Mapping map;
+  if (bytes > 0) {
+    void* m = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd->get(), 0);
+    if (m == MAP_FAILED) return absl::InternalError(absl::StrCat("dataset '", path, "': mmap: ", std::strerror(errno)));
+    map.data = static_cast<const char*>(m);
+    map.size = bytes;
+  }
+  const std::string_view all(map.data == nullptr ? "" : map.data, map.size);
+  PackedTokens out;
+  auto append = [&](const std::vector<int32_t>& ids, bool trained) {
+    out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
+    out.trained.insert(out.trained.end(), ids.size(), trained ? 1 : 0);
+  };
+  int64_t line_no = 0;
+  for (size_t pos = 0; pos < all.size();) {
+    size_t end = all.find('\n', pos);
+    if (end == std::string_view::npos) end = all.size();
+    std::string_view line = all.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank lines
+    const std::string where = absl::StrCat("dataset '", path, "' line ", line_no);
+    const json rec = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+    if (rec.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON"));
+    if (!rec.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+    auto field = [&](const char* key) -> absl::StatusOr<std::string> {
+      const json& v = rec[key];
+      if (!v.is_string())
+        return absl::InvalidArgumentError(absl::StrCat(where, ": field \"", key, "\" must be a string"));
+      return v.get<std::string>();
+    };
+    if (rec.contains("text")) {
+      auto text = field("text");
+      if (!text.ok()) return text.status();
+      append(tok.tokenizer.Encode(*text, /*add_special_tokens=*/true), true);
+    } else if (rec.contains("prompt") && rec.contains("completion")) {
+      auto prompt = field("prompt");
+      if (!prompt.ok()) return prompt.status();
+      auto completion = field("completion");
+      if (!completion.ok()) return completion.status();
+      append(tok.tokenizer.Encode(*prompt, /*add_special_tokens=*/true), false);
+      append(tok.tokenizer.Encode(*completion, /*add_special_tokens=*/false), true);
+    } else {
+      std::vector<std::string> keys;
+      for (const auto& [k, v] : rec.items()) keys.push_back(k);
+      return absl::InvalidArgumentError(absl::StrCat(where, ": needs a string \"text\", or strings \"prompt\" and ",
+                                                     "\"completion\" (it has: ", absl::StrJoin(keys, ", "), ")"));
+    }
+    if (tok.eos_id) append({*tok.eos_id}, true);
+    ++out.documents;
+  }
+  if (out.documents == 0) return absl::InvalidArgumentError(absl::StrCat("dataset '", path, "' holds no records"));
+  return out;
+}
+
+}  // namespace rp::scheduler::runtime

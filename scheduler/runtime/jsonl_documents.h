@@ -1,0 +1,37 @@
+// jsonl_documents.h — (runtime) a JSON Lines dataset read into one packed token stream with a loss
+// mask: the documents ({"text"} or {"prompt", "completion"}; see TokenFileSource::kJsonl) encoded
+// with a tokenizer.json tokenizer (workers/text) and concatenated in file order.
+//
+// Contract: reads through the daemon's confinement (a regular file beneath its roots). Every
+// failure names the file and, for a record, its line and field; a dataset that cannot be read
+// whole is refused whole (a job never starts on part of it). Called by the job builder on the
+// runner's thread (never a gRPC thread); pure otherwise.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "workers/text/tokenizer.h"
+
+namespace rp::scheduler::runtime {
+
+struct PackedTokens {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;  // trained[i]: token i is a training target (1) or masked (0)
+  int64_t documents = 0;
+};
+
+// A tokenizer directory: tokenizer.json, and the end-of-sequence token to append after every
+// document: `eos_token` when non-empty, else tokenizer_config.json's "eos_token" when present.
+struct LoadedTokenizer {
+  workers::text::Tokenizer tokenizer;
+  std::optional<int32_t> eos_id;
+};
+absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const std::string& eos_token);
+
+absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok);
+
+}  // namespace rp::scheduler::runtime

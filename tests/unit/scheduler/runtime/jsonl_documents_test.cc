@@ -1,0 +1,131 @@
+// jsonl_documents_test — JSONL datasets: the packed stream and loss mask equal what PyPI
+// `tokenizers` gives for the same records (make_jsonl_dataset.py); bad records are refused naming
+// file, line and field; shuffled windows are a fresh permutation each epoch, the same on every run.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "nlohmann/json.hpp"
+#include "scheduler/runtime/jsonl_documents.h"
+#include "scheduler/runtime/token_dataset.h"
+
+namespace rp::scheduler::runtime {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int RunShell(const std::string& cmd, std::string* out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  return pclose(p);
+}
+
+// The fixture, made once per process.
+const std::string& Fixture() {
+  static const std::string dir = [] {
+    std::string d = ::testing::TempDir() + "rp_jsonl_" + std::to_string(getpid());
+    std::string out;
+    EXPECT_EQ(RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_jsonl_dataset.py " + d, &out), 0) << out;
+    return d;
+  }();
+  return dir;
+}
+
+TEST(JsonlDocuments, PackedStreamAndMaskEqualTokenizers) {
+  auto tok = LoadTokenizerDir(Fixture() + "/tok", "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  ASSERT_TRUE(tok->eos_id.has_value());  // from tokenizer_config.json's {"content": "<|eos|>"}
+  auto packed = ReadJsonlDocuments(Fixture() + "/train.jsonl", *tok);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const auto want = nlohmann::json::parse(ReadAll(Fixture() + "/expected.json"));
+  EXPECT_EQ(packed->documents, 120);
+  EXPECT_EQ(packed->tokens, want["tokens"].get<std::vector<int32_t>>());
+  EXPECT_EQ(packed->trained, want["trained"].get<std::vector<uint8_t>>());
+}
+
+TEST(JsonlDocuments, BadRecordsNameFileLineAndField) {
+  auto tok = LoadTokenizerDir(Fixture() + "/tok", "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string path = ::testing::TempDir() + "rp_bad_" + std::to_string(getpid()) + ".jsonl";
+  auto error_of = [&](const std::string& body) {
+    std::ofstream(path) << body;
+    auto p = ReadJsonlDocuments(path, *tok);
+    return p.ok() ? std::string("(accepted)") : std::string(p.status().message());
+  };
+  EXPECT_NE(error_of("{\"text\": \"a\"}\n{\"text\": \"b\"\n").find("line 2: not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of("{\"text\": 5}\n").find("line 1: field \"text\" must be a string"), std::string::npos);
+  EXPECT_NE(error_of("\n{\"prompt\": \"q\"}\n")
+                .find("line 2: needs a string \"text\", or strings \"prompt\" and "
+                      "\"completion\" (it has: prompt)"),
+            std::string::npos);
+  EXPECT_NE(error_of("[1, 2]\n").find("line 1: not a JSON object"), std::string::npos);
+  EXPECT_NE(error_of("\n\n").find("holds no records"), std::string::npos);
+  EXPECT_NE(error_of("{\"text\": \"\xff\"}\n").find("line 1: not valid JSON"), std::string::npos);  // not UTF-8
+  EXPECT_NE(error_of("{\"prompt\": \"q\", \"completion\": null}").find("\"completion\" must be a string"),
+            std::string::npos);
+  std::remove(path.c_str());
+  EXPECT_FALSE(ReadJsonlDocuments(path, *tok).ok());  // gone
+  auto bad_eos = LoadTokenizerDir(Fixture() + "/tok", "<|nope|>");
+  ASSERT_FALSE(bad_eos.ok());
+  EXPECT_NE(std::string(bad_eos.status().message()).find("eos_token '<|nope|>' is not a token"), std::string::npos);
+  EXPECT_FALSE(LoadTokenizerDir(Fixture(), "").ok());  // no tokenizer.json there
+}
+
+TEST(TokenDataset, MaskedTargetsBecomeTheIgnoreLabel) {
+  std::vector<int32_t> tokens{10, 11, 12, 13, 14, 15, 16, 17, 18};
+  std::vector<uint8_t> trained{0, 0, 1, 1, 0, 1, 1, 1, 1};
+  auto d = TokenDataset::FromPacked(tokens, trained, 2, 4, "test");
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto [t, l] = (*d)->Batch(0);
+  EXPECT_EQ(std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + 8),
+            (std::vector<int64_t>{10, 11, 12, 13, 14, 15, 16, 17}));
+  EXPECT_EQ(std::vector<int64_t>(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + 8),
+            (std::vector<int64_t>{-100, 12, 13, -100, 15, 16, 17, 18}));
+}
+
+TEST(TokenDataset, ShuffledWindowsAreAFreshPermutationEachEpochAndRepeatable) {
+  const int64_t S = 3, B = 5, windows = 103;  // 103 windows: 20 batches, 3 windows dropped per epoch
+  std::vector<int32_t> tokens(windows * S + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i);
+  auto a = *TokenDataset::FromPacked(tokens, std::vector<uint8_t>(tokens.size(), 1), B, S, "test");
+  auto b = *TokenDataset::FromPacked(tokens, std::vector<uint8_t>(tokens.size(), 1), B, S, "test");
+  a->Shuffle(42);
+  b->Shuffle(42);
+  ASSERT_EQ(a->batches_per_epoch(), 20);
+  std::vector<int64_t> epoch0, epoch1;
+  for (int64_t i = 0; i < 40; ++i) {
+    for (int64_t r = 0; r < B; ++r) {
+      const int64_t w = a->WindowOf(i, r);
+      ASSERT_GE(w, 0);
+      ASSERT_LT(w, windows);
+      (i < 20 ? epoch0 : epoch1).push_back(w);
+      EXPECT_EQ(w, b->WindowOf(i, r));  // a pure function of the index: a resumed job continues it
+    }
+  }
+  EXPECT_EQ(std::set<int64_t>(epoch0.begin(), epoch0.end()).size(), 100u);  // no window twice
+  EXPECT_EQ(std::set<int64_t>(epoch1.begin(), epoch1.end()).size(), 100u);
+  EXPECT_NE(epoch0, epoch1);
+  std::vector<int64_t> in_order(100);
+  for (int64_t k = 0; k < 100; ++k) in_order[k] = k;
+  EXPECT_NE(epoch0, in_order);
+  auto [t, l] = a->Batch(3);  // the batch's rows are its windows
+  EXPECT_EQ(t.data_ptr<int64_t>()[0], a->WindowOf(3, 0) * S);
+  EXPECT_EQ(l.data_ptr<int64_t>()[0], a->WindowOf(3, 0) * S + 1);
+  b->Shuffle(43);
+  EXPECT_NE(a->WindowOf(0, 0) * 1000 + a->WindowOf(0, 1), b->WindowOf(0, 0) * 1000 + b->WindowOf(0, 1));
+}
+
+}  // namespace
+}  // namespace rp::scheduler::runtime
