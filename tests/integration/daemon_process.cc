@@ -128,17 +128,6 @@ std::string HttpGet(const std::string& host_port, const std::string& path) {
   return body == std::string::npos ? "" : out.substr(body + 4);
 }
 
-int RunCommand(const std::string& command, std::string* output) {
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  output->clear();
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 std::string StartBenchDaemon(const std::string& prefix, DaemonProcess* daemon, const std::vector<std::string>& extra) {
   const std::string root = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(getpid()));
   std::filesystem::remove_all(root);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "tests/support/run_command.h"  // RunCommand
 
 namespace rp::testing {
 
@@ -50,7 +51,5 @@ int64_t ProcStatusField(pid_t pid, const std::string& key);
 
 // A plain HTTP/1.0 GET on loopback; returns the body ("" on failure).
 std::string HttpGet(const std::string& host_port, const std::string& path);
-// Runs a command line, returns its exit status and fills *output with stdout+stderr.
-int RunCommand(const std::string& command, std::string* output);
 
 }  // namespace rp::testing

@@ -14,6 +14,7 @@
 #include "scheduler/runtime/engine_impl.h"
 #include "tests/support/engine_values.h"
 #include "tests/support/reference_model.h"
+#include "tests/support/run_command.h"
 #include "tests/support/tokens.h"
 
 namespace rp::scheduler {
@@ -648,15 +649,10 @@ TEST(Engine, TokenFileJobsAreReadByTheRunner) {
 TEST(Engine, JsonlJobTrainsLikeTheReferenceOnTheSameTokensAndMasks) {
   const std::string dir = ::testing::TempDir() + "rp_engine_jsonl_" + std::to_string(getpid());
   std::string out;
-  FILE* p =
-      popen((std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_jsonl_dataset.py " + dir + " 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[512];
-  while (fgets(buf, sizeof(buf), p)) out += buf;
-  ASSERT_EQ(pclose(p), 0) << out;
-  std::ifstream ef(dir + "/expected.json");
-  std::stringstream ss;
-  ss << ef.rdbuf();
+  ASSERT_EQ(
+      rp::testing::RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_jsonl_dataset.py " + dir, &out), 0)
+      << out;
+  std::stringstream ss(rp::testing::ReadWholeFile(dir + "/expected.json"));
   const auto expected = nlohmann::json::parse(ss.str());
   const auto tokens = expected["tokens"].get<std::vector<int64_t>>();
   const auto trained = expected["trained"].get<std::vector<int>>();

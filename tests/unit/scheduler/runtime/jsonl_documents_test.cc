@@ -12,32 +12,20 @@
 #include "nlohmann/json.hpp"
 #include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/token_dataset.h"
+#include "tests/support/run_command.h"
 
 namespace rp::scheduler::runtime {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int RunShell(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
-  return pclose(p);
-}
+using rp::testing::RunCommand;
+const auto& ReadAll = rp::testing::ReadWholeFile;
 
 // The fixture, made once per process.
 const std::string& Fixture() {
   static const std::string dir = [] {
     std::string d = ::testing::TempDir() + "rp_jsonl_" + std::to_string(getpid());
     std::string out;
-    EXPECT_EQ(RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_jsonl_dataset.py " + d, &out), 0) << out;
+    EXPECT_EQ(RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_jsonl_dataset.py " + d, &out), 0) << out;
     return d;
   }();
   return dir;

@@ -15,6 +15,7 @@
 
 #include "scheduler/engine.h"
 #include "tests/support/engine_values.h"
+#include "tests/support/run_command.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/hf_export.h"
 #include "workers/io/safetensors_reader.h"
@@ -27,15 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-int RunShell(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  out->clear();
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+using rp::testing::RunCommand;
 
 class HfModels : public ::testing::Test {
  protected:
@@ -43,7 +36,7 @@ class HfModels : public ::testing::Test {
     dir_ = (fs::temp_directory_path() / ("rp_hf_models_" + std::to_string(getpid()))).string();
     fs::remove_all(dir_);
     std::string out;
-    if (RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py " + dir_, &out) != 0) {
+    if (RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py " + dir_, &out) != 0) {
       error_ = out;
     }
   }
@@ -119,8 +112,8 @@ void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect
   EXPECT_TRUE(fs::exists(out + "/model.safetensors.index.json"));
   std::string log;
   EXPECT_EQ(
-      RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check " + out + " " + model_dir,
-               &log),
+      RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check " + out + " " + model_dir,
+                 &log),
       0)
       << log;
   // And back into the engine: the exported directory loads and holds the trained weights.
@@ -359,9 +352,9 @@ TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
   auto merged = ExportMergedLora(dir_ + "/lora/engine-merged", *cfg, named, fetch, fp32);
   ASSERT_TRUE(merged.ok()) << merged.status();
   std::string log;
-  EXPECT_EQ(RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check-lora " + dir_ +
-                         "/lora/engine-adapter " + dir_ + "/lora/engine-merged " + base + " " + dir_ + "/lora",
-                     &log),
+  EXPECT_EQ(RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check-lora " + dir_ +
+                           "/lora/engine-adapter " + dir_ + "/lora/engine-merged " + base + " " + dir_ + "/lora",
+                       &log),
             0)
       << log;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tests/support/run_command.h"
 #include "workers/text/byte_level.h"
 #include "workers/text/tokenizer.h"
 
@@ -20,28 +21,15 @@ namespace {
 
 using nlohmann::json;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int RunShell(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
-  return pclose(p);
-}
+using rp::testing::RunCommand;
+const auto& ReadFile = rp::testing::ReadWholeFile;
 
 class TokenizerVsHf : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(::testing::TempDir() + "rp_tokenizers");
     std::string out;
-    const int rc = RunShell(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_tokenizers.py " + *dir_, &out);
+    const int rc = RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_tokenizers.py " + *dir_, &out);
     ASSERT_EQ(rc, 0) << out;
     docs_ = new std::vector<std::string>(json::parse(ReadFile(*dir_ + "/docs.json")).get<std::vector<std::string>>());
   }
