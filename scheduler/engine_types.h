@@ -50,13 +50,15 @@ struct LrScheduleSpec {
 
 // A server-side data file cut into batches by the engine's runner (no feeding from outside):
 // flat little-endian uint16/uint32 ".bin", a 1-d/2-d ".npy" of uint16/uint32/int32/int64, or a
-// JSON Lines file of documents tokenized with the job's tokenizer (kJsonl, below). Windows of
+// JSON Lines file of documents tokenized with the job's tokenizer (kJsonl, below), or a token
+// dataset file (kTokenDataset: tokens, loss mask and document boundaries in a safetensors file, as
+// `roundpipe_client.py prepare` writes rendered chat; runtime/token_dataset_file.h). Windows of
 // sequence_length + 1 tokens with stride sequence_length, global_batch windows per batch, the last
 // partial batch of an epoch dropped, `max_epochs` passes. A resumed job continues at the
 // checkpoint's data cursor.
 struct TokenFileSource {
-  // kAuto: by name (".npy", ".jsonl"), else flat uint16.
-  enum class Format { kAuto, kBinUint16, kBinUint32, kNpy, kJsonl };
+  // kAuto: by name (".npy", ".jsonl", ".safetensors"), else flat uint16.
+  enum class Format { kAuto, kBinUint16, kBinUint32, kNpy, kJsonl, kTokenDataset };
   std::string path;
   Format format = Format::kAuto;
   int64_t global_batch = 0;

@@ -332,6 +332,9 @@ absl::Status ResolveData(const v1::JobSpec& spec, const JobSpecContext& ctx, Res
         case v1::DataSource::TokenFile::FORMAT_JSONL:
           src.format = scheduler::TokenFileSource::Format::kJsonl;
           break;
+        case v1::DataSource::TokenFile::FORMAT_TOKEN_DATASET:
+          src.format = scheduler::TokenFileSource::Format::kTokenDataset;
+          break;
         default:
           src.format = scheduler::TokenFileSource::Format::kAuto;
       }

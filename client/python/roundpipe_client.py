@@ -6,19 +6,28 @@ puts them in <build>/client/python; add that directory to PYTHONPATH). Needs pyt
 
   roundpipe_client.py --address 127.0.0.1:50151 info
   roundpipe_client.py --address ... run spec.json [--text FILE ...]   # submit, stream, watch
+  <venv>/bin/python roundpipe_client.py prepare --model-dir DIR --input chat.jsonl --out data.safetensors
 
 `run` submits the JSON job spec, streams the bytes of the --text files as byte-level tokens when
 the job takes streamed data, then watches the job until it ends. Exit status: 0 when the job
 SUCCEEDED, 1 when it failed or was cancelled, 3 when the daemon refused a request.
+
+`prepare` needs no daemon: it renders {"messages": [...]} chat records with the model's own chat
+template (transformers, in the venv that deploy/install-deps.sh makes) into a token dataset file
+with an assistant-only loss mask (roundpipe_prepare.py says how).
 """
 import argparse
 import os
 import sys
 
-import grpc
-from google.protobuf import json_format
+try:  # the RPC commands; `prepare` runs without them (in the venv, which has no grpc)
+    import grpc
+    from google.protobuf import json_format
 
-from roundpipe.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+    from roundpipe.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+except ImportError as _e:
+    grpc = None
+    _grpc_error = _e
 
 
 def metadata(token):
@@ -81,7 +90,19 @@ def main():
     r.add_argument("spec")
     r.add_argument("--text", nargs="*", default=[])
     sub.add_parser("info", help="devices, memory and versions of the daemon")
+    pr = sub.add_parser("prepare", help="render chat JSONL with the model's chat template into a token dataset file")
+    pr.add_argument("--model-dir", required=True, help="holds tokenizer.json and tokenizer_config.json")
+    pr.add_argument("--input", required=True, help='JSONL of {"messages": [{"role", "content"}, ...]}')
+    pr.add_argument("--out", required=True, help="the .safetensors token dataset to write")
     args = p.parse_args()
+    if args.command == "prepare":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import roundpipe_prepare
+        return roundpipe_prepare.main(args)
+    if grpc is None:
+        print(f"roundpipe_client: {args.command} needs python3-grpcio and the generated stubs: {_grpc_error}",
+              file=sys.stderr)
+        return 3
     with grpc.insecure_channel(args.address) as channel:
         try:
             return run(args, channel) if args.command == "run" else info(args, channel)

@@ -9,6 +9,7 @@
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/model_adapter.h"
+#include "scheduler/runtime/token_dataset_file.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
@@ -56,6 +57,10 @@ namespace {
 bool IsJsonl(const TokenFileSource& tf) {
   return tf.format == TokenFileSource::Format::kJsonl ||
          (tf.format == TokenFileSource::Format::kAuto && absl::EndsWith(tf.path, ".jsonl"));
+}
+bool IsTokenDatasetFile(const TokenFileSource& tf) {
+  return tf.format == TokenFileSource::Format::kTokenDataset ||
+         (tf.format == TokenFileSource::Format::kAuto && absl::EndsWith(tf.path, ".safetensors"));
 }
 
 }  // namespace
@@ -115,6 +120,11 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
       uint64_t bytes = 0;
       auto fd = workers::io::OpenForRead(tf.path, &bytes);
       if (!fd.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", fd.status().message()));
+    } else if (IsTokenDatasetFile(tf)) {
+      // The header now (tensors, shapes); the tokens when the job starts (BuildJob).
+      if (absl::Status st = CheckTokenDatasetFile(tf.path); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", st.message()));
+      }
     } else {
       auto ds = TokenDataset::Open(tf.path, tf.format, tf.global_batch, tf.sequence_length);
       if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
@@ -181,12 +191,18 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     o.resume_good_steps = meta->good_steps;
   }
   std::unique_ptr<TokenDataset> data;
-  if (spec.token_file && IsJsonl(*spec.token_file)) {
+  if (spec.token_file && (IsJsonl(*spec.token_file) || IsTokenDatasetFile(*spec.token_file))) {
     const TokenFileSource& tf = *spec.token_file;
-    progress("tokenizing " + tf.path);
-    auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
-    if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", tok.status().message()));
-    auto packed = ReadJsonlDocuments(tf.path, *tok);
+    absl::StatusOr<PackedTokens> packed;
+    if (IsJsonl(tf)) {
+      progress("tokenizing " + tf.path);
+      auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
+      if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", tok.status().message()));
+      packed = ReadJsonlDocuments(tf.path, *tok);
+    } else {
+      progress("reading " + tf.path);
+      packed = ReadTokenDatasetFile(tf.path);
+    }
     if (!packed.ok()) return packed.status();
     auto ds = TokenDataset::FromPacked(std::move(packed->tokens), std::move(packed->trained), tf.global_batch,
                                        tf.sequence_length, absl::StrCat("dataset '", tf.path, "'"));

@@ -14,15 +14,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "scheduler/runtime/token_dataset.h"
 #include "workers/text/tokenizer.h"
 
 namespace rp::scheduler::runtime {
-
-struct PackedTokens {
-  std::vector<int32_t> tokens;
-  std::vector<uint8_t> trained;  // trained[i]: token i is a training target (1) or masked (0)
-  int64_t documents = 0;
-};
 
 // A tokenizer directory: tokenizer.json, and the end-of-sequence token to append after every
 // document: `eos_token` when non-empty, else tokenizer_config.json's "eos_token" when present.

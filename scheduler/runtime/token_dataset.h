@@ -23,6 +23,13 @@ namespace rp::scheduler::runtime {
 
 using TokenFileFormat = TokenFileSource::Format;
 
+// A token stream held in memory with its loss mask (JSONL datasets, token dataset files).
+struct PackedTokens {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;  // trained[i]: token i is a training target (1) or masked (0)
+  int64_t documents = 0;
+};
+
 class TokenDataset {
  public:
   // A token file (format kBinUint16 / kBinUint32 / kNpy / kAuto by name).

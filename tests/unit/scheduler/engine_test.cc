@@ -644,33 +644,18 @@ TEST(Engine, TokenFileJobsAreReadByTheRunner) {
   std::remove(path.c_str());
 }
 
-// A JSONL prompt/completion dataset read and tokenized by the runner trains exactly like the plain
-// LibTorch reference on the tokens and masks PyPI `tokenizers` gives (make_jsonl_dataset.py).
-TEST(Engine, JsonlJobTrainsLikeTheReferenceOnTheSameTokensAndMasks) {
-  const std::string dir = ::testing::TempDir() + "rp_engine_jsonl_" + std::to_string(getpid());
-  std::string out;
-  ASSERT_EQ(
-      rp::testing::RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_jsonl_dataset.py " + dir, &out), 0)
-      << out;
-  std::stringstream ss(rp::testing::ReadWholeFile(dir + "/expected.json"));
-  const auto expected = nlohmann::json::parse(ss.str());
-  const auto tokens = expected["tokens"].get<std::vector<int64_t>>();
-  const auto trained = expected["trained"].get<std::vector<int>>();
-
-  JobSpec spec = TinyJob();
-  spec.model.vocab = expected["vocab"].get<int>();
-  const int64_t B = 4, S = 16;
-  spec.token_file = TokenFileSource{dir + "/train.jsonl", TokenFileSource::Format::kAuto, B, S, 1};
-  spec.token_file->tokenizer_dir = dir + "/tok";
-  auto engine = Engine::Create({"cpu:2"});
-  ASSERT_TRUE(engine.ok());
-  auto id = (*engine)->Submit(spec);
+// Runs `spec` (a data-file job) and expects its per-step losses to equal the plain LibTorch
+// reference on windows of `tokens` in file order, with targets masked where `trained` is 0.
+void ExpectTrainsLikeTheReference(Engine& engine, const JobSpec& spec, const std::vector<int64_t>& tokens,
+                                  const std::vector<int>& trained) {
+  const int64_t B = spec.token_file->global_batch, S = spec.token_file->sequence_length;
+  auto id = engine.Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
   std::vector<double> got;
-  for (const auto& e : DrainUntilEnded(**engine, *id)) {
+  for (const auto& e : DrainUntilEnded(engine, *id)) {
     if (e.kind == JobEvent::Kind::kIteration) got.push_back(e.stats.loss);
   }
-  ASSERT_EQ(*(*engine)->State(*id), JobState::kSucceeded) << (*engine)->Info(*id)->message;
+  ASSERT_EQ(*engine.State(*id), JobState::kSucceeded) << engine.Info(*id)->message;
   const int64_t batches = (static_cast<int64_t>(tokens.size()) - 1) / S / B;
   ASSERT_EQ(static_cast<int64_t>(got.size()), batches);
   ASSERT_GE(batches, 5);
@@ -690,7 +675,30 @@ TEST(Engine, JsonlJobTrainsLikeTheReferenceOnTheSameTokensAndMasks) {
     const double want = ref.Step(t, l);
     EXPECT_NEAR(got[b], want, 1e-5 * want) << "step " << b;
   }
-  EXPECT_GT(masked, batches * B * S / 5);  // the prompts really are masked
+  EXPECT_GT(masked, batches * B * S / 5);  // the masks really mask
+}
+
+nlohmann::json MakeFixture(const std::string& script, const std::string& dir, const std::string& args = "") {
+  std::string out;
+  EXPECT_EQ(
+      rp::testing::RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/" + script + " " + dir + args, &out), 0)
+      << out;
+  return nlohmann::json::parse(rp::testing::ReadWholeFile(dir + "/expected.json"));
+}
+
+// A JSONL prompt/completion dataset read and tokenized by the runner trains exactly like the plain
+// LibTorch reference on the tokens and masks PyPI `tokenizers` gives (make_jsonl_dataset.py).
+TEST(Engine, JsonlJobTrainsLikeTheReferenceOnTheSameTokensAndMasks) {
+  const std::string dir = ::testing::TempDir() + "rp_engine_jsonl_" + std::to_string(getpid());
+  const auto expected = MakeFixture("make_jsonl_dataset.py", dir);
+  JobSpec spec = TinyJob();
+  spec.model.vocab = expected["vocab"].get<int>();
+  spec.token_file = TokenFileSource{dir + "/train.jsonl", TokenFileSource::Format::kAuto, 4, 16, 1};
+  spec.token_file->tokenizer_dir = dir + "/tok";
+  auto engine = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  ExpectTrainsLikeTheReference(**engine, spec, expected["tokens"].get<std::vector<int64_t>>(),
+                               expected["trained"].get<std::vector<int>>());
   // A dataset the tokenizer cannot cover is refused at Submit, naming the vocabularies.
   JobSpec small = spec;
   small.model.vocab = 100;
@@ -702,6 +710,20 @@ TEST(Engine, JsonlJobTrainsLikeTheReferenceOnTheSameTokensAndMasks) {
   no_tokenizer.token_file->tokenizer_dir.clear();
   EXPECT_NE(std::string((*engine)->Submit(no_tokenizer).status().message()).find("needs a tokenizer"),
             std::string::npos);
+}
+
+// Chat rendered by `roundpipe_client.py prepare` with the model's chat template trains on the
+// assistant turns only, exactly like the reference on transformers' tokens and assistant mask.
+TEST(Engine, PreparedChatTrainsLikeTheReferenceOnTheAssistantTurns) {
+  const std::string dir = ::testing::TempDir() + "rp_engine_chat_" + std::to_string(getpid());
+  const auto expected = MakeFixture("make_chat_dataset.py", dir, " " RP_CLIENT_PY_DIR);
+  JobSpec spec = TinyJob();
+  spec.model.vocab = expected["vocab"].get<int>();
+  spec.token_file = TokenFileSource{dir + "/markers.safetensors", TokenFileSource::Format::kAuto, 4, 16, 1};
+  auto engine = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  ExpectTrainsLikeTheReference(**engine, spec, expected["tokens"].get<std::vector<int64_t>>(),
+                               expected["trained"].get<std::vector<int>>());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // jsonl_documents_test — JSONL datasets: the packed stream and loss mask equal what PyPI
 // `tokenizers` gives for the same records (make_jsonl_dataset.py); bad records are refused naming
-// file, line and field; shuffled windows are a fresh permutation each epoch, the same on every run.
+// file, line and field; shuffled windows are a fresh permutation each epoch, the same on every run;
+// token dataset files written by `prepare` from chat hold what transformers' chat template gives.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/token_dataset.h"
+#include "scheduler/runtime/token_dataset_file.h"
 #include "tests/support/run_command.h"
 
 namespace rp::scheduler::runtime {
@@ -113,6 +115,52 @@ TEST(TokenDataset, ShuffledWindowsAreAFreshPermutationEachEpochAndRepeatable) {
   EXPECT_EQ(l.data_ptr<int64_t>()[0], a->WindowOf(3, 0) * S + 1);
   b->Shuffle(43);
   EXPECT_NE(a->WindowOf(0, 0) * 1000 + a->WindowOf(0, 1), b->WindowOf(0, 0) * 1000 + b->WindowOf(0, 1));
+}
+
+TEST(TokenDatasetFile, PreparedChatHoldsTransformersTokensAndAssistantMask) {
+  const std::string d = ::testing::TempDir() + "rp_chat_" + std::to_string(getpid());
+  std::string out;
+  ASSERT_EQ(
+      RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_chat_dataset.py " + d + " " RP_CLIENT_PY_DIR,
+                 &out),
+      0)
+      << out;
+  const auto want = nlohmann::json::parse(ReadAll(d + "/expected.json"));
+  for (const char* name : {"markers", "plain"}) {  // transformers' mask, and our prefix rule
+    auto packed = ReadTokenDatasetFile(d + "/" + name + ".safetensors");
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_EQ(packed->tokens, want["tokens"].get<std::vector<int32_t>>()) << name;
+    EXPECT_EQ(packed->trained, want["trained"].get<std::vector<uint8_t>>()) << name;
+    EXPECT_EQ(packed->documents, 40) << name;
+  }
+}
+
+TEST(TokenDatasetFile, BadFilesAreRefusedNamingTheTensor) {
+  const std::string d = ::testing::TempDir() + "rp_tdf_" + std::to_string(getpid());
+  std::string out;
+  const std::string py =
+      std::string(RP_VENV_PYTHON) + " -c \"import numpy as np, sys; from safetensors.numpy import " +
+      "save_file; d = sys.argv[1]; i = np.arange(10, dtype=np.int32); " +
+      "save_file({'tokens': i}, d + '/noids.safetensors'); " +
+      "save_file({'input_ids': i, 'loss_mask': np.ones(9, np.uint8)}, d + '/mask.safetensors'); " +
+      "save_file({'input_ids': i, 'document_offsets': np.array([0, 7, 5, 10])}, d + '/off.safetensors'); " +
+      "save_file({'input_ids': i.astype(np.float32)}, d + '/float.safetensors')\" " + d;
+  ASSERT_EQ(RunCommand("mkdir -p " + d + " && " + py, &out), 0) << out;
+  auto error_of = [&](const std::string& f) {
+    auto st = CheckTokenDatasetFile(d + "/" + f);
+    if (st.ok()) {
+      auto p = ReadTokenDatasetFile(d + "/" + f);
+      return p.ok() ? std::string("(accepted)") : std::string(p.status().message());
+    }
+    return std::string(st.message());
+  };
+  EXPECT_NE(error_of("noids.safetensors").find("has no input_ids"), std::string::npos) << error_of("noids.safetensors");
+  EXPECT_NE(error_of("mask.safetensors").find("loss_mask must be"), std::string::npos) << error_of("mask.safetensors");
+  EXPECT_NE(error_of("off.safetensors").find("document_offsets must rise from 0 to 10 (entry 2 is 5)"),
+            std::string::npos)
+      << error_of("off.safetensors");
+  EXPECT_NE(error_of("float.safetensors").find("int32 or int64"), std::string::npos) << error_of("float.safetensors");
+  EXPECT_FALSE(CheckTokenDatasetFile(d + "/missing.safetensors").ok());
 }
 
 }  // namespace

@@ -1,0 +1,81 @@
+#include "scheduler/runtime/token_dataset_file.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "workers/io/safetensors_reader.h"
+
+namespace rp::scheduler::runtime {
+namespace {
+
+bool IsInteger(at::ScalarType t) {
+  return t == at::kInt || t == at::kLong || t == at::kByte || t == at::kBool || t == at::kShort;
+}
+
+absl::StatusOr<std::unique_ptr<workers::io::SafetensorsFile>> OpenChecked(const std::string& path, int64_t* n) {
+  auto f = workers::io::SafetensorsFile::Open(path);
+  if (!f.ok()) return absl::InvalidArgumentError(absl::StrCat("token dataset: ", f.status().message()));
+  const auto* ids = (*f)->Find("input_ids");
+  if (ids == nullptr) return absl::InvalidArgumentError(absl::StrCat("token dataset '", path, "' has no input_ids"));
+  if (ids->shape.size() != 1 || (ids->dtype != at::kInt && ids->dtype != at::kLong)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token dataset '", path, "': input_ids must be one-dimensional int32 or int64"));
+  }
+  *n = ids->shape[0];
+  if (const auto* m = (*f)->Find("loss_mask")) {
+    if (m->shape != std::vector<int64_t>{*n} || !IsInteger(m->dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("token dataset '", path, "': loss_mask must be an integer or ",
+                                                     "bool vector as long as input_ids (", *n, ")"));
+    }
+  }
+  if (const auto* d = (*f)->Find("document_offsets")) {
+    if (d->shape.size() != 1 || d->shape[0] < 2 || d->dtype != at::kLong) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token dataset '", path, "': document_offsets must be an int64 vector of at least 2"));
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+absl::Status CheckTokenDatasetFile(const std::string& path) {
+  int64_t n = 0;
+  auto f = OpenChecked(path, &n);
+  return f.ok() ? absl::OkStatus() : f.status();
+}
+
+absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path) {
+  int64_t n = 0;
+  auto f = OpenChecked(path, &n);
+  if (!f.ok()) return f.status();
+  auto ids = (*f)->Read("input_ids", at::kInt);
+  if (!ids.ok()) return ids.status();
+  PackedTokens out;
+  const int32_t* p = ids->data_ptr<int32_t>();
+  out.tokens.assign(p, p + n);
+  out.trained.assign(static_cast<size_t>(n), 1);
+  if ((*f)->Find("loss_mask") != nullptr) {
+    auto m = (*f)->Read("loss_mask", at::kByte);
+    if (!m.ok()) return m.status();
+    const uint8_t* q = m->data_ptr<uint8_t>();
+    for (int64_t i = 0; i < n; ++i) out.trained[i] = q[i] != 0 ? 1 : 0;
+  }
+  out.documents = 1;
+  if ((*f)->Find("document_offsets") != nullptr) {
+    auto d = (*f)->Read("document_offsets", at::kLong);
+    if (!d.ok()) return d.status();
+    const int64_t* o = d->data_ptr<int64_t>();
+    const int64_t k = d->numel();
+    for (int64_t i = 0; i < k; ++i) {
+      if ((i == 0 && o[i] != 0) || (i > 0 && o[i] < o[i - 1]) || (i == k - 1 && o[i] != n)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token dataset '", path, "': document_offsets must rise from 0 to ", n, " (entry ", i, " is ", o[i], ")"));
+      }
+    }
+    out.documents = k - 1;
+  }
+  return out;
+}
+
+}  // namespace rp::scheduler::runtime
