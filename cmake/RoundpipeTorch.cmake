@@ -68,23 +68,31 @@ foreach(_root "${CUDAToolkit_ROOT}" "$ENV{CUDA_HOME}" "$ENV{CUDA_PATH}" /usr/loc
     list(APPEND _rp_cuda_hints "${_root}")
   endif()
 endforeach()
-find_path(RP_CUDA_INCLUDE_DIR cuda_runtime_api.h HINTS ${_rp_cuda_hints} PATH_SUFFIXES include
-          NO_DEFAULT_PATH)
+# The header directory: the first candidate with both cuda_runtime_api.h and the crt/ headers it
+# includes (the nvidia-cuda-crt wheel, which install-deps adds; a toolkit has both).
+set(RP_CUDA_INCLUDE_DIR "")
+foreach(_h IN LISTS _rp_cuda_hints)
+  if(EXISTS "${_h}/include/cuda_runtime_api.h" AND EXISTS "${_h}/include/crt/host_config.h")
+    set(RP_CUDA_INCLUDE_DIR "${_h}/include")
+    break()
+  endif()
+endforeach()
 find_library(RP_CUDART_LIBRARY NAMES cudart libcudart.so.13 libcudart.so.12 NAMES_PER_DIR
              HINTS ${_rp_cuda_hints}
              PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
-if(RP_CUDA_INCLUDE_DIR AND NOT EXISTS "${RP_CUDA_INCLUDE_DIR}/crt/host_config.h")
-  message(FATAL_ERROR "${RP_CUDA_INCLUDE_DIR} has cuda_runtime_api.h but not crt/host_config.h: "
-                      "install the nvidia-cuda-crt wheel of the same version as nvidia-cuda-runtime "
-                      "(deploy/install-deps.sh does)")
-endif()
 if(NOT RP_CUDA_INCLUDE_DIR OR NOT RP_CUDART_LIBRARY)
-  message(FATAL_ERROR "the CUDA runtime (cuda_runtime_api.h, libcudart) was not found beside torch "
-                      "(${_rp_site}/nvidia) nor in a toolkit (${_rp_cuda_hints}): reinstall the torch "
-                      "wheel with its dependencies (deploy/install-deps.sh) or set CUDAToolkit_ROOT")
+  message(FATAL_ERROR "the CUDA runtime (cuda_runtime_api.h with crt/host_config.h, libcudart) was not "
+                      "found beside torch (${_rp_site}/nvidia) nor in a toolkit (${_rp_cuda_hints}): "
+                      "run deploy/install-deps.sh (it adds the nvidia-cuda-crt wheel of the runtime's "
+                      "version) or set CUDAToolkit_ROOT")
+endif()
+if(RP_CUDA_INCLUDE_DIR MATCHES "^${_rp_site}/")
+  set(_rp_from "the torch wheel's nvidia-* wheels: no CUDA toolkit used")
+else()
+  set(_rp_from "a CUDA toolkit: the wheels lack crt/ (deploy/install-deps.sh adds nvidia-cuda-crt)")
 endif()
 message(STATUS "LibTorch ${RP_TORCH_VERSION} at ${_rp_tp}; CUDA runtime header ${RP_CUDA_INCLUDE_DIR}, "
-               "library ${RP_CUDART_LIBRARY} (no CUDA toolkit needed)")
+               "library ${RP_CUDART_LIBRARY} (headers from ${_rp_from})")
 
 set(_rp_filtered "${CMAKE_BINARY_DIR}/torch-include")
 file(MAKE_DIRECTORY "${_rp_filtered}")
