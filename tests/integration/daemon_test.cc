@@ -11,6 +11,7 @@
 #include <regex>
 #include <thread>
 
+#include "nlohmann/json.hpp"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/fixtures.h"
 #include "tests/support/reference_model.h"
@@ -21,6 +22,53 @@ namespace {
 
 namespace v1 = roundpipe::v1;
 using namespace std::chrono_literals;
+
+// A JSONL prompt/completion dataset named in the job spec (format from the extension, the
+// tokenizer dir inside an allowed root): the daemon tokenizes it and trains exactly like the plain
+// reference on the tokens and loss mask PyPI `tokenizers` gives (make_jsonl_dataset.py).
+TEST_F(DaemonTest, JsonlJobTrainsLikeThePlainReferenceOnTheTokenizersMasks) {
+  ASSERT_TRUE(StartDaemon());
+  const std::string dir = root_ + "/data/jsonl";
+  std::string out;
+  ASSERT_EQ(RunCommand(std::string(RP_VENV_PYTHON) +
+                           " " RP_SOURCE_DIR "/tests/unit/scheduler/runtime/make_jsonl_dataset.py " + dir,
+                       &out),
+            0)
+      << out;
+  const auto expected = nlohmann::json::parse(ReadWholeFile(dir + "/expected.json"));
+  const auto tokens = expected["tokens"].get<std::vector<int64_t>>();
+  const auto trained = expected["trained"].get<std::vector<int>>();
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_model()->set_vocab(expected["vocab"].get<int64_t>());
+  spec.set_max_steps(0);  // until the data ends: one epoch
+  spec.mutable_data()->mutable_token_file()->set_path(dir + "/train.jsonl");
+  spec.mutable_data()->mutable_token_file()->set_tokenizer_dir(dir + "/tok");
+  auto c = daemon_.Connect();
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  workers::models::TransformerConfig model = EngineModel();
+  model.vocab = expected["vocab"].get<int64_t>();
+  workers::HostModelStore init(model, at::kFloat, spec.model().init_seed());
+  workers::AdamWOptions adamw;
+  adamw.lr = spec.optimizer().lr();
+  adamw.weight_decay = 0;
+  adamw.eps = 1e-8;
+  ReferenceModel ref(init, adamw);
+  const int64_t B = 4, S = 16, batches = (static_cast<int64_t>(tokens.size()) - 1) / S / B;
+  const std::vector<double> losses = w.Losses();
+  ASSERT_EQ(static_cast<int64_t>(losses.size()), batches);
+  for (int64_t b = 0; b < batches; ++b) {
+    at::Tensor t = at::empty({B, S}, at::kLong), l = at::empty({B, S}, at::kLong);
+    for (int64_t i = 0; i < B * S; ++i) {
+      const int64_t k = b * B * S + i;
+      t.view({-1})[i] = tokens[k];
+      l.view({-1})[i] = trained[k + 1] ? tokens[k + 1] : -100;
+    }
+    EXPECT_NEAR(losses[static_cast<size_t>(b)], ref.Step(t, l), 2e-5) << "step " << b + 1;
+  }
+}
 
 TEST_F(DaemonTest, StreamedJobTrainsLikeThePlainReferenceAndExports) {
   ASSERT_TRUE(StartDaemon());
