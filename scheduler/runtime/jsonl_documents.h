@@ -5,7 +5,8 @@
 // Contract: reads through the daemon's confinement (a regular file beneath its roots). Every
 // failure names the file and, for a record, its line and field; a dataset that cannot be read
 // whole is refused whole (a job never starts on part of it). Called by the job builder on the
-// runner's thread (never a gRPC thread); pure otherwise.
+// runner's thread (never a gRPC thread); tokenizes on up to 8 short-lived threads of its own
+// (one per 256 records, at most one per core), with a result identical to one sequential pass.
 #pragma once
 
 #include <cstdint>

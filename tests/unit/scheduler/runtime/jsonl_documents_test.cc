@@ -73,6 +73,41 @@ TEST(JsonlDocuments, BadRecordsNameFileLineAndField) {
   EXPECT_FALSE(LoadTokenizerDir(Fixture(), "").ok());  // no tokenizer.json there
 }
 
+TEST(JsonlDocuments, ManyRecordsAreTokenizedInParallelExactlyAsInOrder) {
+  auto tok = LoadTokenizerDir(Fixture() + "/tok", "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string path = ::testing::TempDir() + "rp_many_" + std::to_string(getpid()) + ".jsonl";
+  std::vector<int32_t> want;
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 3000; ++i) {
+      const std::string text = "the cat " + std::to_string(i) + (i % 7 ? " sat" : " \u00fcber");
+      f << "{\"text\": \"" << text << "\"}\n";
+      auto ids = tok->tokenizer.Encode(i % 7 ? text
+                                             : "the cat " + std::to_string(i) +
+                                                   " \xc3\xbc"
+                                                   "ber",
+                                       true);
+      want.insert(want.end(), ids.begin(), ids.end());
+      want.push_back(*tok->eos_id);
+    }
+  }
+  auto packed = ReadJsonlDocuments(path, *tok);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_EQ(packed->documents, 3000);
+  EXPECT_EQ(packed->tokens, want);
+  // Two bad records in different chunks: the first one is reported, as a sequential pass would.
+  {
+    std::ofstream f(path);
+    for (int i = 1; i <= 3000; ++i) f << (i == 700 || i == 2500 ? "{\"text\": 1}" : "{\"text\": \"ok\"}") << "\n";
+  }
+  auto bad = ReadJsonlDocuments(path, *tok);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("line 700: field \"text\" must be a string"), std::string::npos)
+      << bad.status();
+  std::remove(path.c_str());
+}
+
 TEST(TokenDataset, MaskedTargetsBecomeTheIgnoreLabel) {
   std::vector<int32_t> tokens{10, 11, 12, 13, 14, 15, 16, 17, 18};
   std::vector<uint8_t> trained{0, 0, 1, 1, 0, 1, 1, 1, 1};
