@@ -20,8 +20,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEBS="$ROOT/.devdeps"
-# Engine-only build dependencies (Debian 12 names): Abseil, GoogleTest/GoogleMock, nlohmann-json, zlib.
-PKGS="libabsl-dev libabsl20220623 libgtest-dev libgmock-dev nlohmann-json3-dev zlib1g-dev zlib1g"
+# Engine-only build dependencies (Debian 12 names): Abseil, GoogleTest/GoogleMock, nlohmann-json,
+# zlib, and the tokenizer's PCRE2 and utf8proc.
+PKGS="libabsl-dev libabsl20220623 libgtest-dev libgmock-dev nlohmann-json3-dev zlib1g-dev zlib1g
+      libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2"
 
 if [ "${1:-}" = --fetch ]; then
   mkdir -p "$DEBS"
