@@ -583,6 +583,10 @@ TEST(Engine, WaitingFeedsOfACancelledJobCompleteWithAnError) {
   ASSERT_TRUE((*engine)->FeedBatchAsync(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, 2)), done).ok());
   EXPECT_EQ(ok.load(), 1);
   ASSERT_TRUE((*engine)->Cancel(*id).ok());
+  // A job the runner already built (paused) ends on the runner, which then answers its waiting
+  // feeds; one that never started ends inside Cancel. Either way, once it has ended:
+  DrainUntilEnded(**engine, *id);
+  EXPECT_EQ(*(*engine)->State(*id), JobState::kCancelled);
   EXPECT_EQ(failed.load(), 1);
   EXPECT_EQ((*engine)->FeedBatchAsync(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, 3)), done).code(),
             absl::StatusCode::kFailedPrecondition);
