@@ -30,20 +30,22 @@ struct Mapping {
   }
 };
 
-// One record's tokens appended to `out` (`where` names its file and line in errors).
-absl::Status AppendRecord(std::string_view line, const std::string& where, const LoadedTokenizer& tok,
+// One record's tokens appended to `out`; errors name the file and the line (the message is built
+// only on error: this runs once per record).
+absl::Status AppendRecord(std::string_view line, const std::string& path, int64_t line_no, const LoadedTokenizer& tok,
                           PackedTokens* out) {
+  auto where = [&] { return absl::StrCat("dataset '", path, "' line ", line_no); };
   auto append = [&](const std::vector<int32_t>& ids, bool trained) {
     out->tokens.insert(out->tokens.end(), ids.begin(), ids.end());
     out->trained.insert(out->trained.end(), ids.size(), trained ? 1 : 0);
   };
   const json rec = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-  if (rec.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON"));
-  if (!rec.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+  if (rec.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(where(), ": not valid JSON"));
+  if (!rec.is_object()) return absl::InvalidArgumentError(absl::StrCat(where(), ": not a JSON object"));
   auto field = [&](const char* key) -> absl::StatusOr<std::string> {
     const json& v = rec[key];
     if (!v.is_string())
-      return absl::InvalidArgumentError(absl::StrCat(where, ": field \"", key, "\" must be a string"));
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": field \"", key, "\" must be a string"));
     return v.get<std::string>();
   };
   if (rec.contains("text")) {
@@ -60,7 +62,7 @@ absl::Status AppendRecord(std::string_view line, const std::string& where, const
   } else {
     std::vector<std::string> keys;
     for (const auto& [k, v] : rec.items()) keys.push_back(k);
-    return absl::InvalidArgumentError(absl::StrCat(where, ": needs a string \"text\", or strings \"prompt\" and ",
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": needs a string \"text\", or strings \"prompt\" and ",
                                                    "\"completion\" (it has: ", absl::StrJoin(keys, ", "), ")"));
   }
   if (tok.eos_id) append({*tok.eos_id}, true);
@@ -145,8 +147,7 @@ absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const L
   auto work = [&](size_t c) {
     const size_t begin = lines.size() * c / threads, end = lines.size() * (c + 1) / threads;
     for (size_t k = begin; k < end; ++k) {
-      chunks[c].status = AppendRecord(lines[k].text, absl::StrCat("dataset '", path, "' line ", lines[k].number), tok,
-                                      &chunks[c].packed);
+      chunks[c].status = AppendRecord(lines[k].text, path, lines[k].number, tok, &chunks[c].packed);
       if (!chunks[c].status.ok()) return;
     }
   };
