@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -164,157 +165,180 @@ int WatchJob(rp::client::Client& c, const std::string& id) {
   return final_state == v1::JOB_STATE_SUCCEEDED ? kOk : kJobNotOk;
 }
 
-}  // namespace
+using Args = std::vector<std::string>;  // the command and its operands
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsageText);
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  std::vector<std::string> args(rest.begin() + 1, rest.end());
-  if (args.empty()) return Usage("no command given");
-  const std::string cmd = args[0];
-
-  if (cmd == "tokenize") {
-    if (absl::GetFlag(FLAGS_out).empty() || args.size() < 2) return Usage("tokenize: --out FILE.bin and input files");
-    auto tokens = ByteTokens({args.begin() + 1, args.end()});
-    if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
-    std::ofstream out(absl::GetFlag(FLAGS_out), std::ios::binary);
-    for (int32_t t : *tokens) {
-      const unsigned char le[2] = {static_cast<unsigned char>(t & 0xff), static_cast<unsigned char>(t >> 8)};
-      out.write(reinterpret_cast<const char*>(le), 2);
-    }
-    if (!out) return Usage(absl::StrCat("cannot write ", absl::GetFlag(FLAGS_out)));
-    std::printf("%zu tokens -> %s\n", tokens->size(), absl::GetFlag(FLAGS_out).c_str());
-    return kOk;
+int CmdTokenize(const Args& args) {
+  if (absl::GetFlag(FLAGS_out).empty() || args.size() < 2) return Usage("tokenize: --out FILE.bin and input files");
+  auto tokens = ByteTokens({args.begin() + 1, args.end()});
+  if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
+  std::ofstream out(absl::GetFlag(FLAGS_out), std::ios::binary);
+  for (int32_t t : *tokens) {
+    const unsigned char le[2] = {static_cast<unsigned char>(t & 0xff), static_cast<unsigned char>(t >> 8)};
+    out.write(reinterpret_cast<const char*>(le), 2);
   }
+  if (!out) return Usage(absl::StrCat("cannot write ", absl::GetFlag(FLAGS_out)));
+  std::printf("%zu tokens -> %s\n", tokens->size(), absl::GetFlag(FLAGS_out).c_str());
+  return kOk;
+}
 
+// --address / ROUNDPIPE_ADDRESS, --token_file / ROUNDPIPE_TOKEN, the TLS flags.
+absl::StatusOr<rp::client::ClientOptions> ClientOptionsFromFlags() {
   rp::client::ClientOptions o;
   o.address = absl::GetFlag(FLAGS_address);
   if (o.address.empty())
     o.address = std::getenv("ROUNDPIPE_ADDRESS") ? std::getenv("ROUNDPIPE_ADDRESS") : "127.0.0.1:50151";
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
     std::ifstream in(absl::GetFlag(FLAGS_token_file));
-    if (!in || !std::getline(in, o.token)) return Usage("cannot read --token_file");
+    if (!in || !std::getline(in, o.token)) return absl::InvalidArgumentError("cannot read --token_file");
   } else if (std::getenv("ROUNDPIPE_TOKEN")) {
     o.token = std::getenv("ROUNDPIPE_TOKEN");
   }
   o.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-  auto client = rp::client::Client::Connect(o);
-  if (!client.ok()) return Usage(std::string(client.status().message()));
-  rp::client::Client& c = **client;
-  auto need = [&](size_t n, const char* what) { return args.size() == n + 1 ? "" : what; };
+  return o;
+}
 
-  if (cmd == "submit") {
-    if (*need(1, "x")) return Usage("submit: one job spec file");
-    auto spec = rp::client::LoadJobSpecFile(args[1]);
-    if (!spec.ok()) return Usage(std::string(spec.status().message()));
-    auto job = c.Submit(*spec);
-    if (!job.ok()) return Report(job.status());
-    std::printf("%s\n", job->id().c_str());
-    std::fflush(stdout);
-    return absl::GetFlag(FLAGS_watch) ? WatchJob(c, job->id()) : kOk;
+int CmdSubmit(rp::client::Client& c, const Args& args) {
+  if (args.size() != 2) return Usage("submit: one job spec file");
+  auto spec = rp::client::LoadJobSpecFile(args[1]);
+  if (!spec.ok()) return Usage(std::string(spec.status().message()));
+  auto job = c.Submit(*spec);
+  if (!job.ok()) return Report(job.status());
+  std::printf("%s\n", job->id().c_str());
+  std::fflush(stdout);
+  return absl::GetFlag(FLAGS_watch) ? WatchJob(c, job->id()) : kOk;
+}
+
+int CmdStream(rp::client::Client& c, const Args& args) {
+  if (args.size() < 3) return Usage("stream: JOB and at least one file");
+  auto job = c.Get(args[1]);
+  if (!job.ok()) return Report(job.status());
+  int batch = absl::GetFlag(FLAGS_batch), seq = absl::GetFlag(FLAGS_seq);
+  if (batch == 0) batch = job->spec().batching().global_batch();
+  if (seq == 0) seq = job->spec().batching().sequence_length();
+  if (batch <= 0 || seq <= 0) return Usage("stream: give --batch and --seq (the job spec leaves them to defaults)");
+  auto tokens = ByteTokens({args.begin() + 2, args.end()});
+  if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
+  auto summary = c.StreamTokens(args[1], *tokens, batch, seq, absl::GetFlag(FLAGS_keep_open));
+  if (!summary.ok()) return Report(summary.status());
+  std::printf("%lld batches accepted (%s)\n", static_cast<long long>(summary->accepted()), summary->message().c_str());
+  return kOk;
+}
+
+int CmdList(rp::client::Client& c, const Args&) {
+  std::vector<v1::JobState> states;
+  if (!absl::GetFlag(FLAGS_state).empty()) {
+    std::string s = "JOB_STATE_" + absl::GetFlag(FLAGS_state);
+    for (auto& ch : s) ch = static_cast<char>(std::toupper(ch));
+    v1::JobState st;
+    if (!v1::JobState_Parse(s, &st)) return Usage("--state: queued, running, paused, succeeded, failed or cancelled");
+    states.push_back(st);
   }
-  if (cmd == "stream") {
-    if (args.size() < 3) return Usage("stream: JOB and at least one file");
-    auto job = c.Get(args[1]);
-    if (!job.ok()) return Report(job.status());
-    int batch = absl::GetFlag(FLAGS_batch), seq = absl::GetFlag(FLAGS_seq);
-    if (batch == 0) batch = job->spec().batching().global_batch();
-    if (seq == 0) seq = job->spec().batching().sequence_length();
-    if (batch <= 0 || seq <= 0) return Usage("stream: give --batch and --seq (the job spec leaves them to defaults)");
-    auto tokens = ByteTokens({args.begin() + 2, args.end()});
-    if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
-    auto summary = c.StreamTokens(args[1], *tokens, batch, seq, absl::GetFlag(FLAGS_keep_open));
-    if (!summary.ok()) return Report(summary.status());
-    std::printf("%lld batches accepted (%s)\n", static_cast<long long>(summary->accepted()),
-                summary->message().c_str());
+  auto jobs = c.List(states);
+  if (!jobs.ok()) return Report(jobs.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    for (const auto& j : *jobs) std::printf("%s", Json(j).c_str());
     return kOk;
   }
-  if (cmd == "watch") {
-    if (*need(1, "x")) return Usage("watch: one job id");
-    return WatchJob(c, args[1]);
+  std::printf("%-12s %-10s %-20s %8s %10s  %s\n", "ID", "STATE", "NAME", "STEP", "LOSS", "DETAIL");
+  for (const auto& j : *jobs) {
+    std::printf("%-12s %-10s %-20s %8lld %10.4f  %s\n", j.id().c_str(), StateName(j.state()).c_str(),
+                j.spec().name().substr(0, 20).c_str(), static_cast<long long>(j.progress().step()),
+                j.progress().last_loss(), (j.error().empty() ? j.message() : j.error()).c_str());
   }
-  if (cmd == "ls") {
-    std::vector<v1::JobState> states;
-    if (!absl::GetFlag(FLAGS_state).empty()) {
-      std::string s = "JOB_STATE_" + absl::GetFlag(FLAGS_state);
-      for (auto& ch : s) ch = static_cast<char>(std::toupper(ch));
-      v1::JobState st;
-      if (!v1::JobState_Parse(s, &st)) return Usage("--state: queued, running, paused, succeeded, failed or cancelled");
-      states.push_back(st);
-    }
-    auto jobs = c.List(states);
-    if (!jobs.ok()) return Report(jobs.status());
-    if (absl::GetFlag(FLAGS_json)) {
-      for (const auto& j : *jobs) std::printf("%s", Json(j).c_str());
-      return kOk;
-    }
-    std::printf("%-12s %-10s %-20s %8s %10s  %s\n", "ID", "STATE", "NAME", "STEP", "LOSS", "DETAIL");
-    for (const auto& j : *jobs) {
-      std::printf("%-12s %-10s %-20s %8lld %10.4f  %s\n", j.id().c_str(), StateName(j.state()).c_str(),
-                  j.spec().name().substr(0, 20).c_str(), static_cast<long long>(j.progress().step()),
-                  j.progress().last_loss(), (j.error().empty() ? j.message() : j.error()).c_str());
-    }
+  return kOk;
+}
+
+int CmdGet(rp::client::Client& c, const Args& args) {
+  if (args.size() != 2) return Usage("get: one job id");
+  auto j = c.Get(args[1]);
+  if (!j.ok()) return Report(j.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s", Json(*j).c_str());
     return kOk;
   }
-  if (cmd == "get") {
-    if (*need(1, "x")) return Usage("get: one job id");
-    auto j = c.Get(args[1]);
-    if (!j.ok()) return Report(j.status());
-    if (absl::GetFlag(FLAGS_json)) {
-      std::printf("%s", Json(*j).c_str());
-    } else {
-      std::printf("%s  %s  step %lld/%lld  loss %.4f  tokens %lld  partition %s%s%s\n", j->id().c_str(),
-                  StateName(j->state()).c_str(), static_cast<long long>(j->progress().step()),
-                  static_cast<long long>(j->total_steps()), j->progress().last_loss(),
-                  static_cast<long long>(j->progress().tokens()), j->partition().c_str(),
-                  j->error().empty() && j->message().empty() ? "" : "  ",
-                  (j->error().empty() ? j->message() : j->error()).c_str());
-    }
+  std::printf("%s  %s  step %lld/%lld  loss %.4f  tokens %lld  partition %s%s%s\n", j->id().c_str(),
+              StateName(j->state()).c_str(), static_cast<long long>(j->progress().step()),
+              static_cast<long long>(j->total_steps()), j->progress().last_loss(),
+              static_cast<long long>(j->progress().tokens()), j->partition().c_str(),
+              j->error().empty() && j->message().empty() ? "" : "  ",
+              (j->error().empty() ? j->message() : j->error()).c_str());
+  return kOk;
+}
+
+int CmdControl(rp::client::Client& c, const Args& args) {  // cancel, pause, resume
+  const std::string& cmd = args[0];
+  if (args.size() != 2) return Usage(cmd + ": one job id");
+  auto j = cmd == "cancel" ? c.Cancel(args[1]) : cmd == "pause" ? c.Pause(args[1]) : c.Resume(args[1]);
+  if (!j.ok()) return Report(j.status());
+  std::printf("%s: %s requested (now %s)\n", j->id().c_str(), cmd.c_str(), StateName(j->state()).c_str());
+  return kOk;
+}
+
+int CmdCheckpoint(rp::client::Client& c, const Args& args) {
+  if (args.size() != 2) return Usage("checkpoint: one job id");
+  auto r = c.Checkpoint(args[1]);
+  if (!r.ok()) return Report(r.status());
+  std::printf("checkpoint at step %lld: %s\n", static_cast<long long>(r->step()), r->path().c_str());
+  return kOk;
+}
+
+int CmdExport(rp::client::Client& c, const Args& args) {
+  if (args.size() != 2) return Usage("export: one job id");
+  auto path = c.Export(args[1], absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_merge_lora));
+  if (!path.ok()) return Report(path.status());
+  std::printf("%s\n", path->c_str());
+  return kOk;
+}
+
+int CmdInfo(rp::client::Client& c, const Args&) {
+  auto info = c.Info();
+  if (!info.ok()) return Report(info.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s", Json(*info).c_str());
     return kOk;
   }
-  if (cmd == "cancel" || cmd == "pause" || cmd == "resume") {
-    if (*need(1, "x")) return Usage(cmd + ": one job id");
-    auto j = cmd == "cancel" ? c.Cancel(args[1]) : cmd == "pause" ? c.Pause(args[1]) : c.Resume(args[1]);
-    if (!j.ok()) return Report(j.status());
-    std::printf("%s: %s requested (now %s)\n", j->id().c_str(), cmd.c_str(), StateName(j->state()).c_str());
-    return kOk;
-  }
-  if (cmd == "checkpoint") {
-    if (*need(1, "x")) return Usage("checkpoint: one job id");
-    auto r = c.Checkpoint(args[1]);
-    if (!r.ok()) return Report(r.status());
-    std::printf("checkpoint at step %lld: %s\n", static_cast<long long>(r->step()), r->path().c_str());
-    return kOk;
-  }
-  if (cmd == "export") {
-    if (*need(1, "x")) return Usage("export: one job id");
-    auto path = c.Export(args[1], absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_merge_lora));
-    if (!path.ok()) return Report(path.status());
-    std::printf("%s\n", path->c_str());
-    return kOk;
-  }
-  if (cmd == "info") {
-    auto info = c.Info();
-    if (!info.ok()) return Report(info.status());
-    if (absl::GetFlag(FLAGS_json)) {
-      std::printf("%s", Json(*info).c_str());
-      return kOk;
-    }
-    std::printf("roundpiped %s (torch %s, grpc %s), cpu AdamW path %s, %d active job(s)%s\n",
-                info->build().roundpipe_version().c_str(), info->build().torch_version().c_str(),
-                info->build().grpc_version().c_str(), info->cpu_adamw_path().c_str(), info->jobs_active(),
-                info->draining() ? ", draining" : "");
-    std::printf("host memory %.1f GiB\n", static_cast<double>(info->host_memory_bytes()) / (1 << 30));
-    for (const auto& d : info->devices()) std::printf("  %-8s %s\n", d.name().c_str(), d.description().c_str());
-    return kOk;
-  }
-  if (cmd == "drain") {
-    auto n = c.Drain();
-    if (!n.ok()) return Report(n.status());
-    std::printf("draining: %d job(s) paused\n", *n);
-    return kOk;
-  }
-  return Usage(absl::StrCat("unknown command '", cmd, "'"));
+  std::printf("roundpiped %s (torch %s, grpc %s), cpu AdamW path %s, %d active job(s)%s\n",
+              info->build().roundpipe_version().c_str(), info->build().torch_version().c_str(),
+              info->build().grpc_version().c_str(), info->cpu_adamw_path().c_str(), info->jobs_active(),
+              info->draining() ? ", draining" : "");
+  std::printf("host memory %.1f GiB\n", static_cast<double>(info->host_memory_bytes()) / (1 << 30));
+  for (const auto& d : info->devices()) std::printf("  %-8s %s\n", d.name().c_str(), d.description().c_str());
+  return kOk;
+}
+
+int CmdDrain(rp::client::Client& c, const Args&) {
+  auto n = c.Drain();
+  if (!n.ok()) return Report(n.status());
+  std::printf("draining: %d job(s) paused\n", *n);
+  return kOk;
+}
+
+int CmdWatch(rp::client::Client& c, const Args& args) {
+  if (args.size() != 2) return Usage("watch: one job id");
+  return WatchJob(c, args[1]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsageText);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  const Args args(rest.begin() + 1, rest.end());
+  if (args.empty()) return Usage("no command given");
+  if (args[0] == "tokenize") return CmdTokenize(args);  // local: no daemon needed
+
+  using Command = int (*)(rp::client::Client&, const Args&);
+  static const std::map<std::string, Command> kCommands = {
+      {"submit", CmdSubmit}, {"stream", CmdStream},         {"watch", CmdWatch},   {"ls", CmdList},
+      {"get", CmdGet},       {"cancel", CmdControl},        {"pause", CmdControl}, {"resume", CmdControl},
+      {"export", CmdExport}, {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},     {"drain", CmdDrain}};
+  auto command = kCommands.find(args[0]);
+  if (command == kCommands.end()) return Usage(absl::StrCat("unknown command '", args[0], "'"));
+  auto options = ClientOptionsFromFlags();
+  if (!options.ok()) return Usage(std::string(options.status().message()));
+  auto client = rp::client::Client::Connect(*options);
+  if (!client.ok()) return Usage(std::string(client.status().message()));
+  return command->second(**client, args);
 }

@@ -96,11 +96,15 @@ endfunction()
 # symlinks under <build>/include-views/ — instead of the whole tree. A header outside those
 # folders does not exist for the target's sources: `#include "workers/..."` in a target whose
 # view is {server} fails to compile, naming the header (tests/CMakeLists.txt proves it).
+# A folder may be nested (`workers/base`): the view then holds that folder alone at its path.
 function(rp_include_view target scope)
   string(REPLACE ";" "+" key "${ARGN}")
+  string(REPLACE "/" "_" key "${key}")
   set(view "${PROJECT_BINARY_DIR}/include-views/${key}")
   file(MAKE_DIRECTORY "${view}")
   foreach(folder IN LISTS ARGN)
+    get_filename_component(parent "${view}/${folder}" DIRECTORY)
+    file(MAKE_DIRECTORY "${parent}")
     if(NOT IS_SYMLINK "${view}/${folder}")
       file(CREATE_LINK "${PROJECT_SOURCE_DIR}/${folder}" "${view}/${folder}" SYMBOLIC)
     endif()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # thread-safety.sh — clang's static lock analysis (-Wthread-safety, as errors) over every
 # translation unit of server/ and every other one that annotates locked state (ABSL_GUARDED_BY
-# & co. in the source or in a header of the same name), compiled with the flags CMake recorded
+# & co. in the source or in one of our headers it includes, transitively), compiled with the flags CMake recorded
 # for it (compile_commands.json of the build dir). Usage: deploy/thread-safety.sh [build-dir]
 set -euo pipefail
 RP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,15 +24,23 @@ import json, os, re, shlex, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
 db, root, clang = sys.argv[1], sys.argv[2], sys.argv[3]
 annotated = re.compile(r'ABSL_(PT_)?GUARDED_BY|ABSL_EXCLUSIVE_LOCKS_REQUIRED|ABSL_LOCKS_EXCLUDED')
+include = re.compile(r'^#include "([^"]+)"', re.M)
 def wants(path):
+    # server/ whole; elsewhere a source that annotates locked state itself or includes one of
+    # our headers that does (a user of an annotated struct is checked as well as its owner).
     if not path.startswith(root + '/') or '/tests/' in path or '/build' in path:
         return False
     if path.startswith(root + '/server/'):
         return True
-    for f in (path, os.path.splitext(path)[0] + '.h'):
-        if os.path.exists(f) and annotated.search(open(f, encoding='utf-8').read()):
-            return True
-    return False
+    return annotates(path, set())
+def annotates(path, seen):  # the file or any of our headers it includes, transitively
+    if path in seen or not os.path.exists(path):
+        return False
+    seen.add(path)
+    text = open(path, encoding='utf-8').read()
+    if annotated.search(text):
+        return True
+    return any(annotates(os.path.join(root, h), seen) for h in include.findall(text))
 jobs = []
 for e in json.load(open(db)):
     if not wants(e['file']):

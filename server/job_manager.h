@@ -98,7 +98,19 @@ class JobManager {
  private:
   struct Managed;
   JobManager(scheduler::Engine* engine, JobStore* store, DaemonMetrics* metrics, JobManagerOptions options);
+  // Restart recovery (job_recovery.cc): the store's records become jobs again. A job that never
+  // ran is admitted again; a started one resumes from its newest usable checkpoint or is listed
+  // PAUSED; one that cannot be either is FAILED with the reason. `pause_again`: it was paused by
+  // its user (not by the drain), so it stays paused.
   absl::Status Recover();
+  struct RecoveredJob {
+    std::shared_ptr<Managed> job;
+    bool pause_again = false;
+  };
+  void ContinueIdsAfterJobDirs(size_t listed);
+  void ReadmitAfterRestart(const RecoveredJob& r);
+  void ResumeAfterRestart(const RecoveredJob& r);
+  void FailRecovered(Managed& job, const std::string& why);
   absl::Status Admit(const std::shared_ptr<Managed>& job);
   // A started job from the store: admit it from its newest usable checkpoint (false: none).
   bool ResumeFromCheckpoint(const std::shared_ptr<Managed>& job);

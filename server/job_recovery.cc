@@ -15,8 +15,8 @@ absl::Status JobManager::Recover() {
   auto all = store_->LoadAll();
   if (!all.ok()) return all.status();
   const char* kDrained = "paused by a daemon drain";
-  std::vector<std::pair<std::shared_ptr<Managed>, bool>> readmit;  // (job, pause again)
-  std::vector<std::pair<std::shared_ptr<Managed>, bool>> resume;   // started ones
+  std::vector<RecoveredJob> readmit;  // never ran
+  std::vector<RecoveredJob> resume;   // started ones
   for (auto& [seq, record] : *all) {
     auto job = std::make_shared<Managed>();
     job->id = record.id();
@@ -29,94 +29,98 @@ absl::Status JobManager::Recover() {
       order_.push_back(job);
     }
     const v1::JobState s = record.state();
+    const bool user_paused = s == v1::JOB_STATE_PAUSED && record.message() != kDrained;
     if (!IsTerminal(s) && !record.has_started()) {
       // Never ran: admit it again from its stored spec (a user's pause while queued stays).
-      readmit.emplace_back(job, s == v1::JOB_STATE_PAUSED && record.message() != kDrained);
+      readmit.push_back({job, user_paused});
       if (s == v1::JOB_STATE_PAUSED) job->record.set_state(v1::JOB_STATE_QUEUED);
     } else if (!IsTerminal(s)) {
       // Started: it continues from its newest good checkpoint, if it has one (below).
-      resume.emplace_back(job, s == v1::JOB_STATE_PAUSED && record.message() != kDrained);
+      resume.push_back({job, user_paused});
       job->record.set_state(v1::JOB_STATE_QUEUED);
     }
   }
-  // Ids never restart: a damaged or replaced store must not hand out the id (and so the default
-  // output dir and checkpoints) of a job that existed before.
+  ContinueIdsAfterJobDirs(all->size());
+  UpdateJobGauges();  // absolute counts before any pump moves them
+  for (const RecoveredJob& r : readmit) ReadmitAfterRestart(r);
+  for (const RecoveredJob& r : resume) ResumeAfterRestart(r);
+  return absl::OkStatus();
+}
+
+// Ids never restart: a damaged or replaced store must not hand out the id (and so the default
+// output dir and checkpoints) of a job that existed before.
+void JobManager::ContinueIdsAfterJobDirs(size_t listed) {
   int64_t highest_dir = 0;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(options_.jobs_dir, ec)) {
-    {
-      const std::string n = entry.path().filename().string();
-      int64_t seq = 0;
-      if (n.rfind("job-", 0) == 0 && absl::SimpleAtoi(n.substr(4), &seq)) highest_dir = std::max(highest_dir, seq);
-    }
+    const std::string n = entry.path().filename().string();
+    int64_t seq = 0;
+    if (n.rfind("job-", 0) == 0 && absl::SimpleAtoi(n.substr(4), &seq)) highest_dir = std::max(highest_dir, seq);
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (highest_dir >= next_seq_) {
-      JobLog()->error(
-          "the job store lists {} job(s) but {} holds directories up to job-{:06d}: the store was damaged or "
-          "replaced; those jobs are not listed, new ids continue after them",
-          all->size(), options_.jobs_dir, highest_dir);
-      next_seq_ = highest_dir + 1;
-    }
+  absl::MutexLock lock(&mu_);
+  if (highest_dir >= next_seq_) {
+    JobLog()->error(
+        "the job store lists {} job(s) but {} holds directories up to job-{:06d}: the store was damaged or "
+        "replaced; those jobs are not listed, new ids continue after them",
+        listed, options_.jobs_dir, highest_dir);
+    next_seq_ = highest_dir + 1;
   }
-  UpdateJobGauges();  // absolute counts before any pump moves them
-  auto fail = [&](const std::shared_ptr<Managed>& job, const std::string& why) {
-    std::lock_guard<std::mutex> lock(job->mu);
-    CountTransition(job->record.state(), v1::JOB_STATE_FAILED);
-    job->record.set_state(v1::JOB_STATE_FAILED);
-    job->record.set_error(why);
-    *job->record.mutable_updated() = Now();
-    Persist(*job);
-    JobLog()->error("[{}] {}", job->id, why);
-  };
-  for (auto& entry : readmit) {  // (not a structured binding: the lambdas below capture it)
-    const std::shared_ptr<Managed>& job = entry.first;
-    const bool pause = entry.second;
-    JobSpecContext ctx = options_.spec;
-    ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
-    absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
-      auto resolved = ResolveJobSpec(job->record.spec(), ctx);
-      if (!resolved.ok()) return resolved.status();
-      job->resolved = *resolved;
-      if (absl::Status c = scheduler::ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !c.ok())
-        return c;
-      return Admit(job);
-    });
-    if (!st.ok()) {
-      fail(job, absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
-      continue;
-    }
-    if (pause) (void)engine_->Pause(*job->engine_id);
-    JobLog()->info("[{}] re-admitted after restart", job->id);
+}
+
+void JobManager::FailRecovered(Managed& job, const std::string& why) {
+  std::lock_guard<std::mutex> lock(job.mu);
+  CountTransition(job.record.state(), v1::JOB_STATE_FAILED);
+  job.record.set_state(v1::JOB_STATE_FAILED);
+  job.record.set_error(why);
+  *job.record.mutable_updated() = Now();
+  Persist(job);
+  JobLog()->error("[{}] {}", job.id, why);
+}
+
+void JobManager::ReadmitAfterRestart(const RecoveredJob& r) {
+  const std::shared_ptr<Managed>& job = r.job;
+  JobSpecContext ctx = options_.spec;
+  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
+  absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
+    auto resolved = ResolveJobSpec(job->record.spec(), ctx);
+    if (!resolved.ok()) return resolved.status();
+    job->resolved = *resolved;
+    if (absl::Status c = scheduler::ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !c.ok())
+      return c;
+    return Admit(job);
+  });
+  if (!st.ok()) {
+    FailRecovered(*job, absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
+    return;
   }
-  for (auto& entry : resume) {
-    const std::shared_ptr<Managed>& job = entry.first;
-    const bool pause = entry.second;
-    bool resumed = false;
-    absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
-      resumed = ResumeFromCheckpoint(job);
-      return absl::OkStatus();
-    });
-    if (!st.ok()) {
-      fail(job, absl::StrCat("could not be resumed after a daemon restart: ", st.message()));
-      continue;
-    }
-    if (resumed) {
-      if (pause) (void)engine_->Pause(*job->engine_id);
-      continue;
-    }
-    std::lock_guard<std::mutex> lock(job->mu);
-    CountTransition(job->record.state(), v1::JOB_STATE_PAUSED);
-    job->record.set_state(v1::JOB_STATE_PAUSED);
-    job->record.set_message("interrupted by a daemon restart at step " + std::to_string(job->record.progress().step()) +
-                            " with no usable checkpoint; submit it again");
-    *job->record.mutable_updated() = Now();
-    Persist(*job);
-    JobLog()->warn("[{}] interrupted at step {} and has no usable checkpoint; listed as PAUSED", job->id,
-                   job->record.progress().step());
+  if (r.pause_again) (void)engine_->Pause(*job->engine_id);
+  JobLog()->info("[{}] re-admitted after restart", job->id);
+}
+
+void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
+  const std::shared_ptr<Managed>& job = r.job;
+  bool resumed = false;
+  absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
+    resumed = ResumeFromCheckpoint(job);
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    FailRecovered(*job, absl::StrCat("could not be resumed after a daemon restart: ", st.message()));
+    return;
   }
-  return absl::OkStatus();
+  if (resumed) {
+    if (r.pause_again) (void)engine_->Pause(*job->engine_id);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(job->mu);
+  CountTransition(job->record.state(), v1::JOB_STATE_PAUSED);
+  job->record.set_state(v1::JOB_STATE_PAUSED);
+  job->record.set_message("interrupted by a daemon restart at step " + std::to_string(job->record.progress().step()) +
+                          " with no usable checkpoint; submit it again");
+  *job->record.mutable_updated() = Now();
+  Persist(*job);
+  JobLog()->warn("[{}] interrupted at step {} and has no usable checkpoint; listed as PAUSED", job->id,
+                 job->record.progress().step());
 }
 
 bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job) {

@@ -7,7 +7,7 @@ ConsistencyBook::ConsistencyBook(OwnershipMap ownership, std::vector<int> upload
     : own_(std::move(ownership)), uploads_(std::move(uploads_per_layer)), grads_(std::move(grads_per_layer)) {}
 
 std::shared_ptr<IterationEvents> ConsistencyBook::Get(int iteration) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   auto& slot = by_iteration_[iteration];
   if (!slot) {
     slot = std::make_shared<IterationEvents>();
@@ -32,14 +32,14 @@ void ConsistencyBook::ReleaseUploads(int iteration) {
 }
 
 void ConsistencyBook::SetCounts(std::vector<int> uploads_per_layer, std::vector<int> grads_per_layer, int reset_from) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   uploads_ = std::move(uploads_per_layer);
   grads_ = std::move(grads_per_layer);
   by_iteration_.erase(by_iteration_.lower_bound(reset_from), by_iteration_.end());
 }
 
 void ConsistencyBook::PruneBefore(int iteration) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   by_iteration_.erase(by_iteration_.begin(), by_iteration_.lower_bound(iteration));
 }
 

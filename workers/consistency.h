@@ -23,9 +23,10 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "workers/base/check.h"
+#include "workers/base/mutex.h"
 #include "workers/device/event.h"
 
 namespace rp::workers {
@@ -36,7 +37,10 @@ class CountdownEvent {
     if (count <= 0) event_->Set();
   }
   void CountDown() {
-    if (left_.fetch_sub(1) == 1) event_->Set();
+    const int before = left_.fetch_sub(1);
+    RP_CHECK(before >= 1) << "consistency event counted down past zero (" << before - 1
+                          << "): the dispatch plan's per-layer counts are wrong";
+    if (before == 1) event_->Set();
   }
   // Sets the event whatever the count (no more producers will come).
   void Release() { event_->Set(); }
@@ -75,9 +79,9 @@ class ConsistencyBook {
 
  private:
   OwnershipMap own_;
-  std::vector<int> uploads_, grads_;
-  std::mutex mu_;
-  std::map<int, std::shared_ptr<IterationEvents>> by_iteration_;
+  base::Mutex mu_;
+  std::vector<int> uploads_ ABSL_GUARDED_BY(mu_), grads_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::shared_ptr<IterationEvents>> by_iteration_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rp::workers

@@ -173,6 +173,69 @@ struct MicrobatchEvents {
   std::vector<EventPtr> computed, inputs_uploaded, outputs_downloaded;
 };
 
+// Micro-batch m's inputs, taken from the activation store (blocking until produced) and uploaded:
+// the activation, plus the labels (fused) or the output gradient (backward). Act-up stream.
+void UploadInputs(StageState& s, int m, int mb) {
+  const StageTask& sl = s.task;
+  ActivationStore& acts = *s.ctx->acts;
+  // Every input first (Take blocks until it was produced), then the transfers.
+  auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
+  if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
+  absl::StatusOr<at::Tensor> second = at::Tensor();
+  if (sl.kind == StageKind::kFused) {
+    second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
+  } else if (sl.kind == StageKind::kBackward) {
+    second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
+  }
+  if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
+  s.in[static_cast<size_t>(m)] = s.dev->Upload(*x);
+  if (sl.kind == StageKind::kFused) s.labels[static_cast<size_t>(m)] = s.dev->Upload(*second);
+  if (sl.kind == StageKind::kBackward) s.grad_out[static_cast<size_t>(m)] = s.dev->Upload(*second);
+}
+
+// The stage's math on micro-batch m; its inputs are released after. Compute stream.
+void ComputeMicrobatch(StageState& s, int m) {
+  const StageTask& sl = s.task;
+  RunContext& ctx = *s.ctx;
+  const size_t i = static_cast<size_t>(m);
+  switch (sl.kind) {
+    case StageKind::kForward:
+      s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, s.rope, s.in[i], s.task.save_inputs_of);
+      break;
+    case StageKind::kFused: {
+      FusedResult r = FusedStage(*ctx.cfg, s.weights, s.rope, s.in[i], s.labels[i],
+                                 ctx.loss_scale * ctx.grad_multiplier, ctx.head_chunk_tokens);
+      ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
+      s.grad_in[i] = r.grad_input;
+      break;
+    }
+    case StageKind::kBackward:
+      s.grad_in[i] = BackwardStage(*ctx.cfg, s.weights, s.rope, s.in[i], s.grad_out[i]);
+      break;
+  }
+  s.in[i] = at::Tensor();
+  s.grad_out[i] = at::Tensor();
+  s.labels[i] = at::Tensor();
+}
+
+// Micro-batch m's outputs, downloaded and Put: a forward stage's activations (and the recompute
+// checkpoints it saves), or a training stage's input gradient. Act-down stream.
+void DownloadOutputs(StageState& s, int m, int mb) {
+  const StageTask& sl = s.task;
+  RunContext& ctx = *s.ctx;
+  const size_t i = static_cast<size_t>(m);
+  if (sl.kind == StageKind::kForward) {
+    for (auto& [layer, t] : s.fwd_out[i]) {
+      ctx.acts->Put(ActKind::kActivation, layer, mb, s.dev->Download(t), ctx.act_consumers[static_cast<size_t>(layer)],
+                    sl.iteration);
+    }
+    s.fwd_out[i].clear();
+  } else if (sl.first_layer > 0) {
+    ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s.dev->Download(s.grad_in[i]), 1, sl.iteration);
+    s.grad_in[i] = at::Tensor();
+  }
+}
+
 // Step 2 (act-up, compute, act-down streams): per micro-batch take and upload its inputs (one
 // ahead of compute), run the stage's math, download and Put its outputs; after the last one a
 // training stage keeps only its weights' gradients.
@@ -184,63 +247,20 @@ MicrobatchEvents EnqueueMicrobatches(Device& dev, const std::shared_ptr<StageSta
   Stream& compute = dev.stream(StreamKind::kCompute);
   Stream& act_down = dev.stream(StreamKind::kActivationDown);
   MicrobatchEvents ev;
-  std::vector<EventPtr>& computed = ev.computed;
-  computed.resize(static_cast<size_t>(mbs));
-  std::vector<EventPtr>& inputs_uploaded = ev.inputs_uploaded;
-  std::vector<EventPtr>& outputs_downloaded = ev.outputs_downloaded;
+  ev.computed.resize(static_cast<size_t>(mbs));
   for (int m = 0; m < mbs; ++m) {
     const int mb = sl.first_microbatch + m;
     // act-up: at most one micro-batch ahead of compute.
-    if (m >= 2) act_up.WaitEvent(computed[static_cast<size_t>(m - 2)]);
-    act_up.Enqueue({Label(sl, "in ", mb), sl.iteration, sl.slot, mb}, [s, m, mb] {
-      Guarded(*s, "input upload", [&] {
-        const StageTask& sl = s->task;
-        ActivationStore& acts = *s->ctx->acts;
-        // Every input first (Take blocks until it was produced), then the transfers.
-        auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
-        if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
-        absl::StatusOr<at::Tensor> second = at::Tensor();
-        if (sl.kind == StageKind::kFused) {
-          second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
-        } else if (sl.kind == StageKind::kBackward) {
-          second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
-        }
-        if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
-        s->in[static_cast<size_t>(m)] = s->dev->Upload(*x);
-        if (sl.kind == StageKind::kFused) s->labels[static_cast<size_t>(m)] = s->dev->Upload(*second);
-        if (sl.kind == StageKind::kBackward) s->grad_out[static_cast<size_t>(m)] = s->dev->Upload(*second);
-      });
-    });
+    if (m >= 2) act_up.WaitEvent(ev.computed[static_cast<size_t>(m - 2)]);
+    act_up.Enqueue({Label(sl, "in ", mb), sl.iteration, sl.slot, mb},
+                   [s, m, mb] { Guarded(*s, "input upload", [&] { UploadInputs(*s, m, mb); }); });
     auto uploaded = MakeEvent();
     act_up.RecordEvent(uploaded);
-    inputs_uploaded.push_back(uploaded);
+    ev.inputs_uploaded.push_back(uploaded);
 
     compute.WaitEvent(uploaded);
-    compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.slot, mb}, [s, m] {
-      Guarded(*s, "compute", [&] {
-        const StageTask& sl = s->task;
-        RunContext& ctx = *s->ctx;
-        const size_t i = static_cast<size_t>(m);
-        switch (sl.kind) {
-          case StageKind::kForward:
-            s->fwd_out[i] = ForwardStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->task.save_inputs_of);
-            break;
-          case StageKind::kFused: {
-            FusedResult r = FusedStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->labels[i],
-                                       ctx.loss_scale * ctx.grad_multiplier, ctx.head_chunk_tokens);
-            ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
-            s->grad_in[i] = r.grad_input;
-            break;
-          }
-          case StageKind::kBackward:
-            s->grad_in[i] = BackwardStage(*ctx.cfg, s->weights, s->rope, s->in[i], s->grad_out[i]);
-            break;
-        }
-        s->in[i] = at::Tensor();
-        s->grad_out[i] = at::Tensor();
-        s->labels[i] = at::Tensor();
-      });
-    });
+    compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.slot, mb},
+                    [s, m] { Guarded(*s, "compute", [&] { ComputeMicrobatch(*s, m); }); });
     if (trains && m == mbs - 1) {
       // The weights are done: keep only their gradients until they are downloaded.
       compute.Enqueue({}, [s] {
@@ -249,29 +269,14 @@ MicrobatchEvents EnqueueMicrobatches(Device& dev, const std::shared_ptr<StageSta
         s->weights.layers.clear();
       });
     }
-    computed[static_cast<size_t>(m)] = MakeEvent();
-    compute.RecordEvent(computed[static_cast<size_t>(m)]);
+    ev.computed[static_cast<size_t>(m)] = MakeEvent();
+    compute.RecordEvent(ev.computed[static_cast<size_t>(m)]);
 
-    act_down.WaitEvent(computed[static_cast<size_t>(m)]);
-    act_down.Enqueue({Label(sl, "out ", mb), sl.iteration, sl.slot, mb}, [s, m, mb] {
-      Guarded(*s, "output download", [&] {
-        const StageTask& sl = s->task;
-        RunContext& ctx = *s->ctx;
-        const size_t i = static_cast<size_t>(m);
-        if (sl.kind == StageKind::kForward) {
-          for (auto& [layer, t] : s->fwd_out[i]) {
-            ctx.acts->Put(ActKind::kActivation, layer, mb, s->dev->Download(t),
-                          ctx.act_consumers[static_cast<size_t>(layer)], sl.iteration);
-          }
-          s->fwd_out[i].clear();
-        } else if (sl.first_layer > 0) {
-          ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s->dev->Download(s->grad_in[i]), 1, sl.iteration);
-          s->grad_in[i] = at::Tensor();
-        }
-      });
-    });
-    outputs_downloaded.push_back(MakeEvent());
-    act_down.RecordEvent(outputs_downloaded.back());
+    act_down.WaitEvent(ev.computed[static_cast<size_t>(m)]);
+    act_down.Enqueue({Label(sl, "out ", mb), sl.iteration, sl.slot, mb},
+                     [s, m, mb] { Guarded(*s, "output download", [&] { DownloadOutputs(*s, m, mb); }); });
+    ev.outputs_downloaded.push_back(MakeEvent());
+    act_down.RecordEvent(ev.outputs_downloaded.back());
   }
   return ev;
 }

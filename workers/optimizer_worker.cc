@@ -17,36 +17,36 @@ OptimizerWorker::OptimizerWorker(HostModelStore* store, ConsistencyBook* book, A
 
 OptimizerWorker::~OptimizerWorker() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 void OptimizerWorker::Enqueue(StepRequest r) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     queue_.push_back(std::move(r));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 StepResult OptimizerWorker::AwaitStep(int iteration) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return results_.count(iteration) > 0; });
+  base::MutexLock lock(&mu_);
+  while (results_.count(iteration) == 0) cv_.Wait(&mu_);
   StepResult r = results_[iteration];
   results_.erase(iteration);
   return r;
 }
 
 void OptimizerWorker::WaitIdle() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  base::MutexLock lock(&mu_);
+  while (!queue_.empty() || busy_) cv_.Wait(&mu_);
 }
 
 double OptimizerWorker::loss_scale() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   return scaler_.scale();
 }
 
@@ -54,8 +54,8 @@ void OptimizerWorker::Loop() {
   for (;;) {
     StepRequest r;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      base::MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;
       r = queue_.front();
       queue_.pop_front();
@@ -63,10 +63,10 @@ void OptimizerWorker::Loop() {
     }
     Process(r);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(&mu_);
       busy_ = false;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
@@ -97,7 +97,7 @@ void OptimizerWorker::Process(const StepRequest& r) {
   // The same policy as the synchronous step (workers/optim/step_policy.h).
   StepDecision d;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     d = DecideStep(std::sqrt(sq), r.loss_scale, adamw_.options().max_grad_norm, &scaler_);
   }
   StepResult res;
@@ -119,10 +119,10 @@ void OptimizerWorker::Process(const StepRequest& r) {
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     results_[r.iteration] = res;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 
   // P_cp, shallowest layer first: the next-but-one iteration needs layer 0 first.
   for (int o = 0; o < L; ++o) {
@@ -144,12 +144,12 @@ void OptimizerWorker::Process(const StepRequest& r) {
 namespace rp::workers {
 
 int64_t OptimizerWorker::good_steps() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   return scaler_.good_steps();
 }
 
 void OptimizerWorker::Restore(const AdamWState& s, double loss_scale, int64_t good_steps) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   adamw_.set_state(s);
   scaler_.Restore(loss_scale, good_steps);
 }

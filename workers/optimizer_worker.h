@@ -18,14 +18,13 @@
 // only after Finish released the uploads of the iteration that will never run.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "workers/base/mutex.h"
 #include "workers/consistency.h"
 #include "workers/optim/adamw.h"
 #include "workers/optim/loss_scaler.h"
@@ -70,13 +69,13 @@ class OptimizerWorker {
   HostModelStore* store_;
   ConsistencyBook* book_;
   AdamW adamw_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<StepRequest> queue_;
-  std::map<int, StepResult> results_;
-  LossScaler scaler_;
-  bool busy_ = false;
-  bool stop_ = false;
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  std::deque<StepRequest> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<int, StepResult> results_ ABSL_GUARDED_BY(mu_);
+  LossScaler scaler_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

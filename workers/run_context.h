@@ -6,10 +6,10 @@
 // by one mutex; Fail() also aborts the ActivationStore so no stream waits forever.
 #pragma once
 
-#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "workers/base/mutex.h"
 #include "workers/models/transformer_config.h"
 #include "workers/store/activation_store.h"
 #include "workers/store/host_model_store.h"
@@ -32,39 +32,39 @@ struct RunContext {
   int64_t head_chunk_tokens = 4096;
 
   void AddLoss(double scaled_loss, int64_t tokens) {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     loss_ += scaled_loss;
     tokens_ += tokens;
   }
   void Fail(const absl::Status& s) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(&mu_);
       if (error_.ok()) error_ = s;
     }
     if (acts) acts->Abort(s, iteration);
   }
   bool failed() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     return !error_.ok();
   }
   absl::Status error() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     return error_;
   }
   double loss() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     return loss_;
   }
   int64_t tokens() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     return tokens_;
   }
 
  private:
-  mutable std::mutex mu_;
-  double loss_ = 0;
-  int64_t tokens_ = 0;
-  absl::Status error_;
+  mutable base::Mutex mu_;
+  double loss_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rp::workers

@@ -20,7 +20,9 @@ int64_t CostModel::BackwardMemory(int layer) const {
   return c.param_bytes + c.trainable_bytes + c.fixed_work_bytes + c.act_bytes_per_token * tokens_per_microbatch;
 }
 
-absl::StatusOr<CostModel> AnalyticCostModel(const ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt) {
+namespace {
+
+absl::Status ValidateAnalyticInputs(const ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt) {
   if (m.num_blocks <= 0 || m.hidden <= 0 || m.vocab <= 0 || m.num_heads <= 0 || m.num_kv_heads <= 0 ||
       m.head_dim <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", m.name,
@@ -42,101 +44,122 @@ absl::StatusOr<CostModel> AnalyticCostModel(const ModelConfig& m, const DevicePr
   if (opt.micro_batch_size <= 0 || opt.sequence_length <= 0) {
     return absl::InvalidArgumentError("micro-batch size and sequence length must be positive");
   }
+  return absl::OkStatus();
+}
 
-  const double tokens = static_cast<double>(opt.micro_batch_size * opt.sequence_length);
-  const double s = static_cast<double>(opt.sequence_length);
-  const double h = static_cast<double>(m.hidden);
-  const double q = static_cast<double>(m.num_heads) * static_cast<double>(m.head_dim);
-  const double kv = static_cast<double>(m.num_kv_heads) * static_cast<double>(m.head_dim);
-  const double mm_rate = d.peak_matmul_flops * opt.matmul_efficiency;
-  const double attn_rate = d.peak_matmul_flops * opt.attention_efficiency;
-  const double moe_rate = d.peak_matmul_flops * opt.moe_efficiency;
-  const double bw = d.memory_bandwidth;
-  const double db = opt.dtype_bytes;
-  const bool lora = m.lora.rank > 0;
-  // Backward matmul factor: dgrad + wgrad, or dgrad only for a frozen base.
-  const double bwd_mm = lora ? 1.0 : 2.0;
+// The quantities every layer's estimate uses: the micro-batch's size, the model's widths, and
+// the device's effective rates.
+struct AnalyticTerms {
+  AnalyticTerms(const ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt)
+      : tokens(static_cast<double>(opt.micro_batch_size * opt.sequence_length)),
+        s(static_cast<double>(opt.sequence_length)),
+        h(static_cast<double>(m.hidden)),
+        q(static_cast<double>(m.num_heads) * static_cast<double>(m.head_dim)),
+        kv(static_cast<double>(m.num_kv_heads) * static_cast<double>(m.head_dim)),
+        mm_rate(d.peak_matmul_flops * opt.matmul_efficiency),
+        attn_rate(d.peak_matmul_flops * opt.attention_efficiency),
+        moe_rate(d.peak_matmul_flops * opt.moe_efficiency),
+        bw(d.memory_bandwidth),
+        db(opt.dtype_bytes),
+        lora(m.lora.rank > 0),
+        bwd_mm(lora ? 1.0 : 2.0) {}
+  const double tokens, s, h, q, kv;
+  const double mm_rate, attn_rate, moe_rate, bw, db;
+  const bool lora;
+  const double bwd_mm;  // backward matmul factor: dgrad + wgrad, or dgrad only for a frozen base
+};
 
+// Embedding: a gather (memory-bound) forward; a scatter-add of the gradient backward.
+LayerCost EmbeddingCost(const ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t) {
+  LayerCost c;
+  c.kind = LayerKind::kEmbedding;
+  const double traffic = t.tokens * t.h * t.db * 2;
+  c.fwd_s = traffic / t.bw;
+  const double bwd = 2 * traffic / t.bw;
+  c.bwd_s = c.fwd_s + bwd;
+  c.fused_s = c.fwd_s + bwd;
+  c.param_bytes = m.EmbeddingParams() * opt.dtype_bytes;
+  c.trainable_bytes = t.lora ? 0 : m.EmbeddingParams() * opt.grad_bytes;
+  c.act_bytes_per_token = 8;  // token ids
+  return c;
+}
+
+LayerCost BlockCost(const ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t, int b) {
+  LayerCost c;
+  c.kind = LayerKind::kBlock;
+  const double h = t.h, q = t.q, kv = t.kv, tokens = t.tokens;
+  const bool sliding = m.sliding_window > 0 && m.sliding_every > 0 && (b % m.sliding_every) == 0;
+  // Average causal context per query (half the sequence), or the window.
+  const double ctx = sliding ? std::min(t.s / 2, static_cast<double>(m.sliding_window)) : t.s / 2;
+  const double proj_flops = tokens * 2 * (h * q + 2 * h * kv + q * h);
+  const double attn_flops = tokens * 2 * 2 * ctx * q;
+  double mlp_flops, mlp_rate;
+  double act_mlp;
+  if (m.is_moe()) {
+    const double ie = static_cast<double>(m.expert_intermediate);
+    mlp_flops = tokens * (2 * h * m.num_experts + m.active_experts * 3 * 2 * h * ie);
+    mlp_rate = t.moe_rate;
+    act_mlp = m.active_experts * (3 * ie + h);
+  } else {
+    const double i = static_cast<double>(m.intermediate);
+    mlp_flops = tokens * 3 * 2 * h * i;
+    mlp_rate = t.mm_rate;
+    act_mlp = 3 * i;
+  }
+  const double lora_flops = t.lora ? tokens * 2 * static_cast<double>(m.BlockLoraParams()) : 0.0;
+  // Elementwise traffic: norms, rope, residuals, activation function (about 12 reads/writes of
+  // an h-wide row and 3 of the MLP width per token), plus reading the block's weights once.
+  const double ew_bytes =
+      tokens * t.db * (12 * h + (m.is_moe() ? m.active_experts * 3.0 * m.expert_intermediate : 3.0 * m.intermediate));
+  const double weight_bytes = static_cast<double>(m.BlockParams()) * t.db;
+  const double fwd = proj_flops / t.mm_rate + attn_flops / t.attn_rate + mlp_flops / mlp_rate + lora_flops / t.mm_rate +
+                     ew_bytes / t.bw + weight_bytes / t.bw;
+  const double bwd = t.bwd_mm * proj_flops / t.mm_rate + 2.5 * attn_flops / t.attn_rate +
+                     t.bwd_mm * mlp_flops / mlp_rate + 2 * lora_flops / t.mm_rate + 2 * ew_bytes / t.bw +
+                     weight_bytes / t.bw;
+  c.fwd_s = fwd;
+  c.bwd_s = fwd + bwd;
+  c.fused_s = fwd + bwd;
+  c.param_bytes = m.BlockParams() * opt.dtype_bytes;
+  c.trainable_bytes = (t.lora ? m.BlockLoraParams() : m.BlockParams()) * opt.grad_bytes;
+  // Saved for backward: norm in/out, q/k/v, attention output (+ softmax stats), o-proj input,
+  // MLP intermediates.
+  c.act_bytes_per_token = static_cast<int64_t>(t.db * (6 * h + 2 * q + 2 * kv + act_mlp));
+  return c;
+}
+
+LayerCost HeadCost(const ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t) {
+  LayerCost c;
+  c.kind = LayerKind::kHead;
+  const double v = static_cast<double>(m.vocab);
+  const double flops = t.tokens * 2 * t.h * v;
+  // Logit chunks are produced and consumed in fp32 (softmax + cross-entropy) per chunk.
+  const double ew = t.tokens * v * 4 * 3;
+  const double fwd = flops / t.mm_rate + ew / t.bw;
+  // Backward: dgrad (+ wgrad unless the head is frozen); the loss gradient is formed inside
+  // the forward chunk loop, so fused and recompute costs coincide.
+  const double bwd = (t.lora ? 1.0 : 2.0) * flops / t.mm_rate + ew / t.bw;
+  c.fwd_s = fwd;
+  c.bwd_s = fwd + bwd;
+  c.fused_s = fwd + bwd;
+  c.param_bytes = (m.vocab * m.hidden + m.hidden) * opt.dtype_bytes;  // tied: the embedding again
+  c.trainable_bytes = t.lora ? 0 : m.HeadParams() * opt.grad_bytes;
+  c.act_bytes_per_token = static_cast<int64_t>(2 * t.h * t.db);
+  c.fixed_work_bytes = static_cast<int64_t>(opt.loss_chunk_tokens) * m.vocab * 4 * 2;
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<CostModel> AnalyticCostModel(const ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt) {
+  if (absl::Status st = ValidateAnalyticInputs(m, d, opt); !st.ok()) return st;
+  const AnalyticTerms t(m, d, opt);
   CostModel cm;
-  cm.tokens_per_microbatch = static_cast<int64_t>(tokens);
-  cm.boundary_bytes_per_token = static_cast<int64_t>(h * db);
-
-  // Embedding: a gather (memory-bound) forward; a scatter-add of the gradient backward.
-  {
-    LayerCost c;
-    c.kind = LayerKind::kEmbedding;
-    const double traffic = tokens * h * db * 2;
-    c.fwd_s = traffic / bw;
-    const double bwd = 2 * traffic / bw;
-    c.bwd_s = c.fwd_s + bwd;
-    c.fused_s = c.fwd_s + bwd;
-    c.param_bytes = m.EmbeddingParams() * opt.dtype_bytes;
-    c.trainable_bytes = lora ? 0 : m.EmbeddingParams() * opt.grad_bytes;
-    c.act_bytes_per_token = 8;  // token ids
-    cm.layers.push_back(c);
-  }
-  for (int b = 0; b < m.num_blocks; ++b) {
-    LayerCost c;
-    c.kind = LayerKind::kBlock;
-    const bool sliding = m.sliding_window > 0 && m.sliding_every > 0 && (b % m.sliding_every) == 0;
-    // Average causal context per query (half the sequence), or the window.
-    const double ctx = sliding ? std::min(s / 2, static_cast<double>(m.sliding_window)) : s / 2;
-    const double proj_flops = tokens * 2 * (h * q + 2 * h * kv + q * h);
-    const double attn_flops = tokens * 2 * 2 * ctx * q;
-    double mlp_flops, mlp_rate;
-    double act_mlp;
-    if (m.is_moe()) {
-      const double ie = static_cast<double>(m.expert_intermediate);
-      mlp_flops = tokens * (2 * h * m.num_experts + m.active_experts * 3 * 2 * h * ie);
-      mlp_rate = moe_rate;
-      act_mlp = m.active_experts * (3 * ie + h);
-    } else {
-      const double i = static_cast<double>(m.intermediate);
-      mlp_flops = tokens * 3 * 2 * h * i;
-      mlp_rate = mm_rate;
-      act_mlp = 3 * i;
-    }
-    double lora_flops = 0;
-    if (lora) lora_flops = tokens * 2 * static_cast<double>(m.BlockLoraParams());
-    // Elementwise traffic: norms, rope, residuals, activation function (about 12 reads/writes of
-    // an h-wide row and 3 of the MLP width per token), plus reading the block's weights once.
-    const double ew_bytes =
-        tokens * db * (12 * h + (m.is_moe() ? m.active_experts * 3.0 * m.expert_intermediate : 3.0 * m.intermediate));
-    const double weight_bytes = static_cast<double>(m.BlockParams()) * db;
-    const double fwd = proj_flops / mm_rate + attn_flops / attn_rate + mlp_flops / mlp_rate + lora_flops / mm_rate +
-                       ew_bytes / bw + weight_bytes / bw;
-    const double bwd = bwd_mm * proj_flops / mm_rate + 2.5 * attn_flops / attn_rate + bwd_mm * mlp_flops / mlp_rate +
-                       2 * lora_flops / mm_rate + 2 * ew_bytes / bw + weight_bytes / bw;
-    c.fwd_s = fwd;
-    c.bwd_s = fwd + bwd;
-    c.fused_s = fwd + bwd;
-    c.param_bytes = m.BlockParams() * opt.dtype_bytes;
-    c.trainable_bytes = (lora ? m.BlockLoraParams() : m.BlockParams()) * opt.grad_bytes;
-    // Saved for backward: norm in/out, q/k/v, attention output (+ softmax stats), o-proj input,
-    // MLP intermediates.
-    c.act_bytes_per_token = static_cast<int64_t>(db * (6 * h + 2 * q + 2 * kv + act_mlp));
-    cm.layers.push_back(c);
-  }
-  {
-    LayerCost c;
-    c.kind = LayerKind::kHead;
-    const double v = static_cast<double>(m.vocab);
-    const double flops = tokens * 2 * h * v;
-    // Logit chunks are produced and consumed in fp32 (softmax + cross-entropy) per chunk.
-    const double ew = tokens * v * 4 * 3;
-    const double fwd = flops / mm_rate + ew / bw;
-    // Backward: dgrad (+ wgrad unless the head is frozen); the loss gradient is formed inside
-    // the forward chunk loop, so fused and recompute costs coincide.
-    const double bwd = (lora ? 1.0 : 2.0) * flops / mm_rate + ew / bw;
-    c.fwd_s = fwd;
-    c.bwd_s = fwd + bwd;
-    c.fused_s = fwd + bwd;
-    c.param_bytes = (m.vocab * m.hidden + m.hidden) * opt.dtype_bytes;  // tied: the embedding again
-    c.trainable_bytes = lora ? 0 : m.HeadParams() * opt.grad_bytes;
-    c.act_bytes_per_token = static_cast<int64_t>(2 * h * db);
-    c.fixed_work_bytes = static_cast<int64_t>(opt.loss_chunk_tokens) * m.vocab * 4 * 2;
-    cm.layers.push_back(c);
-  }
+  cm.tokens_per_microbatch = static_cast<int64_t>(t.tokens);
+  cm.boundary_bytes_per_token = static_cast<int64_t>(t.h * t.db);
+  cm.layers.push_back(EmbeddingCost(m, opt, t));
+  for (int b = 0; b < m.num_blocks; ++b) cm.layers.push_back(BlockCost(m, opt, t, b));
+  cm.layers.push_back(HeadCost(m, opt, t));
   return cm;
 }
 

@@ -19,7 +19,9 @@ const char* SlotKindName(SlotKind k) {
   return "?";
 }
 
-absl::StatusOr<DispatchPlan> BuildDispatchPlan(const Partition& p, int num_layers, const DispatchOptions& opt) {
+namespace {
+
+absl::Status ValidateDispatch(const Partition& p, int num_layers, const DispatchOptions& opt) {
   if (opt.num_workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("dispatch: need at least one worker, got ", opt.num_workers));
   }
@@ -53,20 +55,18 @@ absl::StatusOr<DispatchPlan> BuildDispatchPlan(const Partition& p, int num_layer
     return absl::InvalidArgumentError(
         absl::StrCat("dispatch: partition ", p.ToString(), " does not cover ", num_layers, " layers"));
   }
+  return absl::OkStatus();
+}
 
-  DispatchPlan plan;
-  plan.options = opt;
-  plan.options.microbatches_per_round = MR;
-  plan.partition = p;
-  plan.num_layers = num_layers;
-  plan.rounds_per_iteration = M / MR;
+// One slot of a round's stage layout (the same in every round and iteration).
+struct SlotShape {
+  SlotKind kind;
+  int stage, first, count;
+};
 
-  // Stage layout of one round (independent of round / iteration).
-  struct Shape {
-    SlotKind kind;
-    int stage, first, count;
-  };
-  std::vector<Shape> shapes;
+// Forward stages bottom-up, the fused stage at the top, then the backward stages top-down.
+std::vector<SlotShape> RoundLayout(const Partition& p, int num_layers) {
+  std::vector<SlotShape> shapes;
   int first = 0;
   for (size_t i = 0; i < p.forward.size(); ++i) {
     shapes.push_back({SlotKind::kForward, static_cast<int>(i) + 1, first, p.forward[i]});
@@ -78,40 +78,65 @@ absl::StatusOr<DispatchPlan> BuildDispatchPlan(const Partition& p, int num_layer
     top -= p.backward[j];
     shapes.push_back({SlotKind::kBackward, static_cast<int>(j) + 2, top, p.backward[j]});
   }
-  const int S = static_cast<int>(shapes.size());
+  return shapes;
+}
 
+// What slot i of a round (its slots numbered from `base`) waits for: the slot before it (an
+// activation forward, a gradient backward) and, for a backward slot, the forward slot whose
+// output is its recompute checkpoint (the input of its first layer).
+std::vector<SlotDependency> SlotDeps(const std::vector<SlotShape>& shapes, int base, int i) {
+  std::vector<SlotDependency> deps;
+  const SlotShape& me = shapes[static_cast<size_t>(i)];
+  if (i > 0) {
+    deps.push_back({base + i - 1, me.kind == SlotKind::kForward || me.kind == SlotKind::kFused
+                                      ? SlotDependency::Reason::kActivation
+                                      : SlotDependency::Reason::kGradient});
+  }
+  if (me.kind == SlotKind::kBackward && me.first > 0) {
+    for (int k = 0; k < static_cast<int>(shapes.size()); ++k) {
+      const SlotShape& f = shapes[static_cast<size_t>(k)];
+      if (f.kind == SlotKind::kForward && f.first <= me.first - 1 && me.first - 1 < f.first + f.count) {
+        if (base + k != base + i - 1) deps.push_back({base + k, SlotDependency::Reason::kCheckpoint});
+      }
+    }
+  }
+  return deps;
+}
+
+}  // namespace
+
+absl::StatusOr<DispatchPlan> BuildDispatchPlan(const Partition& p, int num_layers, const DispatchOptions& opt) {
+  if (absl::Status st = ValidateDispatch(p, num_layers, opt); !st.ok()) return st;
+  const int M = opt.microbatches_per_iteration;
+  const int MR = opt.microbatches_per_round == 0 ? M : opt.microbatches_per_round;
+  DispatchPlan plan;
+  plan.options = opt;
+  plan.options.microbatches_per_round = MR;
+  plan.partition = p;
+  plan.num_layers = num_layers;
+  plan.rounds_per_iteration = M / MR;
+
+  const std::vector<SlotShape> shapes = RoundLayout(p, num_layers);
+  const int S = static_cast<int>(shapes.size());
   int g0 = opt.g0;
   for (int it = 0; it < opt.iterations; ++it) {
     for (int r = 0; r < plan.rounds_per_iteration; ++r) {
       const int base = static_cast<int>(plan.slots.size());
       for (int i = 0; i < S; ++i) {
+        const SlotShape& shape = shapes[static_cast<size_t>(i)];
         StageSlot s;
         s.index = base + i;
         s.iteration = it;
         s.round = r;
         s.slot_in_round = i;
-        s.kind = shapes[static_cast<size_t>(i)].kind;
-        s.stage = shapes[static_cast<size_t>(i)].stage;
-        s.first_layer = shapes[static_cast<size_t>(i)].first;
-        s.num_layers = shapes[static_cast<size_t>(i)].count;
+        s.kind = shape.kind;
+        s.stage = shape.stage;
+        s.first_layer = shape.first;
+        s.num_layers = shape.count;
         s.first_microbatch = r * MR;
         s.num_microbatches = MR;
-        s.worker = (g0 + i) % opt.num_workers;
-        if (i > 0) {
-          s.deps.push_back({base + i - 1, s.kind == SlotKind::kForward || s.kind == SlotKind::kFused
-                                              ? SlotDependency::Reason::kActivation
-                                              : SlotDependency::Reason::kGradient});
-        }
-        if (s.kind == SlotKind::kBackward && s.first_layer > 0) {
-          // The checkpoint (input of first_layer) is the output of the forward slot holding
-          // layer first_layer-1.
-          for (int k = 0; k < S; ++k) {
-            const Shape& f = shapes[static_cast<size_t>(k)];
-            if (f.kind == SlotKind::kForward && f.first <= s.first_layer - 1 && s.first_layer - 1 < f.first + f.count) {
-              if (base + k != base + i - 1) s.deps.push_back({base + k, SlotDependency::Reason::kCheckpoint});
-            }
-          }
-        }
+        s.worker = (g0 + i) % opt.num_workers;  // slot i -> worker (g0 + i) mod N
+        s.deps = SlotDeps(shapes, base, i);
         plan.slots.push_back(std::move(s));
       }
       g0 = (g0 + S) % opt.num_workers;

@@ -69,6 +69,159 @@ const char* BaselineName(Baseline b) {
   return "?";
 }
 
+namespace {
+
+// Lays out a RoundPipe dispatch plan as simulator tasks, slot by slot: the weight upload (when
+// transfers are modelled), the micro-batches, and the optimizer tasks with the consistency
+// protocol's edges.
+class RoundPipeLayout {
+ public:
+  RoundPipeLayout(const DispatchPlan& plan, const CostModel& costs, const SimOptions& o)
+      : plan_(plan),
+        costs_(costs),
+        o_(o),
+        N_(plan.options.num_workers),
+        K_(plan.options.iterations),
+        L_(plan.num_layers),
+        async_(plan.options.mode == OptimizerMode::kAsync),
+        act_latency_(ActivationLatency(costs, o)),
+        first_task_(plan.slots.size(), -1),
+        upload_task_(plan.slots.size(), -1),
+        last_slot_on_worker_(static_cast<size_t>(N_), -1),
+        sync_opt_(static_cast<size_t>(K_), -1),
+        opt_task_(async_ ? static_cast<size_t>(K_) * static_cast<size_t>(L_) : 0, -1) {
+    s_.name = absl::StrCat("RoundPipe-", OptimizerModeName(plan.options.mode));
+    s_.balance_all_phases_together = true;
+    s_.num_workers = N_;
+    s_.iterations = K_;
+    NameResources(s_, o.transfers);
+  }
+
+  SimSchedule Build() && {
+    int built_iterations = 0;
+    for (size_t i = 0; i < plan_.slots.size(); ++i) {
+      const StageSlot& sl = plan_.slots[i];
+      // Optimizer tasks of iteration k need the slots of iteration k+1 (async), so they are
+      // created once iteration k+1 is laid out; sync ones right after their iteration.
+      const int ready = async_ ? sl.iteration - 1 : sl.iteration;
+      while (built_iterations < ready) AddOptimizerTasks(built_iterations++);
+      std::vector<TaskDep> weight_deps = WeightDeps(sl);
+      if (o_.transfers) weight_deps = {{AddUpload(i, weight_deps)}};
+      AddMicrobatches(i, weight_deps);
+      last_slot_on_worker_[static_cast<size_t>(sl.worker)] = static_cast<int>(i);
+    }
+    while (built_iterations < K_) AddOptimizerTasks(built_iterations++);
+    return std::move(s_);
+  }
+
+ private:
+  // What a slot's weights must wait for: the previous iteration's step (sync, at a round's first
+  // slot), or P_cp of iteration T-2 for each of its layers (async, constraint 2).
+  std::vector<TaskDep> WeightDeps(const StageSlot& sl) const {
+    std::vector<TaskDep> deps;
+    if (!async_ && sl.iteration > 0 && sl.slot_in_round == 0) {
+      deps.push_back({sync_opt_[static_cast<size_t>(sl.iteration - 1)]});
+    }
+    if (async_ && sl.iteration >= 2) {
+      for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
+        deps.push_back({opt_task_[static_cast<size_t>(sl.iteration - 2) * L_ + l]});
+      }
+    }
+    return deps;
+  }
+
+  // The slot's parameter upload on its worker's link; it may start once the worker's previous
+  // slot started (the link prefetches while the GPU computes).
+  int AddUpload(size_t i, const std::vector<TaskDep>& weight_deps) {
+    const StageSlot& sl = plan_.slots[i];
+    SimTask up;
+    up.resource = N_ + 1 + sl.worker;
+    int64_t bytes = 0;
+    for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
+      bytes += costs_.layers[static_cast<size_t>(l)].param_bytes;
+    }
+    up.duration_s = static_cast<double>(bytes) / o_.host_link_bandwidth;
+    up.phase = TaskPhase::kParamUpload;
+    up.iteration = sl.iteration;
+    up.stage = sl.slot_in_round;
+    up.microbatch = -1;
+    up.deps = weight_deps;
+    const int prev = last_slot_on_worker_[static_cast<size_t>(sl.worker)];
+    if (prev >= 0) up.deps.push_back({first_task_[static_cast<size_t>(prev)], 0, /*on_start=*/true});
+    upload_task_[i] = s_.Add(std::move(up));
+    return upload_task_[i];
+  }
+
+  // The slot's micro-batches as consecutive task ids; each waits for the same micro-batch of the
+  // slots it depends on (plus the activation's round trip through host memory).
+  void AddMicrobatches(size_t i, const std::vector<TaskDep>& weight_deps) {
+    const StageSlot& sl = plan_.slots[i];
+    const double dur = StageTime(costs_, sl.kind, sl.first_layer, sl.num_layers);
+    for (int m = 0; m < sl.num_microbatches; ++m) {
+      SimTask t;
+      t.resource = sl.worker;
+      t.duration_s = dur;
+      t.phase = PhaseOf(sl.kind);
+      t.iteration = sl.iteration;
+      t.stage = sl.slot_in_round;
+      t.microbatch = sl.first_microbatch + m;
+      if (m == 0) t.deps = weight_deps;
+      for (const SlotDependency& d : sl.deps) {
+        const double lat = d.reason == SlotDependency::Reason::kCheckpoint ? 0.0 : act_latency_;
+        t.deps.push_back({first_task_[static_cast<size_t>(d.slot)] + m, lat});
+      }
+      const int id = s_.Add(std::move(t));
+      if (m == 0) first_task_[i] = id;
+    }
+  }
+
+  void AddOptimizerTasks(int k) {
+    if (!async_) {
+      SimTask t = OptimizerTask(N_, o_.optimizer_s_per_layer * L_, k, -1);
+      for (size_t i = 0; i < plan_.slots.size(); ++i) {
+        const StageSlot& sl = plan_.slots[i];
+        if (sl.iteration != k) continue;
+        for (int m = 0; m < sl.num_microbatches; ++m) t.deps.push_back({first_task_[i] + m});
+      }
+      sync_opt_[static_cast<size_t>(k)] = s_.Add(std::move(t));
+      return;
+    }
+    for (int l = L_ - 1; l >= 0; --l) {
+      SimTask t = OptimizerTask(N_, o_.optimizer_s_per_layer, k, l);
+      for (size_t i = 0; i < plan_.slots.size(); ++i) {
+        const StageSlot& sl = plan_.slots[i];
+        const bool covers = sl.first_layer <= l && l < sl.first_layer + sl.num_layers;
+        if (!covers) continue;
+        if (sl.iteration == k && sl.kind != SlotKind::kForward) {
+          // Constraint 3: every gradient micro-batch of layer l has been downloaded.
+          t.deps.push_back({first_task_[i] + sl.num_microbatches - 1});
+        }
+        if (sl.iteration == k + 1) {
+          // Constraint 1: P_cp overwrites the master copy only after iteration k+1 uploaded it.
+          const int up = upload_task_[i] >= 0 ? upload_task_[i] : first_task_[i];
+          t.deps.push_back({up, 0, /*on_start=*/upload_task_[i] < 0});
+        }
+      }
+      opt_task_[static_cast<size_t>(k) * L_ + l] = s_.Add(std::move(t));
+    }
+  }
+
+  const DispatchPlan& plan_;
+  const CostModel& costs_;
+  const SimOptions& o_;
+  const int N_, K_, L_;
+  const bool async_;
+  const double act_latency_;
+  SimSchedule s_;
+  std::vector<int> first_task_;   // per slot: the task id of its first micro-batch
+  std::vector<int> upload_task_;  // per slot: its upload task (transfers only)
+  std::vector<int> last_slot_on_worker_;
+  std::vector<int> sync_opt_;  // sync: per iteration
+  std::vector<int> opt_task_;  // async: [k * L + l]
+};
+
+}  // namespace
+
 absl::StatusOr<SimSchedule> RoundPipeSchedule(const DispatchPlan& plan, const CostModel& costs, const SimOptions& o) {
   if (costs.num_layers() != plan.num_layers) {
     return absl::InvalidArgumentError(
@@ -77,116 +230,7 @@ absl::StatusOr<SimSchedule> RoundPipeSchedule(const DispatchPlan& plan, const Co
   if (o.transfers && !(o.host_link_bandwidth > 0)) {
     return absl::InvalidArgumentError("simulate: transfers need a positive host link bandwidth");
   }
-  const int N = plan.options.num_workers;
-  const int K = plan.options.iterations;
-  const int L = plan.num_layers;
-  const bool async = plan.options.mode == OptimizerMode::kAsync;
-  SimSchedule s;
-  s.name = absl::StrCat("RoundPipe-", OptimizerModeName(plan.options.mode));
-  s.balance_all_phases_together = true;
-  s.num_workers = N;
-  s.iterations = K;
-  NameResources(s, o.transfers);
-  const double act_latency = ActivationLatency(costs, o);
-
-  // first_task[slot] = task id of micro-batch 0; the slot's micro-batches are consecutive ids.
-  std::vector<int> first_task(plan.slots.size(), -1);
-  std::vector<int> upload_task(plan.slots.size(), -1);
-  std::vector<int> last_slot_on_worker(static_cast<size_t>(N), -1);
-  std::vector<int> sync_opt(static_cast<size_t>(K), -1);
-  // Async: opt_task[k*L + l].
-  std::vector<int> opt_task(async ? static_cast<size_t>(K) * static_cast<size_t>(L) : 0, -1);
-
-  auto build_opt_for_iteration = [&](int k) {
-    if (!async) {
-      SimTask t = OptimizerTask(N, o.optimizer_s_per_layer * L, k, -1);
-      for (size_t i = 0; i < plan.slots.size(); ++i) {
-        const StageSlot& sl = plan.slots[i];
-        if (sl.iteration != k) continue;
-        for (int m = 0; m < sl.num_microbatches; ++m) t.deps.push_back({first_task[i] + m});
-      }
-      sync_opt[static_cast<size_t>(k)] = s.Add(std::move(t));
-      return;
-    }
-    for (int l = L - 1; l >= 0; --l) {
-      SimTask t = OptimizerTask(N, o.optimizer_s_per_layer, k, l);
-      for (size_t i = 0; i < plan.slots.size(); ++i) {
-        const StageSlot& sl = plan.slots[i];
-        const bool covers = sl.first_layer <= l && l < sl.first_layer + sl.num_layers;
-        if (!covers) continue;
-        if (sl.iteration == k && sl.kind != SlotKind::kForward) {
-          // Constraint 3: every gradient micro-batch of layer l has been downloaded.
-          t.deps.push_back({first_task[i] + sl.num_microbatches - 1});
-        }
-        if (sl.iteration == k + 1) {
-          // Constraint 1: P_cp overwrites the master copy only after iteration k+1 uploaded it.
-          const int up = upload_task[i] >= 0 ? upload_task[i] : first_task[i];
-          t.deps.push_back({up, 0, /*on_start=*/upload_task[i] < 0});
-        }
-      }
-      opt_task[static_cast<size_t>(k) * L + l] = s.Add(std::move(t));
-    }
-  };
-
-  int built_iterations = 0;
-  for (size_t i = 0; i < plan.slots.size(); ++i) {
-    const StageSlot& sl = plan.slots[i];
-    // Optimizer tasks of iteration k need the slots of iteration k+1 (async), so they are
-    // created once iteration k+1 is laid out; sync ones right after their iteration.
-    if (async) {
-      while (built_iterations + 1 < sl.iteration) build_opt_for_iteration(built_iterations++);
-    } else {
-      while (built_iterations < sl.iteration) build_opt_for_iteration(built_iterations++);
-    }
-    std::vector<TaskDep> weight_deps;  // what the slot's weights must wait for
-    if (!async && sl.iteration > 0 && sl.slot_in_round == 0) {
-      weight_deps.push_back({sync_opt[static_cast<size_t>(sl.iteration - 1)]});
-    }
-    if (async && sl.iteration >= 2) {
-      for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
-        weight_deps.push_back({opt_task[static_cast<size_t>(sl.iteration - 2) * L + l]});
-      }
-    }
-    const int w = sl.worker;
-    if (o.transfers) {
-      SimTask up;
-      up.resource = N + 1 + w;
-      int64_t bytes = 0;
-      for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
-        bytes += costs.layers[static_cast<size_t>(l)].param_bytes;
-      }
-      up.duration_s = static_cast<double>(bytes) / o.host_link_bandwidth;
-      up.phase = TaskPhase::kParamUpload;
-      up.iteration = sl.iteration;
-      up.stage = sl.slot_in_round;
-      up.microbatch = -1;
-      up.deps = weight_deps;
-      const int prev = last_slot_on_worker[static_cast<size_t>(w)];
-      if (prev >= 0) up.deps.push_back({first_task[static_cast<size_t>(prev)], 0, /*on_start=*/true});
-      upload_task[i] = s.Add(std::move(up));
-      weight_deps = {{upload_task[i]}};
-    }
-    const double dur = StageTime(costs, sl.kind, sl.first_layer, sl.num_layers);
-    for (int m = 0; m < sl.num_microbatches; ++m) {
-      SimTask t;
-      t.resource = w;
-      t.duration_s = dur;
-      t.phase = PhaseOf(sl.kind);
-      t.iteration = sl.iteration;
-      t.stage = sl.slot_in_round;
-      t.microbatch = sl.first_microbatch + m;
-      if (m == 0) t.deps = weight_deps;
-      for (const SlotDependency& d : sl.deps) {
-        const double lat = d.reason == SlotDependency::Reason::kCheckpoint ? 0.0 : act_latency;
-        t.deps.push_back({first_task[static_cast<size_t>(d.slot)] + m, lat});
-      }
-      const int id = s.Add(std::move(t));
-      if (m == 0) first_task[i] = id;
-    }
-    last_slot_on_worker[static_cast<size_t>(w)] = static_cast<int>(i);
-  }
-  while (built_iterations < K) build_opt_for_iteration(built_iterations++);
-  return s;
+  return RoundPipeLayout(plan, costs, o).Build();
 }
 
 absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& costs, const BaselineOptions& bo,

@@ -1,6 +1,7 @@
 #include "scheduler/runtime/controller.h"
 
 #include "scheduler/runtime/model_adapter.h"
+#include "scheduler/runtime/profile_costs.h"
 
 #include <ATen/ATen.h>
 
@@ -176,41 +177,9 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
     profile_->Record(sl.first_layer, kind, e.end_s - e.start_s);
   }
   if (++profiled_iterations_ < opt_.profile_iterations || !profile_->Complete()) return;
-  // Memory from the real parameter sizes (master copy + device gradient), times measured.
-  const int L = store_->config().num_layers();
-  planning::CostModel base;
-  for (int l = 0; l < L; ++l) {
-    planning::LayerCost c;
-    for (int id : store_->layer_params(l)) {
-      const workers::HostParam& p = store_->param(id);
-      c.param_bytes += static_cast<int64_t>(p.master.nbytes());
-      if (p.trainable) c.trainable_bytes += static_cast<int64_t>(p.master.nbytes());
-    }
-    base.layers.push_back(c);
-  }
-  // Activation memory per token from the model's shape (the same estimate the simulator uses),
-  // at the micro-batch shape of the profiled batches.
-  const workers::models::TransformerConfig& tc = store_->config();
-  const planning::ModelConfig mc = runtime::FromTransformerConfig(tc);
-  planning::DeviceProfile dp;  // only the memory fields of the estimate are used
-  dp.name = "measured";
-  dp.peak_matmul_flops = 1e15;
-  dp.memory_bandwidth = 1e12;
-  dp.host_link_bandwidth = 1e10;
-  planning::AnalyticOptions ao;
-  ao.micro_batch_size = std::max<int64_t>(1, last_microbatch_rows_);
-  ao.sequence_length = std::max<int64_t>(1, last_seq_len_);
-  ao.dtype_bytes = static_cast<int>(c10::elementSize(store_->master_dtype()));
-  ao.grad_bytes = ao.dtype_bytes;
-  ao.loss_chunk_tokens = static_cast<int>(opt_.head_chunk_tokens);
-  if (auto a = planning::AnalyticCostModel(mc, dp, ao); a.ok() && a->num_layers() == L) {
-    base.tokens_per_microbatch = a->tokens_per_microbatch;
-    base.boundary_bytes_per_token = a->boundary_bytes_per_token;
-    for (int l = 0; l < L; ++l) {
-      base.layers[static_cast<size_t>(l)].act_bytes_per_token = a->layers[static_cast<size_t>(l)].act_bytes_per_token;
-      base.layers[static_cast<size_t>(l)].fixed_work_bytes = a->layers[static_cast<size_t>(l)].fixed_work_bytes;
-    }
-  }
+  // Memory from the real parameter sizes and the analytic activation estimate, times measured.
+  const planning::CostModel base =
+      runtime::ProfileBaseCosts(*store_, last_microbatch_rows_, last_seq_len_, opt_.head_chunk_tokens);
   planning::CostModel measured = profile_->Apply(base);
   measured_ = measured;
   auto r =

@@ -15,6 +15,7 @@
 #include "scheduler/runtime/job_builder.h"
 #include "scheduler/runtime/job_runner.h"
 #include "scheduler/runtime/model_adapter.h"
+#include "scheduler/runtime/tensor_batch.h"
 #include "scheduler/runtime/token_dataset.h"
 #include "workers/io/atomic_dir.h"
 #include "workers/io/checkpoint.h"
@@ -43,53 +44,6 @@ TensorValue ToValue(const at::Tensor& t) {
   return v;
 }
 
-// Shape, divisibility and id ranges of a facade batch, against the job's model: the one
-// validation a batch gets before it is queued.
-absl::Status ValidateBatch(const Batch& b, int64_t vocab, int microbatches) {
-  if (b.rows <= 0 || b.cols <= 0) return absl::InvalidArgumentError("batch: empty batch");
-  if (b.rows > (int64_t{1} << 20) || b.cols > (int64_t{1} << 20) || b.rows * b.cols > (int64_t{1} << 28)) {
-    return absl::InvalidArgumentError("batch: larger than 2^28 tokens");
-  }
-  const size_t n = static_cast<size_t>(b.rows * b.cols);
-  if (b.tokens.size() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch: ", b.tokens.size(), " token ids for a ", b.rows, " x ", b.cols, " batch"));
-  }
-  if (!b.labels.empty() && b.labels.size() != n) {
-    return absl::InvalidArgumentError("batch: labels must have the shape of tokens");
-  }
-  if (b.rows % microbatches != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch: ", b.rows, " sequences cannot be split into ", microbatches, " equal micro-batches"));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (b.tokens[i] < 0 || b.tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("batch: token id ", b.tokens[i], " at position ", i,
-                                                     " is outside the vocabulary [0, ", vocab, ")"));
-    }
-  }
-  for (size_t i = 0; i < b.labels.size(); ++i) {
-    const int32_t l = b.labels[i];
-    if (l != Batch::kIgnoreLabel && (l < 0 || l >= vocab)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch: label ", l, " at position ", i, " must be -100 or lie in [0, ", vocab, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-runtime::TensorBatch ToTensors(const Batch& b) {
-  runtime::TensorBatch t;
-  t.tokens = at::empty({b.rows, b.cols}, at::kLong);
-  std::copy(b.tokens.begin(), b.tokens.end(), t.tokens.data_ptr<int64_t>());
-  if (!b.labels.empty()) {
-    at::Tensor l = at::empty({b.rows, b.cols}, at::kLong);
-    std::copy(b.labels.begin(), b.labels.end(), l.data_ptr<int64_t>());
-    t.labels = l;
-  }
-  return t;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(const EngineOptions& options) {
@@ -108,22 +62,22 @@ Engine::Impl::~Impl() { Shutdown(); }
 
 void Engine::Impl::Shutdown() {
   {
-    workers::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
     for (auto& [id, job] : jobs_) {
-      std::lock_guard<std::mutex> jl(job->mu);
+      base::MutexLock jl(&job->mu);
       job->cancel = true;
-      job->cv.notify_all();
+      job->cv.SignalAll();
     }
   }
   cv_.SignalAll();
   if (runner_.joinable()) runner_.join();
-  workers::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   for (auto& [id, job] : jobs_) {
     std::deque<runtime::WaitingFeed> waiting;
     {
-      std::lock_guard<std::mutex> jl(job->mu);
+      base::MutexLock jl(&job->mu);
       if (!job->terminal()) job->SetState(JobState::kCancelled, "engine shut down");
       waiting.swap(job->waiting);
     }
@@ -138,7 +92,7 @@ std::vector<workers::Device*> Engine::Impl::RawDevices() const {
 }
 
 std::shared_ptr<Engine::Impl::Job> Engine::Impl::Find(JobId id) const {
-  workers::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second;
 }
@@ -148,11 +102,11 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   // takes the job, so a queued job costs no host memory and Submit returns at once.
   auto job = std::make_shared<Job>();
   if (absl::Status st = runtime::PrepareJob(spec, RawDevices(), job.get()); !st.ok()) return st;
-  workers::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("engine is shutting down");
   job->id = next_id_++;
   {
-    std::lock_guard<std::mutex> jl(job->mu);
+    base::MutexLock jl(&job->mu);
     job->SetState(JobState::kQueued);
   }
   jobs_[job->id] = job;
@@ -162,13 +116,15 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
 }
 
 namespace {
-// A job that takes no more batches, in the words every feed uses (caller holds job.mu).
-bool Closed(const runtime::EngineJob& job) { return job.input_closed || job.terminal() || job.cancel; }
-absl::Status ClosedError(const runtime::EngineJob& job) {
+// A job that takes no more batches, in the words every feed uses.
+bool Closed(const runtime::EngineJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  return job.input_closed || job.terminal() || job.cancel;
+}
+absl::Status ClosedError(const runtime::EngineJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
   return absl::FailedPreconditionError(
       absl::StrCat("job ", job.id, " accepts no more batches (", JobStateName(job.state), ")"));
 }
-bool HasRoom(const runtime::EngineJob& job) {  // caller holds job.mu
+bool HasRoom(const runtime::EngineJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
   return job.waiting.empty() && static_cast<int>(job.batches.size()) < job.spec.max_queued_batches;
 }
 }  // namespace
@@ -181,12 +137,12 @@ absl::StatusOr<std::pair<std::shared_ptr<Engine::Impl::Job>, runtime::TensorBatc
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " reads a token file; it takes no streamed batches"));
   }
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    base::MutexLock lock(&job->mu);
     if (Closed(*job)) return ClosedError(*job);
   }
   // Against the spec (vocab, micro-batches): a queued job has no controller yet.
-  if (absl::Status st = ValidateBatch(batch, job->model.vocab, job->spec.microbatches); !st.ok()) return st;
-  return std::make_pair(job, ToTensors(batch));
+  if (absl::Status st = runtime::ValidateBatch(batch, job->model.vocab, job->spec.microbatches); !st.ok()) return st;
+  return std::make_pair(job, runtime::ToTensors(batch));
 }
 
 absl::Status Engine::Impl::FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout) {
@@ -194,15 +150,19 @@ absl::Status Engine::Impl::FeedBatch(JobId id, Batch batch, std::chrono::millise
   if (!accepted.ok()) return accepted.status();
   const std::shared_ptr<Job> job = accepted->first;  // (named: a lambda below uses it)
   runtime::TensorBatch& t = accepted->second;
-  std::unique_lock<std::mutex> lock(job->mu);
-  const bool room = job->cv.wait_for(lock, timeout, [&] { return Closed(*job) || HasRoom(*job); });
+  base::MutexLock lock(&job->mu);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!Closed(*job) && !HasRoom(*job)) {
+    if (!job->cv.WaitUntil(&job->mu, deadline)) break;
+  }
+  const bool room = HasRoom(*job);
   if (Closed(*job)) return ClosedError(*job);
   if (!room) {
     return absl::DeadlineExceededError(
         absl::StrCat("job ", id, ": batch queue still full after ", timeout.count(), " ms"));
   }
   job->batches.push_back(std::move(t));
-  job->cv.notify_all();
+  job->cv.SignalAll();
   return absl::OkStatus();
 }
 
@@ -212,11 +172,11 @@ absl::Status Engine::Impl::FeedBatchAsync(JobId id, Batch batch, std::function<v
   const std::shared_ptr<Job> job = accepted->first;
   runtime::TensorBatch& t = accepted->second;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    base::MutexLock lock(&job->mu);
     if (Closed(*job)) return ClosedError(*job);
     if (HasRoom(*job)) {
       job->batches.push_back(std::move(t));
-      job->cv.notify_all();
+      job->cv.SignalAll();
     } else if (static_cast<int>(job->waiting.size()) < job->spec.max_queued_batches) {
       job->waiting.push_back({std::move(t), std::move(done)});  // the runner admits it when there is room
       return absl::OkStatus();
@@ -233,9 +193,9 @@ absl::Status Engine::Impl::FeedBatchAsync(JobId id, Batch batch, std::function<v
 absl::Status Engine::Impl::CloseInput(JobId id) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::lock_guard<std::mutex> lock(job->mu);
+  base::MutexLock lock(&job->mu);
   job->input_closed = true;
-  job->cv.notify_all();
+  job->cv.SignalAll();
   return absl::OkStatus();
 }
 
@@ -244,19 +204,19 @@ absl::Status Engine::Impl::Cancel(JobId id) {
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   bool never_ran = false;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    base::MutexLock lock(&job->mu);
     if (job->terminal()) return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
     job->cancel = true;
     if (job->state == JobState::kQueued || (job->state == JobState::kPaused && !job->controller_started)) {
       job->SetState(JobState::kCancelled, "cancelled before it started");
       never_ran = !job->controller_started;  // the runner will never take it
     }
-    job->cv.notify_all();
+    job->cv.SignalAll();
   }
   if (never_ran) {  // never built, holds no host state; its waiting feeds end here
     std::deque<runtime::WaitingFeed> waiting;
     {
-      std::lock_guard<std::mutex> lock(job->mu);
+      base::MutexLock lock(&job->mu);
       waiting.swap(job->waiting);
       job->batches.clear();
     }
@@ -268,13 +228,13 @@ absl::Status Engine::Impl::Cancel(JobId id) {
 absl::Status Engine::Impl::Pause(JobId id) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::lock_guard<std::mutex> lock(job->mu);
+  base::MutexLock lock(&job->mu);
   if (job->terminal() || job->cancel) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
   }
   job->pause = true;
   if (job->state == JobState::kQueued) job->SetState(JobState::kPaused, "paused before it started");
-  job->cv.notify_all();
+  job->cv.SignalAll();
   return absl::OkStatus();
 }
 
@@ -282,13 +242,13 @@ absl::Status Engine::Impl::Resume(JobId id) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    base::MutexLock lock(&job->mu);
     if (job->terminal() || job->cancel) {
       return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
     }
     job->pause = false;
     if (job->state == JobState::kPaused && !job->controller_started) job->SetState(JobState::kQueued);
-    job->cv.notify_all();
+    job->cv.SignalAll();
   }
   cv_.SignalAll();  // a job paused while queued may start now
   return absl::OkStatus();
@@ -297,7 +257,7 @@ absl::Status Engine::Impl::Resume(JobId id) {
 absl::StatusOr<std::vector<ParameterShape>> Engine::Impl::ParameterShapes(JobId id) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::lock_guard<std::mutex> run(job->run_mu);
+  base::MutexLock run(&job->run_mu);
   if (!job->store && !job->final_shapes.empty()) return job->final_shapes;
   if (!job->store) return ParamShapesOf(job->model);  // not built yet (or cancelled before)
   std::vector<ParameterShape> out;
@@ -311,7 +271,7 @@ absl::StatusOr<CheckpointInfo> Engine::Impl::Checkpoint(JobId id, const std::str
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   std::future<absl::StatusOr<CheckpointInfo>> result;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    base::MutexLock lock(&job->mu);
     if (!job->controller_started) {
       return absl::FailedPreconditionError("the job has not started; nothing to checkpoint");
     }
@@ -319,15 +279,15 @@ absl::StatusOr<CheckpointInfo> Engine::Impl::Checkpoint(JobId id, const std::str
       auto promise = std::make_shared<std::promise<absl::StatusOr<CheckpointInfo>>>();
       result = promise->get_future();
       job->checkpoints.push_back({note, promise});
-      job->cv.notify_all();
+      job->cv.SignalAll();
     }
   }
   if (result.valid()) return result.get();
   // Ended: the store holds the final weights (the runner flushed) and nothing runs any more.
-  std::lock_guard<std::mutex> run(job->run_mu);
+  base::MutexLock run(&job->run_mu);
   int64_t step, consumed;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    base::MutexLock lock(&job->mu);
     step = job->first_step + job->steps_done;
     consumed = job->consumed_offset + job->consumed;
   }
@@ -343,7 +303,7 @@ absl::StatusOr<CheckpointInfo> Engine::Impl::Checkpoint(JobId id, const std::str
 absl::StatusOr<planning::ModelConfig> Engine::Impl::ModelConfig(JobId id) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::lock_guard<std::mutex> run(job->run_mu);
+  base::MutexLock run(&job->run_mu);
   planning::ModelConfig m = runtime::FromTransformerConfig(job->store ? job->store->config() : job->model);
   m.name = job->spec.model.name;
   return m;
@@ -352,7 +312,7 @@ absl::StatusOr<planning::ModelConfig> Engine::Impl::ModelConfig(JobId id) const 
 absl::StatusOr<JobInfo> Engine::Impl::Info(JobId id) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::lock_guard<std::mutex> lock(job->mu);
+  base::MutexLock lock(&job->mu);
   JobInfo info;
   info.state = job->state;
   info.message = job->message;
@@ -370,8 +330,11 @@ absl::StatusOr<JobInfo> Engine::Impl::Info(JobId id) const {
 absl::StatusOr<std::vector<JobEvent>> Engine::Impl::AwaitEvents(JobId id, std::chrono::milliseconds timeout) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::unique_lock<std::mutex> lock(job->mu);
-  job->cv.wait_for(lock, timeout, [&] { return !job->events.empty(); });
+  base::MutexLock lock(&job->mu);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (job->events.empty()) {
+    if (!job->cv.WaitUntil(&job->mu, deadline)) break;
+  }
   std::vector<JobEvent> out;
   out.swap(job->events);
   return out;
@@ -380,7 +343,7 @@ absl::StatusOr<std::vector<JobEvent>> Engine::Impl::AwaitEvents(JobId id, std::c
 absl::StatusOr<TensorValue> Engine::Impl::Parameter(JobId id, const std::string& name) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::lock_guard<std::mutex> run(job->run_mu);
+  base::MutexLock run(&job->run_mu);
   auto t = job->ReadParameter(name);
   if (!t.ok()) return t.status();
   return ToValue(*t);
@@ -389,7 +352,7 @@ absl::StatusOr<TensorValue> Engine::Impl::Parameter(JobId id, const std::string&
 absl::StatusOr<int64_t> Engine::Impl::Export(JobId id, const std::string& dir, ExportKind kind) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::lock_guard<std::mutex> run(job->run_mu);  // a consistent state: between iterations, or final
+  base::MutexLock run(&job->run_mu);  // a consistent state: between iterations, or final
   std::vector<ParameterShape> shapes;
   if (job->store) {
     for (int i = 0; i < job->store->num_params(); ++i)
@@ -401,7 +364,12 @@ absl::StatusOr<int64_t> Engine::Impl::Export(JobId id, const std::string& dir, E
     return probe.ok() ? absl::InternalError("no parameters") : probe.status();
   }
   return runtime::WriteExport(
-      dir, job->model, shapes, [&job](const std::string& name) { return job->ReadParameter(name); }, job->dtype, kind);
+      dir, job->model, shapes,
+      [&job](const std::string& name) {
+        job->run_mu.AssumeHeld();  // called by ExportJob, inside this function's run_mu
+        return job->ReadParameter(name);
+      },
+      job->dtype, kind);
 }
 
 EngineStats Engine::Impl::Stats() const {
@@ -421,10 +389,10 @@ EngineStats Engine::Impl::Stats() const {
     ds.pinned_reserved_bytes = m.pinned_reserved_bytes;
     ds.pinned_in_use_bytes = m.pinned_in_use_bytes;
   }
-  workers::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   s.jobs_total = static_cast<int>(jobs_.size());
   for (const auto& [id, job] : jobs_) {
-    std::lock_guard<std::mutex> jl(job->mu);
+    base::MutexLock jl(&job->mu);
     if (!job->terminal()) ++s.jobs_active;
     if (job->state == JobState::kRunning && job->store) s.host_model_bytes = job->store->HostBytes();
   }
@@ -435,30 +403,30 @@ void Engine::Impl::RunnerLoop() {
   for (;;) {
     std::shared_ptr<Job> job;
     {
-      workers::MutexLock lock(&mu_);
+      base::MutexLock lock(&mu_);
       while (!shutdown_ && (job = TakeRunnableLocked()) == nullptr) cv_.Wait(&mu_);
       if (shutdown_) return;
     }
     try {  // the job's barrier: an unexpected exception fails this job, never the daemon
       bool ended;
       {  // on the workers from here: loading the host state is part of running the job
-        std::lock_guard<std::mutex> lock(job->mu);
+        base::MutexLock lock(&job->mu);
         ended = job->terminal();  // cancelled as it was taken
         if (!ended) job->SetState(JobState::kRunning);
       }
       absl::Status built = absl::OkStatus();
       if (!job->store && !ended) {  // Parameter() and friends wait for it (run_mu)
-        std::lock_guard<std::mutex> run(job->run_mu);
+        base::MutexLock run(&job->run_mu);
         built = runtime::BuildJob(*job, RawDevices(), &timeline_);
       }
       if (built.ok()) {
         runtime::JobRunner(*job).Run();
       } else {
-        std::lock_guard<std::mutex> lock(job->mu);
+        base::MutexLock lock(&job->mu);
         if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("could not start: ", built.message()));
       }
     } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(job->mu);
+      base::MutexLock lock(&job->mu);
       if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("internal error: ", e.what()));
     }
     // Checkpoint requests that raced with the end of the job: the store is final now. Feeds
@@ -467,7 +435,7 @@ void Engine::Impl::RunnerLoop() {
     std::deque<runtime::WaitingFeed> waiting;
     JobState state;
     {
-      std::lock_guard<std::mutex> lock(job->mu);
+      base::MutexLock lock(&job->mu);
       reqs.swap(job->checkpoints);
       waiting.swap(job->waiting);
       job->batches.clear();
@@ -476,7 +444,7 @@ void Engine::Impl::RunnerLoop() {
     for (auto& w : waiting) {
       w.done(absl::FailedPreconditionError(absl::StrCat("job ", job->id, " has ended (", JobStateName(state), ")")));
     }
-    std::unique_lock<std::mutex> run(job->run_mu);
+    base::MutexLock run(&job->run_mu);
     for (auto& r : reqs) {
       if (state == JobState::kFailed) {
         if (r.done)
@@ -498,12 +466,12 @@ void Engine::Impl::RunnerLoop() {
 void Engine::Impl::ReleaseEnded(Job& job) {
   if (!job.store || job.spec.checkpoint_root.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(job.mu);
+    base::MutexLock lock(&job.mu);
     if (!IsTerminal(job.state)) return;
     if (job.state != JobState::kFailed && job.final_checkpoint.empty()) return;  // keep: nothing on disk
   }
   job.final_shapes = ParamShapesOf(job.store->config());
-  std::lock_guard<std::mutex> lock(job.mu);
+  base::MutexLock lock(&job.mu);
   job.controller.reset();
   job.store.reset();
 }
@@ -513,7 +481,7 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::TakeRunnableLocked() {
   size_t best_at = 0;
   for (size_t i = 0; i < pending_.size();) {
     auto& job = jobs_[pending_[i]];
-    std::lock_guard<std::mutex> jl(job->mu);
+    base::MutexLock jl(&job->mu);
     if (job->terminal()) {  // cancelled while queued
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
@@ -526,7 +494,7 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::TakeRunnableLocked() {
   }
   if (best) {
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(best_at));
-    std::lock_guard<std::mutex> jl(best->mu);
+    base::MutexLock jl(&best->mu);
     best->controller_started = true;
   }
   return best;

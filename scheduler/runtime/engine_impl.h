@@ -22,9 +22,9 @@
 #include "scheduler/engine.h"
 #include "scheduler/runtime/engine_job.h"
 #include "scheduler/runtime/job_builder.h"
+#include "workers/base/mutex.h"
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
-#include "workers/sync/mutex.h"
 
 namespace rp::scheduler {
 
@@ -56,7 +56,7 @@ class Engine::Impl {
  private:
   Impl() = default;
   void RunnerLoop();  // takes jobs by priority; builds (job_builder) and runs (job_runner) each
-  void ReleaseEnded(Job& job);
+  void ReleaseEnded(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.run_mu);
   std::vector<workers::Device*> RawDevices() const;
   std::shared_ptr<Job> Find(JobId id) const;
   // What both feeds check first (the job, its kind, its state, the batch), and the batch as tensors.
@@ -65,8 +65,8 @@ class Engine::Impl {
 
   workers::Timeline timeline_;
   std::vector<std::unique_ptr<workers::Device>> devices_;
-  mutable workers::Mutex mu_;
-  workers::CondVar cv_;  // the runner waits on it for a runnable job
+  mutable base::Mutex mu_;
+  base::CondVar cv_;  // the runner waits on it for a runnable job
   std::map<JobId, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<JobId> pending_ ABSL_GUARDED_BY(mu_);  // not started yet (queued or paused while queued)
   JobId next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -64,7 +64,7 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
 absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note, bool report_existing) {
   int64_t step, cursor;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    base::MutexLock lock(&mu);
     step = first_step + steps_done;
     cursor = consumed_offset + consumed;
   }
@@ -73,7 +73,7 @@ absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note,
                            workers::io::FileKind::kFile;
   auto info =
       WriteJobCheckpoint(*store, *controller, step, cursor, spec.checkpoint_root, spec.checkpoint_keep_last, note);
-  std::lock_guard<std::mutex> lock(mu);
+  base::MutexLock lock(&mu);
   if (report_existing || !existed || !info.ok()) ReportCheckpoint(info, step);
   return info;
 }
@@ -83,7 +83,7 @@ absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note,
 absl::StatusOr<at::Tensor> EngineJob::ReadParameter(const std::string& name) {
   if (!store) {  // not built yet, or released: read the final checkpoint
     if (final_checkpoint.empty()) {
-      std::lock_guard<std::mutex> lock(mu);
+      base::MutexLock lock(&mu);
       if (!terminal()) {
         return absl::FailedPreconditionError(absl::StrCat("job ", id, " has not started; its weights are not loaded"));
       }

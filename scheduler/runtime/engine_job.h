@@ -4,36 +4,35 @@
 // share it.
 //
 // Contract: `mu` guards the queue, the events, the flags and the counters; `run_mu` is held
-// while an iteration, a checkpoint or a read of the store runs. Lock order: run_mu, then mu.
+// while an iteration, a checkpoint or a read of the store runs. Lock order: run_mu, then mu
+// (declared: clang's -Wthread-safety checks both, deploy/thread-safety.sh). `store` and
+// `controller` are written under both locks and read under either, which the analysis cannot
+// express: they carry the rule in words.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "scheduler/engine_types.h"
 #include "scheduler/runtime/controller.h"
+#include "scheduler/runtime/tensor_batch.h"
 #include "scheduler/runtime/token_dataset.h"
+#include "workers/base/mutex.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/models/transformer_config.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::scheduler::runtime {
 
-// A batch as the controller takes it.
-struct TensorBatch {
-  at::Tensor tokens;
-  std::optional<at::Tensor> labels;
-};
 struct WaitingFeed {  // FeedBatchAsync: a batch waiting for room in the queue
   TensorBatch batch;
   std::function<void(absl::Status)> done;
@@ -51,45 +50,45 @@ struct EngineJob {
   std::shared_ptr<workers::HostModelStore> store;  // null until the runner builds the job
   std::shared_ptr<Controller> controller;
   ControllerOptions controller_options;  // decided at Submit, used by BuildJob
-  std::mutex run_mu;                     // held while an iteration runs (Parameter reads wait for it)
+  base::Mutex run_mu;                    // held while an iteration runs (Parameter reads wait for it)
   // After the release: where the final weights are, and what export needs to know of them.
-  std::string final_checkpoint;
-  std::vector<ParameterShape> final_shapes;
-  std::unique_ptr<workers::io::SafetensorsFile> final_weights;  // opened on first Parameter() (run_mu)
+  std::string final_checkpoint ABSL_GUARDED_BY(run_mu);
+  std::vector<ParameterShape> final_shapes ABSL_GUARDED_BY(run_mu);
+  std::unique_ptr<workers::io::SafetensorsFile> final_weights ABSL_GUARDED_BY(run_mu);  // opened on first Parameter()
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<TensorBatch> batches;
-  std::deque<WaitingFeed> waiting;              // at most spec.max_queued_batches
-  std::unique_ptr<runtime::TokenDataset> data;  // token-file jobs (opened at Submit: mapped, not read)
-  bool input_closed = false;
-  bool cancel = false;
-  bool pause = false;               // requested; honoured between iterations
-  bool controller_started = false;  // the runner took the job (guarded by mu)
-  JobState state = JobState::kQueued;
-  std::string message;  // of the latest state change or progress report
-  std::vector<JobEvent> events;
+  base::Mutex mu ABSL_ACQUIRED_AFTER(run_mu);
+  base::CondVar cv;
+  std::deque<TensorBatch> batches ABSL_GUARDED_BY(mu);
+  std::deque<WaitingFeed> waiting ABSL_GUARDED_BY(mu);  // at most spec.max_queued_batches
+  std::unique_ptr<runtime::TokenDataset> data;          // token-file jobs (opened at Submit: mapped, not read)
+  bool input_closed ABSL_GUARDED_BY(mu) = false;
+  bool cancel ABSL_GUARDED_BY(mu) = false;
+  bool pause ABSL_GUARDED_BY(mu) = false;               // requested; honoured between iterations
+  bool controller_started ABSL_GUARDED_BY(mu) = false;  // the runner took the job
+  JobState state ABSL_GUARDED_BY(mu) = JobState::kQueued;
+  std::string message ABSL_GUARDED_BY(mu);  // of the latest state change or progress report
+  std::vector<JobEvent> events ABSL_GUARDED_BY(mu);
   // Checkpoints: requests the runner serves at an iteration boundary; progress counters.
   struct CheckpointRequest {
     std::string note;
     std::shared_ptr<std::promise<absl::StatusOr<CheckpointInfo>>> done;
   };
-  std::deque<CheckpointRequest> checkpoints;
-  int64_t first_step = 0;       // steps taken before this run (resumed jobs)
-  int64_t steps_done = 0;       // steps reported in this run
-  int64_t consumed_offset = 0;  // batches consumed before this run
-  int64_t consumed = 0;         // batches taken from the queue in this run
-  int checkpoint_failures = 0;  // policy checkpoints failed in a row (runner only)
-  std::string pause_reason;     // why the runner paused the job itself (guarded by mu)
+  std::deque<CheckpointRequest> checkpoints ABSL_GUARDED_BY(mu);
+  int64_t first_step = 0;                           // steps taken before this run (resumed jobs)
+  int64_t steps_done ABSL_GUARDED_BY(mu) = 0;       // steps reported in this run
+  int64_t consumed_offset = 0;                      // batches consumed before this run
+  int64_t consumed ABSL_GUARDED_BY(mu) = 0;         // batches taken from the queue in this run
+  int checkpoint_failures ABSL_GUARDED_BY(mu) = 0;  // policy checkpoints failed in a row
+  std::string pause_reason ABSL_GUARDED_BY(mu);     // why the runner paused the job itself
 
-  bool terminal() const { return IsTerminal(state); }
-  absl::StatusOr<at::Tensor> ReadParameter(const std::string& name);
-  void Emit(JobEvent e) {  // caller holds mu
+  bool terminal() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return IsTerminal(state); }
+  absl::StatusOr<at::Tensor> ReadParameter(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu);
+  void Emit(JobEvent e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     e.time = std::chrono::system_clock::now();
     events.push_back(std::move(e));
-    cv.notify_all();
+    cv.SignalAll();
   }
-  void SetState(JobState s, std::string why = "") {  // caller holds mu
+  void SetState(JobState s, std::string why = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     state = s;
     message = why;
     Emit({JobEvent::Kind::kState, s, {}, std::move(why)});
@@ -97,9 +96,10 @@ struct EngineJob {
   // Writes the state at the current step as <checkpoint_root>/step-<N> and reports it (caller
   // holds run_mu, at an iteration boundary with the optimizer flushed). One that existed already
   // holds this very state: it is returned, and reported again only if `report_existing`.
-  absl::StatusOr<CheckpointInfo> CheckpointNow(const std::string& note, bool report_existing = true);
+  absl::StatusOr<CheckpointInfo> CheckpointNow(const std::string& note, bool report_existing = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu) ABSL_LOCKS_EXCLUDED(mu);
   // A checkpoint result as an event (caller holds mu): written, or failed and why.
-  void ReportCheckpoint(const absl::StatusOr<CheckpointInfo>& info, int64_t step);
+  void ReportCheckpoint(const absl::StatusOr<CheckpointInfo>& info, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
 }  // namespace rp::scheduler::runtime

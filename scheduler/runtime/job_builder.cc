@@ -63,6 +63,46 @@ bool IsTokenDatasetFile(const TokenFileSource& tf) {
          (tf.format == TokenFileSource::Format::kAuto && absl::EndsWith(tf.path, ".safetensors"));
 }
 
+// A token file's source, checked at Submit: a JSONL file's tokenizer (its ids within the model's
+// vocabulary) and readability, a token dataset's header, or a raw token file opened (mapped, not
+// read); read and tokenized by BuildJob when the job starts, so a queued job holds nothing.
+absl::Status PrepareTokenFile(JobSpec& spec, EngineJob* job) {
+  TokenFileSource& tf = *spec.token_file;
+  if (IsJsonl(tf)) {
+    if (tf.tokenizer_dir.empty()) tf.tokenizer_dir = spec.hf_dir;
+    if (tf.tokenizer_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "data.token_file: a JSONL dataset needs a tokenizer: set data.token_file.tokenizer_dir or model.hf_dir");
+    }
+    auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
+    if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", tok.status().message()));
+    if (tok->tokenizer.IdLimit() > job->model.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("data.token_file: the tokenizer in '", tf.tokenizer_dir,
+                                                     "' has ids up to ", tok->tokenizer.IdLimit() - 1,
+                                                     " but the model's vocabulary is ", job->model.vocab));
+    }
+    uint64_t bytes = 0;
+    auto fd = workers::io::OpenForRead(tf.path, &bytes);
+    if (!fd.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", fd.status().message()));
+  } else if (IsTokenDatasetFile(tf)) {
+    // The header now (tensors, shapes); the tokens when the job starts (BuildJob).
+    if (absl::Status st = CheckTokenDatasetFile(tf.path); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", st.message()));
+    }
+  } else {
+    auto ds = TokenDataset::Open(tf.path, tf.format, tf.global_batch, tf.sequence_length);
+    if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
+    if (tf.shuffle) (*ds)->Shuffle(tf.shuffle_seed);
+    job->data = std::move(*ds);
+  }
+  if (tf.global_batch % spec.microbatches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("data.token_file: global_batch ", tf.global_batch,
+                                                   " cannot be split into ", spec.microbatches, " micro-batches"));
+  }
+  if (tf.max_epochs < 1) return absl::InvalidArgumentError("data.token_file: max_epochs must be >= 1");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Device*>& devices, EngineJob* job) {
@@ -101,41 +141,7 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     }
   }
   if (spec.token_file) {
-    TokenFileSource& tf = *spec.token_file;
-    if (IsJsonl(tf)) {
-      // Checked now (tokenizer, its vocabulary against the model's, a readable file); read and
-      // tokenized by BuildJob on the runner, so Submit stays quick and a queued job holds nothing.
-      if (tf.tokenizer_dir.empty()) tf.tokenizer_dir = spec.hf_dir;
-      if (tf.tokenizer_dir.empty()) {
-        return absl::InvalidArgumentError(
-            "data.token_file: a JSONL dataset needs a tokenizer: set data.token_file.tokenizer_dir or model.hf_dir");
-      }
-      auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
-      if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", tok.status().message()));
-      if (tok->tokenizer.IdLimit() > job->model.vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("data.token_file: the tokenizer in '", tf.tokenizer_dir,
-                                                       "' has ids up to ", tok->tokenizer.IdLimit() - 1,
-                                                       " but the model's vocabulary is ", job->model.vocab));
-      }
-      uint64_t bytes = 0;
-      auto fd = workers::io::OpenForRead(tf.path, &bytes);
-      if (!fd.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", fd.status().message()));
-    } else if (IsTokenDatasetFile(tf)) {
-      // The header now (tensors, shapes); the tokens when the job starts (BuildJob).
-      if (absl::Status st = CheckTokenDatasetFile(tf.path); !st.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", st.message()));
-      }
-    } else {
-      auto ds = TokenDataset::Open(tf.path, tf.format, tf.global_batch, tf.sequence_length);
-      if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
-      if (tf.shuffle) (*ds)->Shuffle(tf.shuffle_seed);
-      job->data = std::move(*ds);
-    }
-    if (tf.global_batch % spec.microbatches != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("data.token_file: global_batch ", tf.global_batch,
-                                                     " cannot be split into ", spec.microbatches, " micro-batches"));
-    }
-    if (tf.max_epochs < 1) return absl::InvalidArgumentError("data.token_file: max_epochs must be >= 1");
+    if (absl::Status st = PrepareTokenFile(spec, job); !st.ok()) return st;
   }
   ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
@@ -155,7 +161,7 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
 absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devices, workers::Timeline* timeline) {
   const JobSpec& spec = job.spec;
   auto progress = [&job](std::string what) {
-    std::lock_guard<std::mutex> lock(job.mu);
+    base::MutexLock lock(&job.mu);
     job.message = what;
     job.Emit({JobEvent::Kind::kProgress, job.state, {}, std::move(what)});
   };
@@ -212,7 +218,7 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   }
   auto c = Controller::Create(o, store.get(), devices, timeline);
   if (!c.ok()) return c.status();
-  std::lock_guard<std::mutex> lock(job.mu);
+  base::MutexLock lock(&job.mu);
   if (data) job.data = std::move(data);
   job.store = std::move(store);
   job.controller = std::move(*c);

@@ -12,11 +12,11 @@ bool JobRunner::FinishPending() {
   if (!pending_) return true;
   absl::StatusOr<IterationStats> st;
   {
-    std::lock_guard<std::mutex> run(job_.run_mu);
+    base::MutexLock run(&job_.run_mu);
     st = c_.AwaitIteration(*pending_);
   }
   pending_.reset();
-  std::lock_guard<std::mutex> lock(job_.mu);
+  base::MutexLock lock(&job_.mu);
   if (!st.ok()) {
     job_.SetState(JobState::kFailed, std::string(st.status().message()));
     return false;
@@ -44,29 +44,28 @@ bool JobRunner::FinishPending() {
 void JobRunner::End(JobState s, std::string message) {
   if (!FinishPending()) return;  // already FAILED
   {
-    std::lock_guard<std::mutex> run(job_.run_mu);
+    base::MutexLock run(&job_.run_mu);
     (void)c_.Flush();  // the store now holds every step
     // A daemon job's final weights go to disk before it is reported ended: export works after
     // any restart, and the host state can be released (ReleaseEnded).
     if (!job_.spec.checkpoint_root.empty()) {
       auto info = job_.CheckpointNow("final", /*report_existing=*/false);
-      std::lock_guard<std::mutex> lock(job_.mu);
       if (info.ok()) job_.final_checkpoint = info->path;
     }
   }
-  std::lock_guard<std::mutex> lock(job_.mu);
+  base::MutexLock lock(&job_.mu);
   job_.SetState(s, std::move(message));
 }
 
 bool JobRunner::TakeCheckpoints() {
   std::deque<EngineJob::CheckpointRequest> reqs;
   {
-    std::lock_guard<std::mutex> lock(job_.mu);
+    base::MutexLock lock(&job_.mu);
     if (job_.checkpoints.empty()) return true;
     reqs.swap(job_.checkpoints);
   }
   const bool ok = FinishPending();
-  std::lock_guard<std::mutex> run(job_.run_mu);
+  base::MutexLock run(&job_.run_mu);
   if (ok) (void)c_.Flush();
   for (auto& r : reqs) {
     if (!ok) {
@@ -75,7 +74,7 @@ bool JobRunner::TakeCheckpoints() {
     }
     auto info = job_.CheckpointNow(r.note);
     {
-      std::lock_guard<std::mutex> lock(job_.mu);
+      base::MutexLock lock(&job_.mu);
       if (!r.done) {  // the policy: a disk that keeps failing pauses the job instead of losing its progress
         job_.checkpoint_failures = info.ok() ? 0 : job_.checkpoint_failures + 1;
         if (job_.checkpoint_failures >= kMaxCheckpointFailures && !job_.cancel) {
@@ -97,28 +96,30 @@ void JobRunner::PolicyCheckpoint() {
   const int64_t submitted = job_.first_step + steps_ + (pending_ ? 1 : 0);
   if (submitted == last_policy_step_ || submitted % job_.spec.checkpoint_every != 0) return;
   last_policy_step_ = submitted;
-  std::lock_guard<std::mutex> lock(job_.mu);
+  base::MutexLock lock(&job_.mu);
   job_.checkpoints.push_back({"every " + std::to_string(job_.spec.checkpoint_every) + " steps_", nullptr});
 }
 
 bool JobRunner::MaybePause() {
   {
-    std::lock_guard<std::mutex> lock(job_.mu);
+    base::MutexLock lock(&job_.mu);
     if (!job_.pause || job_.cancel) return true;
   }
   if (!FinishPending()) return false;
   {
-    std::lock_guard<std::mutex> run(job_.run_mu);
+    base::MutexLock run(&job_.run_mu);
     (void)c_.Flush();
   }
-  std::unique_lock<std::mutex> lock(job_.mu);
+  base::MutexLock lock(&job_.mu);
   job_.SetState(JobState::kPaused, std::exchange(job_.pause_reason, ""));
   for (;;) {
-    job_.cv.wait(lock, [&] { return !job_.pause || job_.cancel || !job_.checkpoints.empty(); });
+    while (job_.pause && !job_.cancel && job_.checkpoints.empty()) job_.cv.Wait(&job_.mu);
     if (job_.checkpoints.empty()) break;
-    lock.unlock();
-    if (!TakeCheckpoints()) return false;
-    lock.lock();
+    // Checkpoints asked for while paused are served now (TakeCheckpoints takes both locks).
+    lock.Unlock();
+    const bool ok = TakeCheckpoints();
+    lock.Lock();
+    if (!ok) return false;
   }
   if (!job_.cancel) job_.SetState(JobState::kRunning);
   return true;
@@ -126,35 +127,35 @@ bool JobRunner::MaybePause() {
 
 JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
   if (job_.data) {
-    std::unique_lock<std::mutex> lock(job_.mu);
+    base::MutexLock lock(&job_.mu);
     if ((job_.pause || !job_.checkpoints.empty()) && !job_.cancel) return Next::kAgain;
     const int64_t index = job_.consumed_offset + job_.consumed;
     if (job_.cancel || index >= job_.data->batches_per_epoch() * job_.spec.token_file->max_epochs) {
       const bool cancelled = job_.cancel;
-      lock.unlock();
+      lock.Unlock();
       End(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "");
       return Next::kEnded;
     }
     ++job_.consumed;
-    lock.unlock();
+    lock.Unlock();
     auto [tokens, labels] = job_.data->Batch(index);
     *batch = {tokens, labels};
     *data_index = index;
   } else {
-    std::unique_lock<std::mutex> lock(job_.mu);
+    base::MutexLock lock(&job_.mu);
     const bool idle = job_.batches.empty() && !job_.cancel && !job_.input_closed;
     if (idle && pending_) {
       // Nothing to overlap with: report the pending iteration now instead of holding it.
-      lock.unlock();
+      lock.Unlock();
       return FinishPending() ? Next::kAgain : Next::kEnded;
     }
-    job_.cv.wait(lock, [&] {
-      return job_.cancel || job_.pause || job_.input_closed || !job_.batches.empty() || !job_.checkpoints.empty();
-    });
+    while (!job_.cancel && !job_.pause && !job_.input_closed && job_.batches.empty() && job_.checkpoints.empty()) {
+      job_.cv.Wait(&job_.mu);
+    }
     if ((job_.pause || !job_.checkpoints.empty()) && !job_.cancel) return Next::kAgain;
     if (job_.cancel || job_.batches.empty()) {
       const bool cancelled = job_.cancel;
-      lock.unlock();
+      lock.Unlock();
       End(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "");
       return Next::kEnded;
     }
@@ -168,8 +169,8 @@ JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
       admitted = std::move(job_.waiting.front().done);
       job_.waiting.pop_front();
     }
-    job_.cv.notify_all();  // room for FeedBatch
-    lock.unlock();
+    job_.cv.SignalAll();  // room for FeedBatch
+    lock.Unlock();
     if (admitted) admitted(absl::OkStatus());
   }
   return Next::kBatch;
@@ -177,7 +178,7 @@ JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
 
 void JobRunner::Run() {
   {
-    std::lock_guard<std::mutex> lock(job_.mu);
+    base::MutexLock lock(&job_.mu);
     if (job_.terminal()) return;  // cancelled while queued
     if (job_.state != JobState::kRunning) job_.SetState(JobState::kRunning);
   }
@@ -196,11 +197,11 @@ void JobRunner::Run() {
     if (next == Next::kAgain) continue;
     absl::StatusOr<int> it;
     {
-      std::lock_guard<std::mutex> run(job_.run_mu);
+      base::MutexLock run(&job_.run_mu);
       it = c_.SubmitIteration(batch.tokens, batch.labels);
     }
     if (!it.ok()) {
-      std::lock_guard<std::mutex> lock(job_.mu);
+      base::MutexLock lock(&job_.mu);
       if (it.status().code() == absl::StatusCode::kInvalidArgument && data_index >= 0) {
         job_.SetState(JobState::kFailed, absl::StrCat("token file batch ", data_index, ": ", it.status().message()));
         return;

@@ -38,14 +38,8 @@ int Fail(const std::string& why, int code) {
   return code;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("train a small model on a synthetic counting task with the roundpipe engine");
-  absl::ParseCommandLine(argc, argv);
-  using rp::scheduler::JobEvent;
-  using rp::scheduler::JobState;
-
+// The demo job from the flags; InvalidArgument naming the bad flag.
+absl::StatusOr<rp::scheduler::JobSpec> SpecFromFlags() {
   rp::scheduler::JobSpec spec;
   spec.name = "demo";
   auto& m = spec.model;
@@ -60,15 +54,17 @@ int main(int argc, char** argv) {
   m.num_kv_heads = 2;
   m.head_dim = m.hidden / 4;
   const std::string prec = absl::GetFlag(FLAGS_precision);
+  if (prec != "fp32" && prec != "bf16" && prec != "fp16") {
+    return absl::InvalidArgumentError("--precision must be fp32, bf16 or fp16");
+  }
   spec.precision = prec == "bf16"   ? rp::scheduler::Precision::kBFloat16
                    : prec == "fp16" ? rp::scheduler::Precision::kFloat16
                                     : rp::scheduler::Precision::kFloat32;
-  if (prec != "fp32" && prec != "bf16" && prec != "fp16") return Fail("--precision must be fp32, bf16 or fp16", 2);
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "sync" && mode != "async") return Fail("--mode must be sync or async", 2);
+  if (mode != "sync" && mode != "async") return absl::InvalidArgumentError("--mode must be sync or async");
   spec.optimizer_mode = mode == "async" ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
   const int steps = absl::GetFlag(FLAGS_steps);
-  if (steps < 1) return Fail("--steps must be >= 1", 2);
+  if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
   spec.max_steps = steps;
   spec.microbatches = absl::GetFlag(FLAGS_microbatches);
   spec.auto_partition = absl::GetFlag(FLAGS_auto_partition);
@@ -77,31 +73,50 @@ int main(int argc, char** argv) {
   spec.optimizer.max_grad_norm = 1.0;
   spec.lr_schedule = {rp::scheduler::LrScheduleSpec::Kind::kWarmupCosine, std::max(1, steps / 10), steps, 0.1};
   spec.max_queued_batches = 4;
+  return spec;
+}
 
-  auto engine = rp::scheduler::Engine::Create({absl::GetFlag(FLAGS_devices)});
-  if (!engine.ok()) return Fail(std::string(engine.status().message()), 2);
-  auto id = (*engine)->Submit(spec);
-  if (!id.ok()) return Fail(std::string(id.status().message()), 2);
-
-  // Data: a feeder thread streams counting sequences (backpressure from the bounded queue).
-  const int64_t B = absl::GetFlag(FLAGS_batch), S = absl::GetFlag(FLAGS_seq), V = m.vocab;
-  std::thread feeder([&] {
+// Streams `steps` batches of counting sequences from random starts into the job (backpressure
+// from its bounded queue), then closes its input.
+std::thread StartCountingFeeder(rp::scheduler::Engine* engine, rp::scheduler::JobId id, int steps, int64_t vocab) {
+  const int64_t B = absl::GetFlag(FLAGS_batch), S = absl::GetFlag(FLAGS_seq);
+  return std::thread([engine, id, steps, vocab, B, S] {
     std::mt19937_64 gen(11);
     for (int s = 0; s < steps; ++s) {
-      rp::scheduler::Batch batch;  // rows of counting sequences from random starts
+      rp::scheduler::Batch batch;
       batch.rows = B;
       batch.cols = S;
       for (int64_t b = 0; b < B; ++b) {
-        const int64_t start = static_cast<int64_t>(gen() % static_cast<uint64_t>(V));
-        for (int64_t t = 0; t < S; ++t) batch.tokens.push_back(static_cast<int32_t>((start + t) % V));
+        const int64_t start = static_cast<int64_t>(gen() % static_cast<uint64_t>(vocab));
+        for (int64_t t = 0; t < S; ++t) batch.tokens.push_back(static_cast<int32_t>((start + t) % vocab));
       }
-      if (!(*engine)->FeedBatch(*id, std::move(batch), std::chrono::minutes(5)).ok()) return;
+      if (!engine->FeedBatch(id, std::move(batch), std::chrono::minutes(5)).ok()) return;
     }
-    (void)(*engine)->CloseInput(*id);
+    (void)engine->CloseInput(id);
   });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("train a small model on a synthetic counting task with the roundpipe engine");
+  absl::ParseCommandLine(argc, argv);
+  using rp::scheduler::JobEvent;
+  using rp::scheduler::JobState;
+
+  auto spec = SpecFromFlags();
+  if (!spec.ok()) return Fail(std::string(spec.status().message()), 2);
+  const auto& m = spec->model;
+  const int64_t V = m.vocab;
+  auto engine = rp::scheduler::Engine::Create({absl::GetFlag(FLAGS_devices)});
+  if (!engine.ok()) return Fail(std::string(engine.status().message()), 2);
+  auto id = (*engine)->Submit(*spec);
+  if (!id.ok()) return Fail(std::string(id.status().message()), 2);
+  std::thread feeder = StartCountingFeeder(engine->get(), *id, static_cast<int>(spec->max_steps), V);
 
   std::printf("roundpipe-train: %s model, %d blocks, hidden %lld, vocab %lld, %s, %s optimizer, %s\n", m.family.c_str(),
-              m.num_blocks, static_cast<long long>(m.hidden), static_cast<long long>(V), prec.c_str(), mode.c_str(),
+              m.num_blocks, static_cast<long long>(m.hidden), static_cast<long long>(V),
+              absl::GetFlag(FLAGS_precision).c_str(), absl::GetFlag(FLAGS_mode).c_str(),
               absl::GetFlag(FLAGS_devices).c_str());
   JobState state = JobState::kQueued;
   std::string error;

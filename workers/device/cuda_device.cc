@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "workers/base/check.h"
 
 namespace rp::workers {
 namespace {
@@ -137,12 +138,12 @@ at::Tensor CudaDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {
 
 at::Tensor CudaDevice::Upload(const at::Tensor& host) {
   CudaStream* cs = CudaStream::Current();
-  if (cs == nullptr) throw std::logic_error("CudaDevice::Upload called outside a stream operation");
+  RP_CHECK(cs != nullptr) << "CudaDevice::Upload called outside a stream operation";
   cs->MarkTransferStart();
   const StreamKind kind = cs->kind();
   at::Tensor src = host.is_contiguous() ? host : host.contiguous();
   if (options_.keep_weights_resident && kind == StreamKind::kParamUp) {
-    std::lock_guard<std::mutex> lock(resident_mu_);
+    base::MutexLock lock(&resident_mu_);
     auto it = resident_.find(src.data_ptr());
     if (it == resident_.end()) {
       it = resident_.emplace(src.data_ptr(), src.to(torch_device(), /*non_blocking=*/false, /*copy=*/true)).first;
@@ -158,7 +159,7 @@ at::Tensor CudaDevice::Upload(const at::Tensor& host) {
 
 at::Tensor CudaDevice::EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype) {
   CudaStream* cs = CudaStream::Current();
-  if (cs == nullptr) throw std::logic_error("CudaDevice::EmptyOnDevice called outside a stream operation");
+  RP_CHECK(cs != nullptr) << "CudaDevice::EmptyOnDevice called outside a stream operation";
   cs->MarkTransferStart();
   at::Tensor dst = at::empty(sizes, at::TensorOptions().dtype(dtype).device(torch_device()));
   if (cs->kind() != StreamKind::kCompute) {
@@ -172,7 +173,7 @@ at::Tensor CudaDevice::EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype
 
 void CudaDevice::CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& device_bytes) {
   CudaStream* cs = CudaStream::Current();
-  if (cs == nullptr) throw std::logic_error("CudaDevice::CopyToDevice called outside a stream operation");
+  RP_CHECK(cs != nullptr) << "CudaDevice::CopyToDevice called outside a stream operation";
   cs->MarkTransferStart();
   device_bytes.copy_(host_bytes, /*non_blocking=*/true);
   cs->KeepAlive(host_bytes);
@@ -181,7 +182,7 @@ void CudaDevice::CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& de
 
 at::Tensor CudaDevice::Download(const at::Tensor& on_device) {
   CudaStream* cs = CudaStream::Current();
-  if (cs == nullptr) throw std::logic_error("CudaDevice::Download called outside a stream operation");
+  RP_CHECK(cs != nullptr) << "CudaDevice::Download called outside a stream operation";
   cs->MarkTransferStart();
   at::Tensor src = on_device.is_contiguous() ? on_device : on_device.contiguous();
   at::Tensor host = EmptyHost(src.sizes(), src.scalar_type());

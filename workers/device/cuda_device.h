@@ -30,10 +30,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "workers/base/mutex.h"
 #include "workers/device/device.h"
 #include "workers/device/pinned_arena.h"
 #include "workers/device/queued_stream.h"
@@ -106,8 +106,8 @@ class CudaDevice final : public Device {
   std::string description_;
   int64_t total_bytes_ = 0;
   std::unique_ptr<CudaStream> streams_[kNumStreamKinds];
-  std::mutex resident_mu_;
-  std::map<const void*, at::Tensor> resident_;  // keep_weights_resident only
+  base::Mutex resident_mu_;
+  std::map<const void*, at::Tensor> resident_ ABSL_GUARDED_BY(resident_mu_);  // keep_weights_resident only
 };
 
 }  // namespace rp::workers

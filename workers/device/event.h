@@ -7,9 +7,8 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
+#include "workers/base/mutex.h"
 
 namespace rp::workers {
 
@@ -17,30 +16,35 @@ class Event {
  public:
   void Set() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(&mu_);
       set_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   bool IsSet() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     return set_;
   }
   void Wait() const {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return set_; });
+    base::MutexLock lock(&mu_);
+    while (!set_) cv_.Wait(&mu_);
   }
   // True when the event was set within `timeout`.
   template <typename Rep, typename Period>
   bool WaitFor(std::chrono::duration<Rep, Period> timeout) const {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout, [this] { return set_; });
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+    base::MutexLock lock(&mu_);
+    while (!set_) {
+      if (!cv_.WaitUntil(&mu_, deadline)) break;
+    }
+    return set_;
   }
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool set_ = false;
+  mutable base::Mutex mu_;
+  mutable base::CondVar cv_;
+  bool set_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 using EventPtr = std::shared_ptr<Event>;

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "workers/base/check.h"
 
 namespace rp::workers {
 
@@ -39,8 +40,19 @@ void PinnedArena::InsertFree(char* p, int64_t size, int slab) {
   free_by_size_.emplace(size, p);
 }
 
+void PinnedArena::EraseFree(std::map<char*, FreeBlock>::iterator f) {
+  auto range = free_by_size_.equal_range(f->second.size);
+  for (auto s = range.first; s != range.second; ++s) {
+    if (s->second == f->first) {
+      free_by_size_.erase(s);
+      break;
+    }
+  }
+  free_by_addr_.erase(f);
+}
+
 char* PinnedArena::Allocate(int64_t bytes, int64_t requested) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   auto it = free_by_size_.lower_bound(bytes);  // best fit: the smallest block that is large enough
   if (it == free_by_size_.end()) {
     const int64_t slab = std::max(slab_bytes_, bytes);
@@ -66,28 +78,18 @@ char* PinnedArena::Allocate(int64_t bytes, int64_t requested) {
 }
 
 void PinnedArena::Release(char* p) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   auto u = used_.find(p);
-  if (u == used_.end()) return;  // not ours (cannot happen through Empty's deleter)
+  RP_CHECK(u != used_.end()) << "pinned arena: freeing " << static_cast<void*>(p) << ", which it never handed out";
   int64_t size = u->second.size;
   const int slab = u->second.slab;
   stats_.in_use_bytes -= size;
   stats_.requested_bytes -= u->second.requested;
   used_.erase(u);
-  auto erase_free = [&](std::map<char*, FreeBlock>::iterator f) {
-    auto range = free_by_size_.equal_range(f->second.size);
-    for (auto s = range.first; s != range.second; ++s) {
-      if (s->second == f->first) {
-        free_by_size_.erase(s);
-        break;
-      }
-    }
-    free_by_addr_.erase(f);
-  };
   // Coalesce with the following and the preceding free block of the same slab.
   if (auto next = free_by_addr_.find(p + size); next != free_by_addr_.end() && next->second.slab == slab) {
     size += next->second.size;
-    erase_free(next);
+    EraseFree(next);
   }
   auto prev = free_by_addr_.lower_bound(p);
   if (prev != free_by_addr_.begin()) {
@@ -95,7 +97,7 @@ void PinnedArena::Release(char* p) {
     if (prev->first + prev->second.size == p && prev->second.slab == slab) {
       p = prev->first;
       size += prev->second.size;
-      erase_free(prev);
+      EraseFree(prev);
     }
   }
   InsertFree(p, size, slab);
@@ -121,7 +123,7 @@ absl::StatusOr<at::Tensor> PinnedArena::Empty(at::IntArrayRef sizes, at::ScalarT
 }
 
 PinnedArena::Stats PinnedArena::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   return stats_;
 }
 

@@ -18,10 +18,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "workers/base/mutex.h"
 
 namespace rp::workers {
 
@@ -62,20 +62,21 @@ class PinnedArena : public std::enable_shared_from_this<PinnedArena> {
   };
   char* Allocate(int64_t bytes, int64_t requested);  // nullptr on failure
   void Release(char* p);
-  void InsertFree(char* p, int64_t size, int slab);
+  void InsertFree(char* p, int64_t size, int slab) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseFree(std::map<char*, FreeBlock>::iterator f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SlabSource source_;
   const int64_t slab_bytes_;
-  mutable std::mutex mu_;
-  std::vector<std::pair<char*, int64_t>> slabs_;
-  std::map<char*, FreeBlock> free_by_addr_;
-  std::multimap<int64_t, char*> free_by_size_;
+  mutable base::Mutex mu_;
+  std::vector<std::pair<char*, int64_t>> slabs_ ABSL_GUARDED_BY(mu_);
+  std::map<char*, FreeBlock> free_by_addr_ ABSL_GUARDED_BY(mu_);
+  std::multimap<int64_t, char*> free_by_size_ ABSL_GUARDED_BY(mu_);
   struct UsedBlock {
     int64_t size = 0, requested = 0;
     int slab = 0;
   };
-  std::map<char*, UsedBlock> used_;
-  Stats stats_;
+  std::map<char*, UsedBlock> used_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rp::workers

@@ -11,19 +11,19 @@ void QueuedStream::Start() {
 void QueuedStream::Stop() {
   if (!thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 void QueuedStream::Push(Op op) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     queue_.push_back(std::move(op));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void QueuedStream::Enqueue(OpInfo info, std::function<void()> fn) { Push({std::move(info), std::move(fn), true}); }
@@ -47,8 +47,8 @@ void QueuedStream::Loop() {
   for (;;) {
     Op op;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      base::MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) break;  // stop requested and drained
       op = std::move(queue_.front());
       queue_.pop_front();

@@ -8,12 +8,11 @@
 // the queue, then joins.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 
+#include "workers/base/mutex.h"
 #include "workers/device/device.h"
 
 namespace rp::workers {
@@ -43,10 +42,10 @@ class QueuedStream : public Stream {
   void Push(Op op);
   void Loop();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> queue_;
-  bool stop_ = false;
+  base::Mutex mu_;
+  base::CondVar cv_;
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

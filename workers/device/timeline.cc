@@ -5,18 +5,18 @@
 namespace rp::workers {
 
 void Timeline::Add(TimelineEntry e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   entries_.push_back(std::move(e));
   while (entries_.size() > max_entries_) entries_.pop_front();
 }
 
 std::vector<TimelineEntry> Timeline::Entries() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   return {entries_.begin(), entries_.end()};
 }
 
 std::vector<TimelineEntry> Timeline::EntriesEndingSince(double t) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   auto it = entries_.end();
   // Appends from several threads are only roughly ordered by end time: keep scanning past a
   // small disorder window.
@@ -33,7 +33,7 @@ std::vector<TimelineEntry> Timeline::EntriesEndingSince(double t) const {
 }
 
 void Timeline::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   entries_.clear();
 }
 

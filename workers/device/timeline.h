@@ -8,9 +8,9 @@
 
 #include <chrono>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <vector>
+#include "workers/base/mutex.h"
 
 namespace rp::workers {
 
@@ -40,9 +40,9 @@ class Timeline {
 
  private:
   const std::chrono::steady_clock::time_point origin_;
-  mutable std::mutex mu_;
+  mutable base::Mutex mu_;
   const size_t max_entries_;
-  std::deque<TimelineEntry> entries_;
+  std::deque<TimelineEntry> entries_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rp::workers

@@ -6,7 +6,7 @@ namespace rp::workers {
 
 void ActivationStore::Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers, int iteration) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     Slot& s = slots_[{iteration, static_cast<int>(kind), layer, microbatch}];
     s.tensor = std::move(t);
     s.remaining = consumers;
@@ -14,17 +14,18 @@ void ActivationStore::Put(ActKind kind, int layer, int microbatch, at::Tensor t,
     live_ += static_cast<int64_t>(s.tensor.nbytes());
     peak_ = std::max(peak_, live_);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int microbatch, int iteration) {
   const Key key{iteration, static_cast<int>(kind), layer, microbatch};
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] {
-    if (aborted_.count(iteration)) return true;
+  base::MutexLock lock(&mu_);
+  for (;;) {
+    if (aborted_.count(iteration)) break;
     auto it = slots_.find(key);
-    return it != slots_.end() && it->second.present;
-  });
+    if (it != slots_.end() && it->second.present) break;
+    cv_.Wait(&mu_);
+  }
   if (auto a = aborted_.find(iteration); a != aborted_.end()) return a->second;
   auto it = slots_.find(key);
   at::Tensor t = it->second.tensor;
@@ -37,14 +38,14 @@ absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int mi
 
 void ActivationStore::Abort(absl::Status why, int iteration) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(&mu_);
     aborted_.emplace(iteration, why.ok() ? absl::AbortedError("aborted") : why);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ActivationStore::Discard(int iteration) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   for (auto it = slots_.begin(); it != slots_.end();) {
     if (std::get<0>(it->first) == iteration) {
       live_ -= static_cast<int64_t>(it->second.tensor.nbytes());
@@ -57,29 +58,29 @@ void ActivationStore::Discard(int iteration) {
 }
 
 void ActivationStore::Reset() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   slots_.clear();
   live_ = 0;
   aborted_.clear();
 }
 
 int64_t ActivationStore::live_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   return live_;
 }
 
 int64_t ActivationStore::peak_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   return peak_;
 }
 
 void ActivationStore::ResetPeak() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   peak_ = live_;
 }
 
 size_t ActivationStore::live_slots() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(&mu_);
   return slots_.size();
 }
 

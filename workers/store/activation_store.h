@@ -13,13 +13,12 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "workers/base/mutex.h"
 
 namespace rp::workers {
 
@@ -50,11 +49,11 @@ class ActivationStore {
     int remaining = 0;
     bool present = false;
   };
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<Key, Slot> slots_;
-  std::map<int, absl::Status> aborted_;  // per iteration
-  int64_t live_ = 0, peak_ = 0;
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  std::map<Key, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::map<int, absl::Status> aborted_ ABSL_GUARDED_BY(mu_);  // per iteration
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0, peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace rp::workers

@@ -63,7 +63,7 @@ void HostModelStore::AccumulateGrad(int i, const at::Tensor& grad) {
   HostParam& p = param(i);
   if (!p.trainable) return;  // frozen: there is no gradient buffer
   at::Tensor g = grad.to(at::kCPU, at::kFloat);
-  std::lock_guard<std::mutex> lock(*p.grad_mu);
+  base::MutexLock lock(p.grad_mu.get());
   p.grad.add_(g);
 }
 

@@ -16,11 +16,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "workers/base/mutex.h"
 #include "workers/models/transformer_config.h"
 
 namespace rp::workers {
@@ -33,7 +33,9 @@ struct HostParam {
   at::Tensor master;    // what workers upload, in the master dtype
   at::Tensor grad;      // fp32 accumulation buffer (trainable only) — the "master gradient buffer"
   at::Tensor opt_grad;  // async mode: the optimizer's own copy, filled by G_cp (lazily allocated)
-  std::unique_ptr<std::mutex> grad_mu = std::make_unique<std::mutex>();
+  // Serialises accumulation into `grad` by the stages of one iteration; the optimizer reads
+  // `grad` after the per-layer gradient events (consistency.h), not under this lock.
+  std::unique_ptr<base::Mutex> grad_mu = std::make_unique<base::Mutex>();
 };
 
 class HostModelStore {

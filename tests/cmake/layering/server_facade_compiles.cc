@@ -3,5 +3,9 @@
 #include "scheduler/engine.h"
 #include "scheduler/job_files.h"
 #include "server/job_manager.h"
+#include "workers/base/check.h"  // the foundation: every room shares it
 
-int LayeringProbeFacade() { return static_cast<int>(rp::scheduler::JobState::kQueued); }
+int LayeringProbeFacade() {
+  RP_CHECK(true) << "the invariant vocabulary compiles here";
+  return static_cast<int>(rp::scheduler::JobState::kQueued);
+}

@@ -8,17 +8,13 @@
 #include "server/auth.h"
 #include "server/config.h"
 #include "server/paths.h"
+#include "tests/support/temp_dir.h"
 
 namespace rp::server {
 namespace {
 namespace fs = std::filesystem;
 
-fs::path TempDir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("rp_server_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path TempDir(const std::string& name) { return rp::testing::FreshTempDir("server_test", name); }
 
 void Write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
 

@@ -16,6 +16,7 @@
 #include "server/job_spec.h"
 #include "server/status_util.h"
 #include "tests/support/npy_bytes.h"
+#include "tests/support/temp_dir.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/npy_header.h"
@@ -25,12 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace v1 = roundpipe::v1;
 
-fs::path TempDir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("rp_hardening_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path TempDir(const std::string& name) { return rp::testing::FreshTempDir("hardening", name); }
 
 std::string Npy(const std::string& descr, const std::string& shape, size_t payload_bytes) {
   return rp::testing::NpyBytes(descr, shape, std::string(payload_bytes, '\x01'));

@@ -8,18 +8,14 @@
 #include "scheduler/planning/model_config.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
+#include "tests/support/temp_dir.h"
 
 namespace rp::server {
 namespace {
 namespace fs = std::filesystem;
 namespace v1 = roundpipe::v1;
 
-fs::path TempDir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("rp_store_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path TempDir(const std::string& name) { return rp::testing::FreshTempDir("store_test", name); }
 
 TEST(JobStore, JobsSurviveReopeningTheFile) {
   const fs::path d = TempDir("store");

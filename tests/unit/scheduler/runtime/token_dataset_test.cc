@@ -8,16 +8,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/support/temp_dir.h"
+
 namespace rp::scheduler::runtime {
 namespace {
 namespace fs = std::filesystem;
 
-fs::path TempDir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("rp_token_dataset_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path TempDir(const std::string& name) { return rp::testing::FreshTempDir("token_dataset_test", name); }
 
 TEST(TokenDataset, BinWindowsShiftLabelsAndDropTheRemainder) {
   const fs::path d = TempDir("bin");

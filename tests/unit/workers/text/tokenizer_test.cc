@@ -5,7 +5,10 @@
 // they cannot honour are refused naming what is unsupported.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -27,13 +30,16 @@ const auto& ReadFile = rp::testing::ReadWholeFile;
 class TokenizerVsHf : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(::testing::TempDir() + "rp_tokenizers");
+    // One directory per process: ctest runs each case in its own process, in parallel.
+    dir_ = new std::string(::testing::TempDir() + "rp_tokenizers_" + std::to_string(getpid()));
     std::string out;
     const int rc = RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_tokenizers.py " + *dir_, &out);
     ASSERT_EQ(rc, 0) << out;
     docs_ = new std::vector<std::string>(json::parse(ReadFile(*dir_ + "/docs.json")).get<std::vector<std::string>>());
   }
   static void TearDownTestSuite() {
+    std::error_code ec;
+    std::filesystem::remove_all(*dir_, ec);
     delete docs_;
     delete dir_;
   }
