@@ -75,9 +75,21 @@ absl::Status Controller::ValidateOptions(const ControllerOptions& options,
   return absl::OkStatus();
 }
 
+namespace {
+// The optimizer's own thread count when the job leaves it to us: every core in sync mode (the
+// step runs after the iteration), the cores beside one per device worker in async mode.
+ControllerOptions WithOptimizerThreads(ControllerOptions o, size_t devices) {
+  if (o.adamw.threads <= 0) {
+    o.adamw.threads =
+        workers::OptimizerThreads::DefaultSize(o.mode == planning::OptimizerMode::kAsync, static_cast<int>(devices));
+  }
+  return o;
+}
+}  // namespace
+
 Controller::Controller(ControllerOptions options, workers::HostModelStore* store, std::vector<workers::Device*> devices,
                        workers::Timeline* timeline)
-    : opt_(std::move(options)),
+    : opt_(WithOptimizerThreads(std::move(options), devices.size())),
       store_(store),
       devices_(std::move(devices)),
       timeline_(timeline),

@@ -70,7 +70,7 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
   h.grad_scale = static_cast<float>(grad_multiplier);
   h.amsgrad = opt_.amsgrad;
   h.maximize = opt_.maximize;
-  FusedAdamW(b, p.fp32.numel(), h);
+  FusedAdamW(b, p.fp32.numel(), h, SimdPath::kAuto, pool_.get());
 }
 
 absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad_divisor) {

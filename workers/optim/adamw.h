@@ -10,10 +10,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "workers/optim/optimizer_threads.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::workers {
@@ -27,6 +29,8 @@ struct AdamWOptions {
   double max_grad_norm = 0;  // 0 = no clipping
   bool amsgrad = false;
   bool maximize = false;
+  // The optimizer's own threads for the fused step (optimizer_threads.h); 0 = every core.
+  int threads = 0;
 };
 
 // Learning-rate schedules: constant, or linear warm-up then cosine decay to min_lr.
@@ -49,7 +53,10 @@ struct AdamWState {
 
 class AdamW {
  public:
-  explicit AdamW(AdamWOptions o) : opt_(o) {}
+  explicit AdamW(AdamWOptions o)
+      : opt_(o),
+        pool_(std::make_shared<OptimizerThreads>(o.threads > 0 ? o.threads : OptimizerThreads::DefaultSize(false, 0))) {
+  }
   // One step with learning rate `lr` over every trainable parameter of `store` using its fp32
   // gradient buffers (already summed over micro-batches) divided by `grad_divisor` (the loss
   // scale). Returns the global gradient norm (unscaled, before clipping). Non-finite gradients
@@ -80,9 +87,11 @@ class AdamW {
     vmax_.assign(m_.size(), at::Tensor());
   }
   const AdamWOptions& options() const { return opt_; }
+  int threads() const { return pool_->size(); }
 
  private:
   AdamWOptions opt_;
+  std::shared_ptr<OptimizerThreads> pool_;
   int64_t step_ = 0;
   std::vector<at::Tensor> m_, v_, vmax_;  // per parameter index
 };

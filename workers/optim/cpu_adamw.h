@@ -1,7 +1,8 @@
 // cpu_adamw.h — the fused CPU AdamW kernel: one pass over (param, grad, exp_avg, exp_avg_sq
 // [, max_exp_avg_sq]) that also writes the low-precision master copy (P_cp fused into the step).
 // Vectorised with AVX-512 or AVX2+FMA (chosen at run time from the CPU's features), with a
-// scalar fallback; multi-threaded over balanced slices of the tensor.
+// scalar fallback; multi-threaded over balanced slices of the tensor on the optimizer's own
+// threads (optimizer_threads.h).
 //
 // Contract: pure function over raw buffers the caller owns; the buffers must not overlap and
 // must hold `n` elements. Thread-safe for distinct buffers. Semantics of torch.optim.AdamW
@@ -11,6 +12,8 @@
 
 #include <cstdint>
 #include <string>
+
+#include "workers/optim/optimizer_threads.h"
 
 namespace rp::workers {
 
@@ -40,9 +43,11 @@ struct AdamWBuffers {
 
 enum class SimdPath { kAuto, kScalar, kAvx2, kAvx512 };
 
-// Updates n elements. `threads` <= 0: use the ATen intra-op thread count.
+// Updates n elements, on the caller and `pool`'s threads (null: the caller alone; never ATen's
+// intra-op pool, which the device workers' stage math uses). Large passes write a bf16 master
+// with streaming stores.
 void FusedAdamW(const AdamWBuffers& b, int64_t n, const AdamWHyper& h, SimdPath path = SimdPath::kAuto,
-                int threads = 0);
+                OptimizerThreads* pool = nullptr);
 
 // The path kAuto picks on this CPU ("avx512", "avx2" or "scalar").
 std::string BestSimdPathName();
