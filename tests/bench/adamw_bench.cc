@@ -7,6 +7,7 @@
 // Rows per (size, threads), timed in interleaved rounds (median):
 //   ours        FusedAdamW on the optimizer's own pool: reads p, g, m, v; writes p, m, v and the
 //               bf16 master (30 B/param)
+//   ours, bf16 moments  the same step with bf16 m and v (stochastic rounding): 22 B/param
 //   torch fused ATen's _fused_adamw_ (what torch.optim.AdamW(fused=True) calls) on the intra-op
 //               pool set to the same thread count: the same update, no master (28 B/param)
 //   torch foreach  the multi-tensor path (torch.optim.AdamW(foreach=True)'s op sequence)
@@ -120,6 +121,21 @@ void RunSize(int64_t n, int threads, int rounds) {
                     h.step = ++step;
                     rp::workers::FusedAdamW(b, n, h, rp::workers::SimdPath::kAuto, &pool);
                   }});
+  at::Tensor mb = at::zeros({n}, at::kBFloat16), vb = at::zeros({n}, at::kBFloat16);
+  at::Tensor pb = p.clone();
+  int64_t step_b = 0;
+  rows.push_back({"ours, bf16 moments (stochastic rounding)", 22, [&] {
+                    rp::workers::AdamWBf16MomentBuffers b{pb.data_ptr<float>(),
+                                                          g.data_ptr<float>(),
+                                                          static_cast<uint16_t*>(mb.data_ptr()),
+                                                          static_cast<uint16_t*>(vb.data_ptr()),
+                                                          master.data_ptr(),
+                                                          rp::workers::MasterDtype::kBFloat16};
+                    rp::workers::AdamWHyper h;
+                    h.weight_decay = 0.01f;
+                    h.step = ++step_b;
+                    rp::workers::FusedAdamWBf16Moments(b, n, h, /*seed=*/1, rp::workers::SimdPath::kAuto, &pool);
+                  }});
   rows.push_back({"torch fused (_fused_adamw_)", 28, [&] {
                     step_t.add_(1);
                     at::_fused_adamw_({tp}, {tg}, {tm}, {tv}, {}, {step_t}, 1e-3, 0.9, 0.999, 0.01, 1e-8, false, false);
@@ -179,7 +195,7 @@ void RunSize(int64_t n, int threads, int rounds) {
   const double triad_gbs = 12.0 * static_cast<double>(n) / Median(rows[rows.size() - 2].t) / 1e9;
   const double inplace_gbs = 28.0 * static_cast<double>(n) / Median(rows.back().t) / 1e9;
   const double bw = std::max(triad_gbs, inplace_gbs);
-  const double fused_t = Median(rows[1].t);
+  const double fused_t = Median(rows[2].t);
   std::printf("\n%lld Mi parameters, %d thread(s), median of %d rounds (bandwidth %.1f GB/s)\n",
               static_cast<long long>(n >> 20), threads, rounds, bw);
   std::printf("%-44s %9s %10s %8s %9s %8s\n", "kernel", "ms", "Mparam/s", "GB/s", "vs fused", "% of bw");

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <functional>
 
+#include "workers/base/check.h"
+
 namespace rp::workers {
 namespace {
 
@@ -190,6 +192,121 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void Avx512Range(const
   ScalarRange(b, i, end, c, amsgrad);
 }
 
+// --- bf16 moments -----------------------------------------------------------------------
+
+inline uint32_t Mix32(uint32_t x) {  // a 32-bit integer hash (bijective, well mixed)
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+uint32_t RoundingKey(uint64_t seed, int64_t step, int stream) {
+  const uint32_t k = static_cast<uint32_t>(seed) ^ (static_cast<uint32_t>(seed >> 32) * 0x9e3779b9u) ^
+                     (static_cast<uint32_t>(step) * 0x85ebca77u) ^ (static_cast<uint32_t>(stream + 1) * 0xc2b2ae3du);
+  return Mix32(k);
+}
+
+inline float Bf16BitsToFloat(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t RoundWithBits(float x, uint32_t bits) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7fc0u);  // NaN
+  return static_cast<uint16_t>((u + (bits & 0xffffu)) >> 16);
+}
+
+void ScalarRangeBf16(const AdamWBf16MomentBuffers& b, int64_t begin, int64_t end, const Consts& c, uint32_t key_m,
+                     uint32_t key_v) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = b.grad[i] * c.gscale;
+    float p = b.param[i] * c.decay;
+    float m = Bf16BitsToFloat(b.exp_avg[i]);
+    m = m + c.one_m_b1 * (g - m);
+    const float v = c.b2 * Bf16BitsToFloat(b.exp_avg_sq[i]) + c.one_m_b2 * g * g;
+    const float denom = std::sqrt(v) * c.inv_sqrt_bc2 + c.eps;
+    p = p - c.step_size * (m / denom);
+    const uint32_t idx = static_cast<uint32_t>(i);
+    b.exp_avg[i] = RoundWithBits(m, Mix32(idx ^ key_m));
+    b.exp_avg_sq[i] = RoundWithBits(v, Mix32(idx ^ key_v));
+    b.param[i] = p;
+    StoreMaster({b.param, b.grad, nullptr, nullptr, nullptr, b.master, b.master_dtype}, i, p);
+  }
+}
+
+__attribute__((target("avx512f,avx512bw"))) inline __m512i Mix32x16(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x7feb352du)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+// 16 floats to bf16 bits with the given rounding bits (RoundWithBits, lane by lane).
+__attribute__((target("avx512f,avx512bw"))) inline __m256i RoundWithBitsx16(__m512 x, __m512i bits) {
+  const __m512i u = _mm512_castps_si512(x);
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_and_si512(bits, _mm512_set1_epi32(0xffff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512i qnan =
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
+  r = _mm512_mask_blend_epi32(nan, r, qnan);
+  return _mm512_cvtepi32_epi16(r);
+}
+
+__attribute__((target("avx512f,avx512bw"))) inline __m512 LoadBf16x16(const uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void Avx512RangeBf16(const AdamWBf16MomentBuffers& b,
+                                                                               int64_t begin, int64_t end,
+                                                                               const Consts& c, uint32_t key_m,
+                                                                               uint32_t key_v) {
+  const __m512 decay = _mm512_set1_ps(c.decay), omb1 = _mm512_set1_ps(c.one_m_b1), b2 = _mm512_set1_ps(c.b2),
+               omb2 = _mm512_set1_ps(c.one_m_b2), isb = _mm512_set1_ps(c.inv_sqrt_bc2),
+               ss = _mm512_set1_ps(c.step_size), eps = _mm512_set1_ps(c.eps), gs = _mm512_set1_ps(c.gscale);
+  const __m512i km = _mm512_set1_epi32(static_cast<int>(key_m)), kv = _mm512_set1_epi32(static_cast<int>(key_v));
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(b.grad + i), gs);
+    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(b.param + i), decay);
+    __m512 m = LoadBf16x16(b.exp_avg + i);
+    m = _mm512_fmadd_ps(omb1, _mm512_sub_ps(g, m), m);
+    const __m512 v = _mm512_fmadd_ps(omb2, _mm512_mul_ps(g, g), _mm512_mul_ps(b2, LoadBf16x16(b.exp_avg_sq + i)));
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), isb, eps);
+    p = _mm512_fnmadd_ps(ss, _mm512_div_ps(m, denom), p);
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))), iota);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.exp_avg + i),
+                        RoundWithBitsx16(m, Mix32x16(_mm512_xor_si512(idx, km))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.exp_avg_sq + i),
+                        RoundWithBitsx16(v, Mix32x16(_mm512_xor_si512(idx, kv))));
+    _mm512_storeu_ps(b.param + i, p);
+    switch (b.master_dtype) {
+      case MasterDtype::kFloat32:
+        _mm512_storeu_ps(static_cast<float*>(b.master) + i, p);
+        break;
+      case MasterDtype::kBFloat16:
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.master) + i), Bf16x16(p));
+        break;
+      case MasterDtype::kFloat16:
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.master) + i),
+                            _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        break;
+      case MasterDtype::kNone:
+        break;
+    }
+  }
+  ScalarRangeBf16(b, i, end, c, key_m, key_v);
+}
+
 // F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
 bool HasF16c() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -257,6 +374,35 @@ void FusedAdamW(const AdamWBuffers& b, int64_t n, const AdamWHyper& h, SimdPath 
     }
   };
   // Balanced slices, rounded to 64 elements so every slice but the last is vector-aligned.
+  constexpr int64_t kMinPerThread = 1 << 14;
+  if (pool == nullptr || n < 2 * kMinPerThread) {
+    range(0, n);
+    return;
+  }
+  pool->ParallelFor(n, 64, n / kMinPerThread, range);
+}
+
+uint32_t StochasticRoundingBits(uint64_t seed, int64_t step, int64_t index, int stream) {
+  return Mix32(static_cast<uint32_t>(index) ^ RoundingKey(seed, step, stream));
+}
+
+uint16_t StochasticRoundBf16(float x, uint32_t bits) { return RoundWithBits(x, bits); }
+
+void FusedAdamWBf16Moments(const AdamWBf16MomentBuffers& b, int64_t n, const AdamWHyper& h, uint64_t seed,
+                           SimdPath path, OptimizerThreads* pool) {
+  RP_CHECK(!h.amsgrad) << "AdamW with bf16 moments has no amsgrad";
+  if (n <= 0) return;
+  const Consts c = MakeConsts(h);
+  const uint32_t key_m = RoundingKey(seed, h.step, 0), key_v = RoundingKey(seed, h.step, 1);
+  SimdPath use = Resolve(path);
+  if (!SimdPathSupported(use)) use = SimdPath::kScalar;
+  const std::function<void(int64_t, int64_t)> range = [&](int64_t begin, int64_t end) {
+    if (use == SimdPath::kAvx512) {
+      Avx512RangeBf16(b, begin, end, c, key_m, key_v);
+    } else {
+      ScalarRangeBf16(b, begin, end, c, key_m, key_v);  // no AVX2 variant: AVX-512 or scalar
+    }
+  };
   constexpr int64_t kMinPerThread = 1 << 14;
   if (pool == nullptr || n < 2 * kMinPerThread) {
     range(0, n);

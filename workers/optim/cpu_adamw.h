@@ -49,6 +49,32 @@ enum class SimdPath { kAuto, kScalar, kAvx2, kAvx512 };
 void FusedAdamW(const AdamWBuffers& b, int64_t n, const AdamWHyper& h, SimdPath path = SimdPath::kAuto,
                 OptimizerThreads* pool = nullptr);
 
+// AdamW with bf16 moments: the same update, computed in fp32, with exp_avg and exp_avg_sq
+// stored as bf16 (4 bytes less optimizer state and traffic per parameter: a pass reads p, g, m,
+// v and writes p, m, v and the master in 22 B instead of 30). A moment is stored with
+// stochastic rounding — bf16 round-to-nearest would lose every increment of v smaller than half
+// an ulp (1 - beta2 = 1e-3 of v is far below bf16's 2^-8), so v would never decay or grow — and
+// the rounding bits are a hash of (seed, step, element, moment), so a step is deterministic
+// and a resumed run is bit-identical. No amsgrad (a broken invariant if asked: the job spec
+// refuses it first).
+struct AdamWBf16MomentBuffers {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  uint16_t* exp_avg = nullptr;     // bf16 bits
+  uint16_t* exp_avg_sq = nullptr;  // bf16 bits
+  void* master = nullptr;
+  MasterDtype master_dtype = MasterDtype::kNone;
+};
+void FusedAdamWBf16Moments(const AdamWBf16MomentBuffers& b, int64_t n, const AdamWHyper& h, uint64_t seed,
+                           SimdPath path = SimdPath::kAuto, OptimizerThreads* pool = nullptr);
+
+// The rounding bits of element `index` (its low 32 bits) for moment `stream` (0: exp_avg,
+// 1: exp_avg_sq) at `step`, and the stochastic rounding they drive: x's bit pattern plus the low
+// 16 bits, truncated to bf16 (a NaN stays a quiet NaN of the same sign). Public so a reference
+// can reproduce the kernel exactly.
+uint32_t StochasticRoundingBits(uint64_t seed, int64_t step, int64_t index, int stream);
+uint16_t StochasticRoundBf16(float x, uint32_t bits);
+
 // The path kAuto picks on this CPU ("avx512", "avx2" or "scalar").
 std::string BestSimdPathName();
 bool SimdPathSupported(SimdPath p);
