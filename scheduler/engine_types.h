@@ -36,7 +36,8 @@ struct OptimizerSpec {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
-  double max_grad_norm = 0;  // 0 = no clipping
+  double max_grad_norm = 0;   // 0 = no clipping
+  bool bf16_moments = false;  // AdamW's moments stored as bf16 (stochastic rounding)
 };
 
 // Constant, or linear warm-up then cosine decay to lr * min_lr_ratio at total_steps.

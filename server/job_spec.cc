@@ -197,6 +197,7 @@ absl::Status ResolveOptimizer(const v1::JobSpec& spec, const JobSpecContext& ctx
   e.optimizer.eps = o.eps() > 0 ? o.eps() : 1e-8;
   e.optimizer.weight_decay = o.weight_decay();
   e.optimizer.max_grad_norm = o.max_grad_norm();
+  e.optimizer.bf16_moments = o.bf16_moments();
   const v1::LrScheduleSpec& ls = o.lr_schedule();
   if (ls.warmup_steps() < 0 || ls.total_steps() < 0 || ls.min_lr_ratio() < 0 || ls.min_lr_ratio() > 1) {
     return absl::InvalidArgumentError(

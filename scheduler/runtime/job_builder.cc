@@ -148,6 +148,7 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   o.microbatches = spec.microbatches;
   o.microbatches_per_round = spec.microbatches_per_round;
   o.adamw = ToAdamW(spec.optimizer);
+  o.adamw.rounding_seed = spec.seed;  // bf16 moments: the stochastic rounding's stream
   o.lr_schedule = ToLrSchedule(spec.lr_schedule);
   o.loss_scaler.enabled = spec.precision == Precision::kFloat16;
   o.mode = spec.optimizer_mode;

@@ -78,6 +78,7 @@ workers::AdamWOptions ToAdamW(const OptimizerSpec& o) {
   a.eps = o.eps;
   a.weight_decay = o.weight_decay;
   a.max_grad_norm = o.max_grad_norm;
+  a.bf16_moments = o.bf16_moments;
   return a;
 }
 

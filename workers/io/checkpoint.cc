@@ -117,9 +117,10 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
     wt.push_back(w);
     const size_t k = static_cast<size_t>(i);
     if (k < adamw.m.size() && adamw.m[k].defined()) {
-      odecl.push_back({"m." + p.name, at::kFloat, p.shape});
+      // Moments in their own dtype (fp32, or bf16 for bf16-moment jobs); read back as fp32.
+      odecl.push_back({"m." + p.name, adamw.m[k].scalar_type(), p.shape});
       ot.push_back(adamw.m[k]);
-      odecl.push_back({"v." + p.name, at::kFloat, p.shape});
+      odecl.push_back({"v." + p.name, adamw.v[k].scalar_type(), p.shape});
       ot.push_back(adamw.v[k]);
     }
   }

@@ -41,24 +41,22 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
   at::Tensor& m = m_[static_cast<size_t>(i)];
   at::Tensor& v = v_[static_cast<size_t>(i)];
   at::Tensor& vmax = vmax_[static_cast<size_t>(i)];
+  const at::ScalarType moment_dtype = opt_.bf16_moments ? at::kBFloat16 : at::kFloat;
   if (!m.defined()) {
-    m = at::zeros_like(p.fp32);
-    v = at::zeros_like(p.fp32);
+    m = at::zeros_like(p.fp32, moment_dtype);
+    v = at::zeros_like(p.fp32, moment_dtype);
     if (opt_.amsgrad) vmax = at::zeros_like(p.fp32);
   }
+  // A checkpoint's moments are read as fp32; bf16 values round-trip exactly.
+  if (m.scalar_type() != moment_dtype) m = m.to(moment_dtype).contiguous();
+  if (v.scalar_type() != moment_dtype) v = v.to(moment_dtype).contiguous();
   const at::Tensor g =
       grad.scalar_type() == at::kFloat && grad.is_contiguous() ? grad : grad.to(at::kFloat).contiguous();
-  AdamWBuffers b;
-  b.param = p.fp32.data_ptr<float>();
-  b.grad = g.data_ptr<float>();
-  b.exp_avg = m.data_ptr<float>();
-  b.exp_avg_sq = v.data_ptr<float>();
-  b.max_exp_avg_sq = opt_.amsgrad ? vmax.data_ptr<float>() : nullptr;
+  MasterDtype master_dtype = MasterDtype::kNone;
   if (write_master) {
-    b.master = p.master.data_ptr();
-    b.master_dtype = p.master.scalar_type() == at::kBFloat16 ? MasterDtype::kBFloat16
-                     : p.master.scalar_type() == at::kHalf   ? MasterDtype::kFloat16
-                                                             : MasterDtype::kFloat32;
+    master_dtype = p.master.scalar_type() == at::kBFloat16 ? MasterDtype::kBFloat16
+                   : p.master.scalar_type() == at::kHalf   ? MasterDtype::kFloat16
+                                                           : MasterDtype::kFloat32;
   }
   AdamWHyper h;
   h.lr = static_cast<float>(lr);
@@ -70,6 +68,28 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
   h.grad_scale = static_cast<float>(grad_multiplier);
   h.amsgrad = opt_.amsgrad;
   h.maximize = opt_.maximize;
+  if (opt_.bf16_moments) {
+    // Each parameter its own rounding stream (seed and index), so no two tensors share bits.
+    AdamWBf16MomentBuffers b{p.fp32.data_ptr<float>(),
+                             g.data_ptr<float>(),
+                             static_cast<uint16_t*>(m.data_ptr()),
+                             static_cast<uint16_t*>(v.data_ptr()),
+                             write_master ? p.master.data_ptr() : nullptr,
+                             master_dtype};
+    FusedAdamWBf16Moments(b, p.fp32.numel(), h, opt_.rounding_seed * 1000003u + static_cast<uint64_t>(i),
+                          SimdPath::kAuto, pool_.get());
+    return;
+  }
+  AdamWBuffers b;
+  b.param = p.fp32.data_ptr<float>();
+  b.grad = g.data_ptr<float>();
+  b.exp_avg = m.data_ptr<float>();
+  b.exp_avg_sq = v.data_ptr<float>();
+  b.max_exp_avg_sq = opt_.amsgrad ? vmax.data_ptr<float>() : nullptr;
+  if (write_master) {
+    b.master = p.master.data_ptr();
+    b.master_dtype = master_dtype;
+  }
   FusedAdamW(b, p.fp32.numel(), h, SimdPath::kAuto, pool_.get());
 }
 

@@ -31,6 +31,10 @@ struct AdamWOptions {
   bool maximize = false;
   // The optimizer's own threads for the fused step (optimizer_threads.h); 0 = every core.
   int threads = 0;
+  // Moments stored as bf16 with stochastic rounding seeded by `rounding_seed`
+  // (cpu_adamw.h, FusedAdamWBf16Moments); no amsgrad.
+  bool bf16_moments = false;
+  uint64_t rounding_seed = 0;
 };
 
 // Learning-rate schedules: constant, or linear warm-up then cosine decay to min_lr.

@@ -77,6 +77,11 @@ TEST(JobSpec, PresetsDefaultsAndOverrides) {
   EXPECT_TRUE(r->engine.auto_partition);
   EXPECT_TRUE(r->streamed());
   EXPECT_EQ(r->output_dir, (d / "out").string());
+  EXPECT_FALSE(r->engine.optimizer.bf16_moments);  // fp32 moments unless asked
+  s.mutable_optimizer()->set_bf16_moments(true);
+  auto bf16 = ResolveJobSpec(s, Ctx(d));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_TRUE(bf16->engine.optimizer.bf16_moments);
   for (const auto& name : planning::ModelPresetNames()) EXPECT_TRUE(planning::ModelPreset(name).ok()) << name;
   // Devices: empty, "auto" or exactly the daemon's.
   for (const char* devices : {"auto", "cpu:2"}) {
