@@ -101,6 +101,33 @@ __attribute__((target("avx512f,avx512bw"))) inline __m256i Bf16x16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
+// Writes 16 master values from `p` at element i; with `stream`, a bf16 master goes out with
+// non-temporal stores where the address is 32-byte aligned.
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void StoreMaster16(void* master, MasterDtype dtype,
+                                                                                    int64_t i, __m512 p, bool stream) {
+  switch (dtype) {
+    case MasterDtype::kFloat32:
+      _mm512_storeu_ps(static_cast<float*>(master) + i, p);
+      break;
+    case MasterDtype::kBFloat16: {
+      uint16_t* out = static_cast<uint16_t*>(master) + i;
+      const __m256i bf = Bf16x16(p);
+      if (stream && (reinterpret_cast<uintptr_t>(out) & 31) == 0) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(out), bf);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bf);
+      }
+      break;
+    }
+    case MasterDtype::kFloat16:
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(master) + i),
+                          _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      break;
+    case MasterDtype::kNone:
+      break;
+  }
+}
+
 __attribute__((target("avx2,fma,f16c"))) void Avx2Range(const AdamWBuffers& b, int64_t begin, int64_t end,
                                                         const Consts& c, bool amsgrad) {
   const __m256 decay = _mm256_set1_ps(c.decay), omb1 = _mm256_set1_ps(c.one_m_b1), b2 = _mm256_set1_ps(c.b2),
@@ -166,27 +193,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void Avx512Range(const
     _mm512_storeu_ps(b.exp_avg + i, m);
     _mm512_storeu_ps(b.exp_avg_sq + i, v);
     _mm512_storeu_ps(b.param + i, p);
-    switch (b.master_dtype) {
-      case MasterDtype::kFloat32:
-        _mm512_storeu_ps(static_cast<float*>(b.master) + i, p);
-        break;
-      case MasterDtype::kBFloat16: {
-        uint16_t* out = static_cast<uint16_t*>(b.master) + i;
-        const __m256i bf = Bf16x16(p);
-        if (kStream && (reinterpret_cast<uintptr_t>(out) & 31) == 0) {
-          _mm256_stream_si256(reinterpret_cast<__m256i*>(out), bf);
-        } else {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bf);
-        }
-        break;
-      }
-      case MasterDtype::kFloat16:
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.master) + i),
-                            _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        break;
-      case MasterDtype::kNone:
-        break;
-    }
+    StoreMaster16(b.master, b.master_dtype, i, p, kStream);
   }
   if (kStream) _mm_sfence();  // this thread's streaming stores are visible before the pass ends
   ScalarRange(b, i, end, c, amsgrad);
@@ -289,20 +296,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void Avx512RangeBf16(c
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.exp_avg_sq + i),
                         RoundWithBitsx16(v, Mix32x16(_mm512_xor_si512(idx, kv))));
     _mm512_storeu_ps(b.param + i, p);
-    switch (b.master_dtype) {
-      case MasterDtype::kFloat32:
-        _mm512_storeu_ps(static_cast<float*>(b.master) + i, p);
-        break;
-      case MasterDtype::kBFloat16:
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.master) + i), Bf16x16(p));
-        break;
-      case MasterDtype::kFloat16:
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.master) + i),
-                            _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        break;
-      case MasterDtype::kNone:
-        break;
-    }
+    StoreMaster16(b.master, b.master_dtype, i, p, /*stream=*/false);
   }
   ScalarRangeBf16(b, i, end, c, key_m, key_v);
 }
