@@ -30,6 +30,11 @@ double AdamW::GradNorm(const HostModelStore& store) {
   return std::sqrt(sq);
 }
 
+OptimizerThreads* AdamW::Pool() {
+  if (!pool_) pool_ = std::make_shared<OptimizerThreads>(threads());
+  return pool_.get();
+}
+
 void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, double lr, double grad_multiplier,
                       bool write_master) {
   if (static_cast<int>(m_.size()) != store.num_params()) {
@@ -77,7 +82,7 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
                              write_master ? p.master.data_ptr() : nullptr,
                              master_dtype};
     FusedAdamWBf16Moments(b, p.fp32.numel(), h, opt_.rounding_seed * 1000003u + static_cast<uint64_t>(i),
-                          SimdPath::kAuto, pool_.get());
+                          SimdPath::kAuto, Pool());
     return;
   }
   AdamWBuffers b;
@@ -90,7 +95,7 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
     b.master = p.master.data_ptr();
     b.master_dtype = master_dtype;
   }
-  FusedAdamW(b, p.fp32.numel(), h, SimdPath::kAuto, pool_.get());
+  FusedAdamW(b, p.fp32.numel(), h, SimdPath::kAuto, Pool());
 }
 
 absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad_divisor) {

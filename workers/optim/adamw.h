@@ -57,10 +57,7 @@ struct AdamWState {
 
 class AdamW {
  public:
-  explicit AdamW(AdamWOptions o)
-      : opt_(o),
-        pool_(std::make_shared<OptimizerThreads>(o.threads > 0 ? o.threads : OptimizerThreads::DefaultSize(false, 0))) {
-  }
+  explicit AdamW(AdamWOptions o) : opt_(o) {}
   // One step with learning rate `lr` over every trainable parameter of `store` using its fp32
   // gradient buffers (already summed over micro-batches) divided by `grad_divisor` (the loss
   // scale). Returns the global gradient norm (unscaled, before clipping). Non-finite gradients
@@ -91,11 +88,14 @@ class AdamW {
     vmax_.assign(m_.size(), at::Tensor());
   }
   const AdamWOptions& options() const { return opt_; }
-  int threads() const { return pool_->size(); }
+  int threads() const { return opt_.threads > 0 ? opt_.threads : OptimizerThreads::DefaultSize(false, 0); }
 
  private:
   AdamWOptions opt_;
+  // Started by the first step, so an AdamW that never steps (the controller's in async mode,
+  // where the optimizer worker steps) holds no threads.
   std::shared_ptr<OptimizerThreads> pool_;
+  OptimizerThreads* Pool();
   int64_t step_ = 0;
   std::vector<at::Tensor> m_, v_, vmax_;  // per parameter index
 };

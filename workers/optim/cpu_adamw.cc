@@ -42,16 +42,16 @@ Consts MakeConsts(const AdamWHyper& h) {
           h.maximize ? -h.grad_scale : h.grad_scale};
 }
 
-inline void StoreMaster(const AdamWBuffers& b, int64_t i, float p) {
-  switch (b.master_dtype) {
+inline void StoreMaster(void* master, MasterDtype dtype, int64_t i, float p) {
+  switch (dtype) {
     case MasterDtype::kFloat32:
-      static_cast<float*>(b.master)[i] = p;
+      static_cast<float*>(master)[i] = p;
       break;
     case MasterDtype::kBFloat16:
-      static_cast<c10::BFloat16*>(b.master)[i] = c10::BFloat16(p);  // round to nearest even
+      static_cast<c10::BFloat16*>(master)[i] = c10::BFloat16(p);  // round to nearest even
       break;
     case MasterDtype::kFloat16:
-      static_cast<c10::Half*>(b.master)[i] = c10::Half(p);
+      static_cast<c10::Half*>(master)[i] = c10::Half(p);
       break;
     case MasterDtype::kNone:
       break;
@@ -75,7 +75,7 @@ void ScalarRange(const AdamWBuffers& b, int64_t begin, int64_t end, const Consts
     b.exp_avg[i] = m;
     b.exp_avg_sq[i] = v;
     b.param[i] = p;
-    StoreMaster(b, i, p);
+    StoreMaster(b.master, b.master_dtype, i, p);
   }
 }
 
@@ -244,7 +244,7 @@ void ScalarRangeBf16(const AdamWBf16MomentBuffers& b, int64_t begin, int64_t end
     b.exp_avg[i] = RoundWithBits(m, Mix32(idx ^ key_m));
     b.exp_avg_sq[i] = RoundWithBits(v, Mix32(idx ^ key_v));
     b.param[i] = p;
-    StoreMaster({b.param, b.grad, nullptr, nullptr, nullptr, b.master, b.master_dtype}, i, p);
+    StoreMaster(b.master, b.master_dtype, i, p);
   }
 }
 
@@ -299,6 +299,18 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void Avx512RangeBf16(c
     StoreMaster16(b.master, b.master_dtype, i, p, /*stream=*/false);
   }
   ScalarRangeBf16(b, i, end, c, key_m, key_v);
+}
+
+// A pass over n elements: on the caller alone when short (or without a pool), else in balanced
+// slices of at least 16 Ki elements, rounded to 64 so every slice but the last is
+// vector-aligned.
+void RunSliced(int64_t n, OptimizerThreads* pool, const std::function<void(int64_t, int64_t)>& range) {
+  constexpr int64_t kMinPerThread = 1 << 14;
+  if (pool == nullptr || n < 2 * kMinPerThread) {
+    range(0, n);
+    return;
+  }
+  pool->ParallelFor(n, 64, n / kMinPerThread, range);
 }
 
 // F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
@@ -367,13 +379,7 @@ void FusedAdamW(const AdamWBuffers& b, int64_t n, const AdamWHyper& h, SimdPath 
         ScalarRange(b, begin, end, c, h.amsgrad);
     }
   };
-  // Balanced slices, rounded to 64 elements so every slice but the last is vector-aligned.
-  constexpr int64_t kMinPerThread = 1 << 14;
-  if (pool == nullptr || n < 2 * kMinPerThread) {
-    range(0, n);
-    return;
-  }
-  pool->ParallelFor(n, 64, n / kMinPerThread, range);
+  RunSliced(n, pool, range);
 }
 
 uint32_t StochasticRoundingBits(uint64_t seed, int64_t step, int64_t index, int stream) {
@@ -397,12 +403,7 @@ void FusedAdamWBf16Moments(const AdamWBf16MomentBuffers& b, int64_t n, const Ada
       ScalarRangeBf16(b, begin, end, c, key_m, key_v);  // no AVX2 variant: AVX-512 or scalar
     }
   };
-  constexpr int64_t kMinPerThread = 1 << 14;
-  if (pool == nullptr || n < 2 * kMinPerThread) {
-    range(0, n);
-    return;
-  }
-  pool->ParallelFor(n, 64, n / kMinPerThread, range);
+  RunSliced(n, pool, range);
 }
 
 }  // namespace rp::workers
