@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "scheduler/runtime/base_source.h"
 #include "scheduler/runtime/export.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "workers/io/checkpoint.h"
@@ -36,18 +37,27 @@ std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vec
   return out;
 }
 
-absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const planning::ModelConfig& model,
-                                         Precision precision, const std::string& out_dir, ExportKind kind) {
-  auto config = runtime::ToTransformerConfig(model);
+absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const JobSpec& job,
+                                         const std::string& out_dir, ExportKind kind) {
+  auto config = runtime::ToTransformerConfig(job.model);
   if (!config.ok()) return config.status();
   auto f = io::SafetensorsFile::Open(checkpoint_dir + "/weights.safetensors");
   if (!f.ok()) return f.status();
+  auto record = io::ReadCheckpointBase(checkpoint_dir);
+  if (!record.ok()) return record.status();
+  const at::ScalarType dtype = runtime::ToScalarType(job.precision);
   std::vector<ParameterShape> shapes;
   for (const auto& t : (*f)->tensors()) shapes.push_back({t.name, t.shape});
+  for (const auto& t : record->tensors) shapes.push_back({t.name, t.shape});
+  runtime::BaseSource base(*config, dtype, job.hf_dir, job.seed, std::move(*record));
   io::SafetensorsFile* weights = f->get();
   return runtime::WriteExport(
-      out_dir, *config, shapes, [weights](const std::string& name) { return weights->Read(name, at::kFloat); },
-      runtime::ToScalarType(precision), kind);
+      out_dir, *config, shapes,
+      [weights, &base](const std::string& name) -> absl::StatusOr<at::Tensor> {
+        if (weights->Find(name)) return weights->Read(name, at::kFloat);
+        return base.Read(name);
+      },
+      dtype, kind);
 }
 
 absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner) {

@@ -29,10 +29,12 @@ absl::StatusOr<planning::ModelConfig> ReadHfModelConfig(const std::string& dir);
 // (optional) collects "<dir>: why" for damaged ones.
 std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vector<std::string>* skipped = nullptr);
 
-// Writes the weights of checkpoint `checkpoint_dir` (of a job training `model` in `precision`)
-// to `out_dir` in `kind`'s format; returns the bytes written.
-absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const planning::ModelConfig& model,
-                                         Precision precision, const std::string& out_dir, ExportKind kind);
+// Writes the weights of checkpoint `checkpoint_dir` (of the job `job`) to `out_dir` in `kind`'s
+// format; returns the bytes written. A LoRA checkpoint holds the adapters alone: the base comes
+// from the job's model.hf_dir (or its seeded initialisation), checked against the checkpoint's
+// record (DataLoss naming the tensor when the files changed since).
+absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const JobSpec& job,
+                                         const std::string& out_dir, ExportKind kind);
 
 // Each job owns its output directory (checkpoints, exports): a claim file
 // `<dir>/.roundpipe-job` holds the owner's token. OK when `dir` is now claimed by `owner`

@@ -56,8 +56,7 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
           "job ", id, " has no checkpoint of its final step ", step, " under ", resolved->engine.checkpoint_root,
           all.empty() ? std::string() : absl::StrCat(" (newest: step ", all.front().step, ")")));
     }
-    bytes =
-        scheduler::ExportCheckpoint(all.front().path, resolved->engine.model, resolved->engine.precision, dir, kind);
+    bytes = scheduler::ExportCheckpoint(all.front().path, resolved->engine, dir, kind);
   }
   if (!bytes.ok()) return bytes.status();
   JobLog()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);

@@ -28,8 +28,8 @@ namespace {
 // the optimizer flushed) and keeps the newest `keep_last`. A checkpoint of that step that
 // exists already holds this very state: it is returned as is.
 absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore& store, const Controller& c,
-                                                  int64_t step, int64_t consumed, const std::string& root,
-                                                  int keep_last, const std::string& note) {
+                                                  const workers::io::FrozenBase& base, int64_t step, int64_t consumed,
+                                                  const std::string& root, int keep_last, const std::string& note) {
   if (root.empty()) return absl::FailedPreconditionError("the job has no checkpoint directory");
   const std::string dir = absl::StrCat(root, "/step-", step);
   if (workers::io::KindOf(dir + "/meta.json") == workers::io::FileKind::kFile)
@@ -44,7 +44,7 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
   meta.fused = c.partition().fused;
   meta.backward = c.partition().backward;
   meta.note = note;
-  if (absl::Status st = workers::io::WriteCheckpoint(dir, store, snap.adamw, meta); !st.ok()) return st;
+  if (absl::Status st = workers::io::WriteCheckpoint(dir, store, snap.adamw, meta, &base); !st.ok()) return st;
   // Pruning never follows a symlink and stays beneath the daemon's roots (confined_fs).
   const auto all = workers::io::ListCheckpoints(root);
   for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i) {
@@ -71,8 +71,9 @@ absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note,
   const bool existed = !spec.checkpoint_root.empty() &&
                        workers::io::KindOf(absl::StrCat(spec.checkpoint_root, "/step-", step, "/meta.json")) ==
                            workers::io::FileKind::kFile;
-  auto info =
-      WriteJobCheckpoint(*store, *controller, step, cursor, spec.checkpoint_root, spec.checkpoint_keep_last, note);
+  if (!frozen_base) frozen_base = workers::io::DescribeFrozenBase(*store);  // once: the base never changes
+  auto info = WriteJobCheckpoint(*store, *controller, *frozen_base, step, cursor, spec.checkpoint_root,
+                                 spec.checkpoint_keep_last, note);
   base::MutexLock lock(&mu);
   if (report_existing || !existed || !info.ok()) ReportCheckpoint(info, step);
   return info;
@@ -95,8 +96,16 @@ absl::StatusOr<at::Tensor> EngineJob::ReadParameter(const std::string& name) {
       if (!f.ok()) return f.status();
       final_weights = std::move(*f);
     }
-    if (!final_weights->Find(name)) return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));
-    return final_weights->Read(name, at::kFloat);
+    if (final_weights->Find(name)) return final_weights->Read(name, at::kFloat);
+    if (!final_base) {  // adapter-only checkpoints describe the base instead of storing it
+      auto base = workers::io::ReadCheckpointBase(final_checkpoint);
+      if (!base.ok()) return base.status();
+      final_base = std::make_unique<BaseSource>(model, dtype, spec.hf_dir, spec.seed, std::move(*base));
+    }
+    if (!final_base->Has(name)) return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));
+    auto v = final_base->Read(name);
+    if (!v.ok()) return absl::Status(v.status().code(), absl::StrCat("job ", id, ": ", v.status().message()));
+    return v;
   }
   const int i = store->FindParam(name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("job ", id, " has no parameter ", name));

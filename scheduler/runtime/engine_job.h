@@ -23,10 +23,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "scheduler/engine_types.h"
+#include "scheduler/runtime/base_source.h"
 #include "scheduler/runtime/controller.h"
 #include "scheduler/runtime/tensor_batch.h"
 #include "scheduler/runtime/token_dataset.h"
 #include "workers/base/mutex.h"
+#include "workers/io/frozen_base.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/models/transformer_config.h"
 #include "workers/store/host_model_store.h"
@@ -55,6 +57,11 @@ struct EngineJob {
   std::string final_checkpoint ABSL_GUARDED_BY(run_mu);
   std::vector<ParameterShape> final_shapes ABSL_GUARDED_BY(run_mu);
   std::unique_ptr<workers::io::SafetensorsFile> final_weights ABSL_GUARDED_BY(run_mu);  // opened on first Parameter()
+  // What the job does not train (a LoRA base): described once (at the first checkpoint, or when
+  // a resume checks it); after the release its tensors are read from their source, checked
+  // against the final checkpoint's record.
+  std::optional<workers::io::FrozenBase> frozen_base ABSL_GUARDED_BY(run_mu);
+  std::unique_ptr<BaseSource> final_base ABSL_GUARDED_BY(run_mu);  // opened on the first base read
 
   base::Mutex mu ABSL_ACQUIRED_AFTER(run_mu);
   base::CondVar cv;

@@ -190,8 +190,10 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   if (!spec.resume_from.empty()) {
     progress("loading checkpoint " + spec.resume_from);
     workers::AdamWState adamw;
-    auto meta = workers::io::ReadCheckpoint(spec.resume_from, store.get(), &adamw);
+    workers::io::FrozenBase base;
+    auto meta = workers::io::ReadCheckpoint(spec.resume_from, store.get(), &adamw, &base);
     if (!meta.ok()) return meta.status();
+    job.frozen_base = std::move(base);  // described to check it: kept for this job's checkpoints
     o.first_step = meta->step;
     o.resume_adamw = adamw;
     o.resume_loss_scale = meta->loss_scale;

@@ -19,7 +19,8 @@ namespace rp::scheduler::runtime {
 
 // Fills `job` (spec with defaults, model, dtype, controller options, resume cursor, token file).
 absl::Status PrepareJob(const JobSpec& spec, const std::vector<workers::Device*>& devices, EngineJob* job);
-absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devices, workers::Timeline* timeline);
+absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devices, workers::Timeline* timeline)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.run_mu);
 
 }  // namespace rp::scheduler::runtime
 

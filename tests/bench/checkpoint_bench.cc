@@ -1,9 +1,11 @@
 // checkpoint_bench — how long a training checkpoint stalls a running async job (CPU backend).
 // A job trains continuously; after a warm-up one Checkpoint() is requested. Prints the median
 // gap between consecutive iteration completions, the gap across the checkpoint (stall = that gap
-// minus the median), the Checkpoint() call latency and the bytes written.
+// minus the median), the Checkpoint() call latency and the bytes written. With --lora_rank the
+// job is a LoRA job: its checkpoint holds the adapters alone (plus base.json), and the table
+// compares it with the whole model in fp32, which format 1 wrote.
 //
-//   build/tests/bench/checkpoint_bench [--hidden 256] [--blocks 8] [--vocab 4096]
+//   build/tests/bench/checkpoint_bench [--hidden 256] [--blocks 8] [--vocab 4096] [--lora_rank 0]
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 ABSL_FLAG(int, hidden, 256, "model width");
 ABSL_FLAG(int, blocks, 8, "decoder blocks");
 ABSL_FLAG(int, vocab, 4096, "vocabulary");
+ABSL_FLAG(int, lora_rank, 0, "LoRA rank (0: full fine-tuning)");
 
 using namespace std::chrono_literals;
 using rp::scheduler::JobEvent;
@@ -38,6 +41,8 @@ int main(int argc, char** argv) {
   m.num_heads = 4;
   m.num_kv_heads = 2;
   m.head_dim = m.hidden / 4;
+  m.lora.rank = absl::GetFlag(FLAGS_lora_rank);
+  m.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   spec.precision = rp::scheduler::Precision::kBFloat16;
   spec.optimizer_mode = rp::planning::OptimizerMode::kAsync;
   spec.checkpoint_root = root;
@@ -72,6 +77,12 @@ int main(int argc, char** argv) {
     }
   }
   feeder.join();
+  // The job writes its final checkpoint after its last iteration: let it end before measuring.
+  for (int i = 0; i < 600; ++i) {
+    auto st = (*engine)->State(*id);
+    if (!st.ok() || rp::scheduler::IsTerminal(*st)) break;
+    (void)(*engine)->AwaitEvents(*id, 100ms);
+  }
   std::vector<double> gaps;
   for (size_t i = 1; i < done.size(); ++i) gaps.push_back(std::chrono::duration<double>(done[i] - done[i - 1]).count());
   std::vector<double> sorted = gaps;
@@ -80,10 +91,15 @@ int main(int argc, char** argv) {
   // done[k-1] is step k; the completion right after the checkpoint's step carries the stall.
   double across = 0;
   if (ckpt_step > 0 && static_cast<size_t>(ckpt_step) <= gaps.size()) across = gaps[static_cast<size_t>(ckpt_step) - 1];
-  int64_t bytes = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
-    if (e.is_regular_file()) bytes += static_cast<int64_t>(e.file_size());
-  }
+  // The requested checkpoint's files (the job's final checkpoint lies beside it).
+  const std::string dir = root + "/step-" + std::to_string(ckpt_step);
+  auto size_of = [&](const char* f) {
+    std::error_code ec;
+    const auto n = std::filesystem::file_size(dir + "/" + f, ec);
+    return ec ? int64_t{0} : static_cast<int64_t>(n);
+  };
+  const int64_t bytes =
+      size_of("weights.safetensors") + size_of("optimizer.safetensors") + size_of("base.json") + size_of("meta.json");
   int64_t params = 0;
   auto shapes = (*engine)->ParameterShapes(*id);
   for (const auto& [n, s] : *shapes) {
@@ -91,14 +107,24 @@ int main(int argc, char** argv) {
     for (int64_t d : s) k *= d;
     params += k;
   }
-  std::printf("checkpoint_bench: async job, %lld parameters (bf16 master), cpu:2, batches 4 x 64\n",
-              static_cast<long long>(params));
+  std::printf("checkpoint_bench: async job, %lld parameters (bf16 master), LoRA rank %d, cpu:2, batches 4 x 64\n",
+              static_cast<long long>(params), m.lora.rank);
   std::printf("| metric | value |\n|---|---|\n");
   std::printf("| median iteration gap (s) | %.3f |\n", median);
   std::printf("| gap across the checkpoint at step %lld (s) | %.3f |\n", static_cast<long long>(ckpt_step), across);
   std::printf("| stall (gap - median) (s) | %.3f |\n", across - median);
   std::printf("| Checkpoint() call latency (s) | %.3f |\n", call_s);
-  std::printf("| bytes written (MiB) | %.1f |\n", static_cast<double>(bytes) / (1 << 20));
+  const double mib = 1 << 20;
+  std::printf("| bytes written (MiB) | %.2f |\n", static_cast<double>(bytes) / mib);
+  std::printf("| of which weights / optimizer / base.json (MiB) | %.2f / %.2f / %.3f |\n",
+              static_cast<double>(size_of("weights.safetensors")) / mib,
+              static_cast<double>(size_of("optimizer.safetensors")) / mib,
+              static_cast<double>(size_of("base.json")) / mib);
+  if (m.lora.rank > 0) {  // format 1 wrote every parameter in fp32 beside the same optimizer file
+    const int64_t v1 = params * 4 + size_of("optimizer.safetensors");
+    std::printf("| format 1 (whole model in fp32) would have written (MiB) | %.2f (%.0fx) |\n",
+                static_cast<double>(v1) / mib, static_cast<double>(v1) / static_cast<double>(bytes));
+  }
   std::filesystem::remove_all(root);
   return 0;
 }

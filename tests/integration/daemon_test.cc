@@ -542,6 +542,27 @@ TEST_F(DaemonTest, LoraJobTrainsAndExportsAPeftAdapterOrMergedWeights) {
   auto merged = c->Export(job->id(), root_ + "/data/merged", /*merge_lora=*/true);
   ASSERT_TRUE(merged.ok()) << merged.status();
   EXPECT_TRUE(std::filesystem::exists(*merged + "/config.json"));
+  // The job's checkpoints hold the adapters alone (the base is described in base.json), yet a
+  // daemon restarted afterwards exports the same merged weights: the base is derived again
+  // (here: from the seed) and checked against the checkpoint's record.
+  auto info = c->Get(job->id());
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::string ckpt = info->last_checkpoint();
+  ASSERT_FALSE(ckpt.empty());
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/base.json"));
+  for (const auto& [name, t] : ReadSafetensors(ckpt + "/weights.safetensors")) {
+    EXPECT_NE(name.find(".lora_"), std::string::npos) << name << " is in the checkpoint";
+  }
+  ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Output();
+  ASSERT_TRUE(StartDaemon()) << daemon_.Output();
+  c = daemon_.Connect();
+  auto again = c->Export(job->id(), root_ + "/data/merged-after-restart", /*merge_lora=*/true);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto before = ReadSafetensors(*merged + "/model.safetensors");
+  auto after = ReadSafetensors(*again + "/model.safetensors");
+  ASSERT_EQ(before.size(), after.size());
+  ASSERT_FALSE(before.empty());
+  for (const auto& [name, t] : before) EXPECT_TRUE(at::equal(t, after[name])) << name;
   // Bad LoRA specs and a merge request for a full fine-tuning job.
   v1::JobSpec bad = spec;
   bad.mutable_model()->mutable_lora()->add_target_modules("lm_head");

@@ -68,6 +68,19 @@ bool LayerCount(const nlohmann::json& x, int* out) {
   return true;
 }
 
+// The files meta.json carries a checksum of: base.json only when something is frozen.
+std::vector<const char*> CheckedFiles(bool has_base) {
+  std::vector<const char*> files = {"weights.safetensors", "optimizer.safetensors"};
+  if (has_base) files.push_back("base.json");
+  return files;
+}
+
+bool KnownFormat(const nlohmann::json& j) {
+  const std::string f = StringField(j, "format");
+  return f == "roundpipe-checkpoint-1" || f == "roundpipe-checkpoint-2";
+}
+bool HasBase(const nlohmann::json& j) { return j.contains("base") && j["base"].is_object(); }
+
 absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::string& dir) {
   const auto& p = j.contains("partition") ? j["partition"] : nlohmann::json();
   if (!p.is_object() || !p.contains("forward") || !p["forward"].is_array() || !p.contains("fused") ||
@@ -97,21 +110,28 @@ absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::
     }
   }
   m.note = StringField(j, "note");
+  if (HasBase(j)) m.base_fingerprint = StringField(j["base"], "fingerprint");
   return m;
 }
 
 }  // namespace
 
 absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& store, const AdamWState& adamw,
-                             const CheckpointMeta& meta) {
+                             const CheckpointMeta& meta, const FrozenBase* base_in) {
   auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
   if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat("checkpoint: ", out.status().message()));
   auto fail = [](absl::Status st) { return absl::Status(st.code(), absl::StrCat("checkpoint: ", st.message())); };
-  // Weights: the fp32 copy of every parameter (the master copy is its rounding).
+  // Weights: the fp32 copy of every trained parameter (its master copy is its rounding); the
+  // frozen ones are described in base.json instead.
   std::vector<TensorDecl> wdecl, odecl;
   std::vector<at::Tensor> wt, ot;
+  bool frozen = false;
   for (int i = 0; i < store.num_params(); ++i) {
     const HostParam& p = store.param(i);
+    if (!p.trainable) {
+      frozen = true;
+      continue;
+    }
     at::Tensor w = p.fp32.defined() ? p.fp32 : p.master.to(at::kFloat);
     wdecl.push_back({p.name, at::kFloat, p.shape});
     wt.push_back(w);
@@ -133,7 +153,7 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
     }
     if (absl::Status st = w.Finish(); !st.ok()) return fail(st);
   }
-  nlohmann::json j = {{"format", "roundpipe-checkpoint-1"},
+  nlohmann::json j = {{"format", "roundpipe-checkpoint-2"},
                       {"step", meta.step},
                       {"adamw_step", adamw.step},
                       {"batches_consumed", meta.batches_consumed},
@@ -141,7 +161,15 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
                       {"good_steps", meta.good_steps},
                       {"partition", {{"forward", meta.forward}, {"fused", meta.fused}, {"backward", meta.backward}}},
                       {"note", meta.note}};
-  for (const char* file : {"weights.safetensors", "optimizer.safetensors"}) {
+  if (frozen) {
+    const FrozenBase base = base_in ? *base_in : DescribeFrozenBase(store);
+    if (absl::Status st = out->WriteFile("base.json", FrozenBaseJson(base)); !st.ok()) return fail(st);
+    j["base"] = {{"fingerprint", base.fingerprint},
+                 {"tensors", base.tensors.size()},
+                 {"bytes", base.bytes},
+                 {"file", "base.json"}};
+  }
+  for (const char* file : CheckedFiles(frozen)) {
     auto crc = FileCrc(out->PathOf(file));
     if (!crc.ok()) return fail(crc.status());
     j["crc32"][file] = *crc;
@@ -158,11 +186,10 @@ absl::StatusOr<nlohmann::json> VerifiedMetaJson(const fs::path& dir) {
   auto parsed = ReadMetaJson(dir);
   if (!parsed.ok()) return parsed.status();
   const nlohmann::json& j = *parsed;
-  if (j.is_discarded() || !j.is_object() || StringField(j, "format") != "roundpipe-checkpoint-1" ||
-      !j.contains("crc32")) {
+  if (j.is_discarded() || !j.is_object() || !KnownFormat(j) || !j.contains("crc32")) {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json is damaged"));
   }
-  for (const char* file : {"weights.safetensors", "optimizer.safetensors"}) {
+  for (const char* file : CheckedFiles(HasBase(j))) {
     auto crc = FileCrc(dir / file);
     if (!crc.ok()) return crc.status();
     if (!j["crc32"].is_object() || !j["crc32"].contains(file) || !j["crc32"][file].is_number_unsigned() ||
@@ -181,11 +208,34 @@ absl::StatusOr<CheckpointMeta> VerifyCheckpoint(const std::string& dir) {
   return MetaFromJson(*j, dir);
 }
 
-absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostModelStore* store, AdamWState* adamw) {
+namespace {
+
+absl::StatusOr<FrozenBase> BaseOf(const fs::path& dir, const nlohmann::json& j) {
+  if (!HasBase(j)) return FrozenBase{};
+  auto text = ReadSmallFile((dir / "base.json").string(), uint64_t{256} << 20);
+  if (!text.ok()) return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", text.status().message()));
+  auto base = ParseFrozenBaseJson(*text);
+  if (!base.ok()) return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", base.status().message()));
+  return base;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostModelStore* store, AdamWState* adamw,
+                                              FrozenBase* base_out) {
   const fs::path dir(dir_in);
   auto parsed = VerifiedMetaJson(dir);
   if (!parsed.ok()) return parsed.status();
   const nlohmann::json& j = *parsed;
+  auto recorded = BaseOf(dir, j);
+  if (!recorded.ok()) return recorded.status();
+  FrozenBase actual;
+  if (!recorded->empty() || base_out) actual = DescribeFrozenBase(*store);
+  if (!recorded->empty()) {
+    // Before anything is loaded: a wrong base fails the resume with the store as it was.
+    if (absl::Status st = SameFrozenBase(*recorded, actual, absl::StrCat("checkpoint ", dir.string())); !st.ok())
+      return st;
+  }
   auto weights = SafetensorsFile::Open((dir / "weights.safetensors").string());
   if (!weights.ok()) return absl::DataLossError(std::string(weights.status().message()));
   auto opt = SafetensorsFile::Open((dir / "optimizer.safetensors").string());
@@ -194,9 +244,11 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
   st.step = IntField(j, "adamw_step", 0);
   st.m.resize(static_cast<size_t>(store->num_params()));
   st.v.resize(static_cast<size_t>(store->num_params()));
+  bool reloaded_base = false;
   for (int i = 0; i < store->num_params(); ++i) {
     HostParam& p = store->param(i);
     const TensorInfo* info = (*weights)->Find(p.name);
+    if (!info && !p.trainable && recorded->Find(p.name)) continue;  // the base, checked above
     if (!info || info->shape != p.shape) {
       return absl::InvalidArgumentError(
           absl::StrCat("checkpoint ", dir.string(), " does not fit this model: ", p.name));
@@ -204,20 +256,28 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
     at::Tensor w = *(*weights)->Read(p.name, at::kFloat);
     if (p.fp32.defined()) p.fp32.copy_(w);
     p.master.copy_(w);
+    reloaded_base = reloaded_base || !p.trainable;  // format 1 stored the base too
     if ((*opt)->Find("m." + p.name)) {
       st.m[static_cast<size_t>(i)] = *(*opt)->Read("m." + p.name, at::kFloat);
       st.v[static_cast<size_t>(i)] = *(*opt)->Read("v." + p.name, at::kFloat);
     }
   }
   *adamw = std::move(st);
+  if (base_out) *base_out = reloaded_base ? DescribeFrozenBase(*store) : std::move(actual);
   return MetaFromJson(j, dir.string());
+}
+
+absl::StatusOr<FrozenBase> ReadCheckpointBase(const std::string& dir) {
+  auto parsed = VerifiedMetaJson(dir);
+  if (!parsed.ok()) return parsed.status();
+  return BaseOf(dir, *parsed);
 }
 
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   auto parsed = ReadMetaJson(dir);
   if (!parsed.ok()) return parsed.status();
   const nlohmann::json& j = *parsed;
-  if (j.is_discarded() || !j.is_object() || StringField(j, "format") != "roundpipe-checkpoint-1") {
+  if (j.is_discarded() || !j.is_object() || !KnownFormat(j)) {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json is damaged"));
   }
   return MetaFromJson(j, dir);

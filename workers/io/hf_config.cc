@@ -114,6 +114,15 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<at::Tensor> ReadHfTensor(const std::string& dir, const std::string& name,
+                                        const std::vector<int64_t>& shape) {
+  auto w = OpenHfWeights(dir);
+  if (!w.ok()) return w.status();
+  auto sf = Locate(*w, dir, name, shape);
+  if (!sf.ok()) return sf.status();
+  return (*sf)->Read(name, at::kFloat);
+}
+
 absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
   auto text = ReadText(fs::path(dir) / "adapter_config.json");
   if (!text.ok()) return text.status();

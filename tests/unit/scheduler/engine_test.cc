@@ -16,6 +16,8 @@
 #include "tests/support/reference_model.h"
 #include "tests/support/run_command.h"
 #include "tests/support/tokens.h"
+#include "workers/io/checkpoint.h"
+#include "workers/io/safetensors_reader.h"
 
 namespace rp::scheduler {
 namespace {
@@ -496,6 +498,76 @@ TEST(EngineCheckpoint, Bf16MomentsResumeBitIdenticallyAndHalveTheOptimizerState)
     const auto full = std::filesystem::file_size(fp32.checkpoint_root + "/step-3/optimizer.safetensors");
     EXPECT_LT(static_cast<double>(half), 0.6 * static_cast<double>(full)) << half << " vs " << full;
   }
+  std::filesystem::remove_all(root);
+}
+
+// A LoRA checkpoint holds the adapters and their moments, and describes the base instead of
+// storing it: resuming from it ends bit-identical to the straight run (the base comes from the
+// job's own source, checked against the record); a job on another base is refused, naming the
+// tensor, before anything is loaded. After the job ended its base parameters are still readable
+// (from the rebuilt seeded base, checked against the record).
+TEST(EngineCheckpoint, LoraCheckpointsHoldOnlyTheAdaptersAndRefuseAnotherBase) {
+  const std::string root =
+      (std::filesystem::temp_directory_path() / ("rp_lora_ckpt_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(root);
+  std::vector<at::Tensor> data;
+  for (int i = 0; i < 5; ++i) data.push_back(RandomTokens(4, 8, 41, 700 + i));
+  JobSpec spec = TinyJob();
+  spec.model.lora.rank = 2;
+  spec.precision = Precision::kBFloat16;  // the base lives in bf16 master copies
+  spec.optimizer_mode = planning::OptimizerMode::kAsync;
+  spec.checkpoint_root = root + "/straight";
+  auto straight = Train(spec, data, 2);
+  const std::string ckpt = spec.checkpoint_root + "/step-2";
+  // Only the adapters' fp32 weights: a fraction of what the whole model in fp32 would be.
+  auto weights = workers::io::SafetensorsFile::Open(ckpt + "/weights.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  int64_t adapter_params = 0;
+  for (const auto& t : (*weights)->tensors()) {
+    EXPECT_NE(t.name.find(".lora_"), std::string::npos) << t.name << " is not an adapter";
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    adapter_params += n;
+  }
+  EXPECT_EQ(adapter_params, spec.model.num_blocks * spec.model.BlockLoraParams());
+  auto meta = workers::io::VerifyCheckpoint(ckpt);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(meta->base_fingerprint.size(), 8u);
+  auto base = workers::io::ReadCheckpointBase(ckpt);
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_EQ(base->fingerprint, meta->base_fingerprint);
+  EXPECT_GT(base->tensors.size(), 10u);
+  // Resumed: bit-identical, base parameters included (read after the job from the rebuilt base).
+  JobSpec resumed = spec;
+  resumed.resume_from = ckpt;
+  resumed.checkpoint_root = root + "/resumed";
+  EXPECT_TRUE(SameWeights(straight, Train(resumed, {data.begin() + 2, data.end()})));
+  // Another base (another seed initialises it differently): the job fails naming a base tensor.
+  auto engine = Engine::Create({"cpu:2"});
+  JobSpec other = resumed;
+  other.seed = spec.seed + 1;
+  other.checkpoint_root = root + "/other";
+  auto id = (*engine)->Submit(other);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const auto events = DrainUntilEnded(**engine, *id);
+  EXPECT_EQ(*(*engine)->State(*id), JobState::kFailed);
+  std::string why;
+  for (const auto& e : events) {
+    if (e.kind == JobEvent::Kind::kState && e.state == JobState::kFailed) why = e.message;
+  }
+  EXPECT_NE(why.find("base tensor model.embed_tokens.weight has other values"), std::string::npos) << why;
+  // The same base in another precision is another base too (the fingerprint is over the bytes
+  // the workers upload), and is told so.
+  JobSpec fp32 = resumed;
+  fp32.precision = Precision::kFloat32;
+  fp32.checkpoint_root = root + "/fp32";
+  id = (*engine)->Submit(fp32);
+  ASSERT_TRUE(id.ok()) << id.status();
+  why.clear();
+  for (const auto& e : DrainUntilEnded(**engine, *id)) {
+    if (e.kind == JobEvent::Kind::kState && e.state == JobState::kFailed) why = e.message;
+  }
+  EXPECT_NE(why.find("was BF16, this job's is F32"), std::string::npos) << why;
   std::filesystem::remove_all(root);
 }
 

@@ -359,6 +359,78 @@ TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
       << log;
 }
 
+// A LoRA job on a model directory: its checkpoints leave the base out; once the job ended its
+// base parameters are read from model.hf_dir (rounded to the job's precision, as the store held
+// them) and checked against the checkpoint's record, so a base file changed since is reported,
+// naming the tensor, not silently exported.
+TEST_F(HfModels, AFinishedLoraJobReadsItsBaseFromTheModelDirAndNoticesAChange) {
+  const std::string base = dir_ + "/lora/base-copy";
+  fs::remove_all(base);
+  fs::copy(dir_ + "/lora/base", base);
+  auto cfg = ReadHfConfig(base);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto lora = ReadPeftConfig(dir_ + "/lora/adapter");
+  ASSERT_TRUE(lora.ok()) << lora.status();
+  cfg->lora = *lora;
+  auto ref = SafetensorsFile::Open(dir_ + "/lora/reference.safetensors");
+  ASSERT_TRUE(ref.ok());
+  auto engine = scheduler::Engine::Create({"cpu:2"});
+  scheduler::JobSpec spec;
+  spec.model = rp::testing::ModelOf(*cfg);
+  spec.hf_dir = base;
+  spec.precision = scheduler::Precision::kBFloat16;
+  spec.checkpoint_root = dir_ + "/lora/ckpt";
+  auto id = (*engine)->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE((*engine)->FeedBatch(*id, rp::testing::ToBatch(*(*ref)->Read("tokens", at::kLong))).ok());
+  ASSERT_TRUE((*engine)->CloseInput(*id).ok());
+  for (int i = 0; i < 300 && *(*engine)->State(*id) != scheduler::JobState::kSucceeded; ++i) {
+    (void)(*engine)->AwaitEvents(*id, 100ms);
+  }
+  ASSERT_EQ(*(*engine)->State(*id), scheduler::JobState::kSucceeded);
+  auto file = SafetensorsFile::Open(base + "/model.safetensors");
+  ASSERT_TRUE(file.ok());
+  std::vector<std::string> base_names;
+  auto shapes = (*engine)->ParameterShapes(*id);  // named: the loop must not outlive a temporary
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  for (const auto& [name, shape] : *shapes) {
+    if (name.find(".lora_") != std::string::npos) continue;
+    base_names.push_back(name);
+    at::Tensor want = (*(*file)->Read(name, at::kFloat)).to(at::kBFloat16).to(at::kFloat);
+    EXPECT_TRUE(at::equal(rp::testing::ParameterTensor(**engine, *id, name), want)) << name;
+  }
+  ASSERT_FALSE(base_names.empty());
+  // One element of the last tensor in the file changes (an exponent bit: beyond bf16 rounding).
+  const TensorInfo* last = nullptr;
+  for (const TensorInfo& t : (*file)->tensors()) {
+    if (!last || t.end > last->end) last = &t;
+  }
+  ASSERT_NE(last, nullptr);
+  const std::string changed = last->name;
+  file->reset();
+  {
+    std::fstream f(base + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);  // the last byte: sign and exponent of the last fp32
+    const char c = static_cast<char>(f.get());
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  // The runner frees the store just after the job's terminal state; until then reads come from
+  // the store itself (the values the job trained on), so wait for the first read from the file.
+  auto got = (*engine)->Parameter(*id, changed);
+  for (int i = 0; i < 200 && got.ok(); ++i) {
+    std::this_thread::sleep_for(50ms);
+    got = (*engine)->Parameter(*id, changed);
+  }
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_NE(got.status().message().find("base tensor " + changed), std::string::npos) << got.status();
+  EXPECT_NE(got.status().message().find("changed since"), std::string::npos) << got.status();
+  for (const std::string& name : base_names) {
+    if (name != changed) EXPECT_TRUE((*engine)->Parameter(*id, name).ok()) << name;
+  }
+}
+
 TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
   models::TransformerConfig c;
   c.family = "llama";
