@@ -218,7 +218,8 @@ struct EngineStats {
   std::vector<DeviceStats> devices;
   int jobs_total = 0;
   int jobs_active = 0;
-  int64_t host_model_bytes = 0;  // of the running job's host model store
+  int64_t host_model_bytes = 0;   // of the running job's host model store (allocated: anonymous memory)
+  int64_t host_mapped_bytes = 0;  // of its masters that alias model files instead (a LoRA base: page cache)
 };
 
 // One recorded device operation (Engine::Timeline): worker, stream ("compute", "act_up", ...),

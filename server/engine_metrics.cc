@@ -50,6 +50,7 @@ void EngineMetrics::RecordIteration(const scheduler::IterationStats& st, const s
     }
   }
   metrics_->host_memory.Add({{"pool", "model_states"}}).Set(static_cast<double>(es.host_model_bytes));
+  metrics_->host_memory.Add({{"pool", "mapped_base"}}).Set(static_cast<double>(es.host_mapped_bytes));
   // The pinned arena is shared by all CUDA workers: any device reports it (zero on CPU).
   metrics_->host_memory.Add({{"pool", "pinned"}})
       .Set(es.devices.empty() ? 0.0 : static_cast<double>(es.devices.front().pinned_reserved_bytes));

@@ -394,7 +394,10 @@ EngineStats Engine::Impl::Stats() const {
   for (const auto& [id, job] : jobs_) {
     base::MutexLock jl(&job->mu);
     if (!job->terminal()) ++s.jobs_active;
-    if (job->state == JobState::kRunning && job->store) s.host_model_bytes = job->store->HostBytes();
+    if (job->state == JobState::kRunning && job->store) {
+      s.host_model_bytes = job->store->HostBytes();
+      s.host_mapped_bytes = job->store->MappedBytes();
+    }
   }
   return s;
 }

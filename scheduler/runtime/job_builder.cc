@@ -168,19 +168,29 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   };
   progress("allocating the host model store");
   std::shared_ptr<workers::HostModelStore> store;
+  // A LoRA base from a model directory is mapped where it lies (no anonymous copy) when its
+  // dtype is the job's: the store does not allocate or initialise it.
+  const bool mapped_base = job.model.lora.rank > 0 && !spec.hf_dir.empty();
   try {
-    store = std::make_shared<workers::HostModelStore>(job.model, job.dtype, spec.seed);
-    if (devices.front()->torch_device().is_cuda()) {
-      // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2).
-      store->RelocateMasters(
-          [d = devices.front()](at::IntArrayRef sizes, at::ScalarType dt) { return d->EmptyHost(sizes, dt); });
-    }
+    store = std::make_shared<workers::HostModelStore>(
+        job.model, job.dtype, spec.seed, 0.02,
+        mapped_base ? workers::FrozenInit::kDeferred : workers::FrozenInit::kRandom);
   } catch (const std::exception& ex) {
     return absl::ResourceExhaustedError(absl::StrCat("host memory for the model store: ", ex.what()));
   }
   if (!spec.hf_dir.empty()) {
     progress("loading weights from " + spec.hf_dir);
     if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get()); !st.ok()) return st;
+  }
+  if (devices.front()->torch_device().is_cuda()) {
+    // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2). Mapped
+    // masters are copied there too (registering a file mapping for DMA: not yet).
+    try {
+      store->RelocateMasters(
+          [d = devices.front()](at::IntArrayRef sizes, at::ScalarType dt) { return d->EmptyHost(sizes, dt); });
+    } catch (const std::exception& ex) {
+      return absl::ResourceExhaustedError(absl::StrCat("pinned host memory for the masters: ", ex.what()));
+    }
   }
   if (!spec.lora_adapter_dir.empty()) {
     progress("loading the LoRA adapter from " + spec.lora_adapter_dir);

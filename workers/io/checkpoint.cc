@@ -254,8 +254,7 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
           absl::StrCat("checkpoint ", dir.string(), " does not fit this model: ", p.name));
     }
     at::Tensor w = *(*weights)->Read(p.name, at::kFloat);
-    if (p.fp32.defined()) p.fp32.copy_(w);
-    p.master.copy_(w);
+    if (absl::Status set = store->SetValue(p.name, w); !set.ok()) return set;
     reloaded_base = reloaded_base || !p.trainable;  // format 1 stored the base too
     if ((*opt)->Find("m." + p.name)) {
       st.m[static_cast<size_t>(i)] = *(*opt)->Read("m." + p.name, at::kFloat);

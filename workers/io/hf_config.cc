@@ -32,7 +32,7 @@ namespace {
 // A model directory's weight files, opened (memory-mapped, headers parsed), and which file holds
 // which tensor.
 struct HfWeightFiles {
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> open;  // by file name
+  std::map<std::string, std::shared_ptr<const SafetensorsFile>> open;  // by file name (views share them)
   std::map<std::string, std::string> file_of;                    // tensor -> file name
 };
 
@@ -72,18 +72,18 @@ absl::StatusOr<HfWeightFiles> OpenHfWeights(const std::string& dir) {
 }
 
 // The tensor `name` of shape `shape` in the directory (NotFound / InvalidArgument saying why).
-absl::StatusOr<const SafetensorsFile*> Locate(const HfWeightFiles& w, const std::string& dir, const std::string& name,
+absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Locate(const HfWeightFiles& w, const std::string& dir, const std::string& name,
                                               const std::vector<int64_t>& shape) {
   auto where = w.file_of.find(name);
   if (where == w.file_of.end()) return absl::NotFoundError(absl::StrCat("model dir '", dir, "' has no tensor ", name));
-  const SafetensorsFile& sf = *w.open.at(where->second);
-  const TensorInfo* info = sf.Find(name);
-  if (!info) return absl::NotFoundError(absl::StrCat("'", sf.path(), "' has no tensor ", name));
+  const std::shared_ptr<const SafetensorsFile>& sf = w.open.at(where->second);
+  const TensorInfo* info = sf->Find(name);
+  if (!info) return absl::NotFoundError(absl::StrCat("'", sf->path(), "' has no tensor ", name));
   if (info->shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(info->shape, ","),
                                                    "], config.json implies [", absl::StrJoin(shape, ","), "]"));
   }
-  return &sf;
+  return sf;
 }
 
 }  // namespace
@@ -106,10 +106,14 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
     if (p.name.find(".lora_") != std::string::npos) continue;  // adapters: not in a base model
     auto sf = Locate(*w, dir, p.name, p.shape);
     if (!sf.ok()) return sf.status();
+    if (!p.trainable && (*sf)->Find(p.name)->dtype == store->master_dtype()) {
+      // A frozen tensor already in the master dtype is used where it lies (no copy).
+      auto view = SafetensorsFile::View(*sf, p.name);
+      if (view.ok() && store->AdoptMappedMaster(i, *view).ok()) continue;
+    }
     auto t = (*sf)->Read(p.name, at::kFloat);
     if (!t.ok()) return t.status();
-    if (p.fp32.defined()) p.fp32.copy_(*t);
-    p.master.copy_(*t);
+    if (absl::Status st = store->SetValue(p.name, *t); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

@@ -44,7 +44,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   if (f->size_ < 8) {
     return absl::InvalidArgumentError(absl::StrCat("safetensors: '", path, "' is truncated (", f->size_, " bytes)"));
   }
-  void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd->get(), 0);
+  // Private and writable: a write through a View() lands in a private copy of that page.
+  void* m = mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd->get(), 0);
   if (m == MAP_FAILED)
     return absl::InternalError(absl::StrCat("safetensors: mmap '", path, "': ", std::strerror(errno)));
   f->map_ = static_cast<const unsigned char*>(m);
@@ -77,6 +78,18 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name, at::Sc
   at::Tensor view =
       at::from_blob(const_cast<unsigned char*>(data_ + t->begin), t->shape, at::TensorOptions().dtype(t->dtype));
   return view.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+}
+
+absl::StatusOr<at::Tensor> SafetensorsFile::View(const std::shared_ptr<const SafetensorsFile>& file,
+                                                  const std::string& name) {
+  const TensorInfo* t = file->Find(name);
+  if (!t) return absl::NotFoundError(absl::StrCat("'", file->path_, "' has no tensor '", name, "'"));
+  unsigned char* p = const_cast<unsigned char*>(file->data_ + t->begin);
+  if (reinterpret_cast<uintptr_t>(p) % c10::elementSize(t->dtype) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("'", file->path_, "': tensor '", name, "' is not aligned"));
+  }
+  return at::from_blob(
+      p, t->shape, [keep = file](void*) mutable { keep.reset(); }, at::TensorOptions().dtype(t->dtype));
 }
 
 }  // namespace rp::workers::io

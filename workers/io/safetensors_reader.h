@@ -4,8 +4,9 @@
 // touched (size limits, known dtypes, non-negative shapes, offsets inside the data and matching
 // the shape, no overlaps), so a corrupt or hostile file gives a clear error, never a crash.
 //
-// Contract: an open file is immutable; Read() is const and thread-safe. ParseSafetensorsHeader
-// is a pure function (the fuzz target).
+// Contract: an open file is immutable; Read() is const and thread-safe. The mapping is private
+// and copy-on-write: a write through a View() copies the page it touches (the file never
+// changes, nothing faults). ParseSafetensorsHeader is a pure function (the fuzz target).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +37,11 @@ class SafetensorsFile {
   const TensorInfo* Find(const std::string& name) const;
   // A copy of tensor `name` converted to `dtype` (the mapping is only read, never aliased).
   absl::StatusOr<at::Tensor> Read(const std::string& name, at::ScalarType dtype) const;
+  // Tensor `name` in its file dtype aliasing the mapping (no copy: its pages are the file's,
+  // which the kernel may drop and read again), keeping `file` mapped while the tensor lives.
+  // NotFound when absent; FailedPrecondition when its bytes are not aligned for the dtype (read
+  // a copy instead).
+  static absl::StatusOr<at::Tensor> View(const std::shared_ptr<const SafetensorsFile>& file, const std::string& name);
   const std::string& path() const { return path_; }
 
  private:

@@ -11,7 +11,7 @@
 namespace rp::workers {
 
 HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
-                               double init_std)
+                               double init_std, FrozenInit frozen)
     : cfg_(cfg), master_dtype_(master_dtype) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   layer_params_.resize(static_cast<size_t>(cfg.num_layers()));
@@ -25,6 +25,15 @@ HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarT
       HostParam p;
       p.name = spec.name;
       p.shape = spec.shape;
+      const bool base = cfg.lora.rank > 0 && spec.lora == 0;
+      if (base && frozen == FrozenInit::kDeferred) {  // the loader brings the master
+        p.trainable = false;
+        const int idx = static_cast<int>(params_.size());
+        by_name_[spec.name] = idx;
+        layer_params_[static_cast<size_t>(l)].push_back(idx);
+        params_.push_back(std::move(p));
+        continue;
+      }
       if (spec.is_norm) {
         p.fp32 = at::ones(spec.shape, at::kFloat);
       } else if (spec.lora == 1) {  // PEFT's default: kaiming-uniform(a=sqrt(5)) = U(+-1/sqrt(in))
@@ -39,7 +48,7 @@ HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarT
       }
       // Always a distinct tensor (to() would alias an fp32 master to the optimizer copy).
       p.master = p.fp32.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
-      if (cfg.lora.rank > 0 && spec.lora == 0) {
+      if (base) {
         // LoRA: the base is frozen and lives in the master copy only (no fp32, no gradient).
         p.trainable = false;
         p.fp32 = at::Tensor();
@@ -98,7 +107,23 @@ absl::Status HostModelStore::SetValue(const std::string& name, const at::Tensor&
                                                    "] does not match [", absl::StrJoin(p.shape, ","), "]"));
   }
   if (p.fp32.defined()) p.fp32.copy_(value);
-  p.master.copy_(value);
+  if (p.mapped || !p.master.defined()) {
+    p.master = value.to(at::kCPU, master_dtype_, /*non_blocking=*/false, /*copy=*/true);
+    p.mapped = false;
+  } else {
+    p.master.copy_(value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostModelStore::AdoptMappedMaster(int i, at::Tensor view) {
+  HostParam& p = param(i);
+  if (p.trainable) return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, " trains: it needs its own copy"));
+  if (view.scalar_type() != master_dtype_ || view.sizes() != at::IntArrayRef(p.shape) || !view.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, ": the mapped tensor does not fit"));
+  }
+  p.master = std::move(view);
+  p.mapped = true;
   return absl::OkStatus();
 }
 
@@ -107,6 +132,7 @@ void HostModelStore::RelocateMasters(const HostAllocator& alloc) {
     at::Tensor t = alloc(p.master.sizes(), p.master.scalar_type());
     t.copy_(p.master);
     p.master = std::move(t);
+    p.mapped = false;
   }
 }
 
@@ -114,8 +140,16 @@ int64_t HostModelStore::HostBytes() const {
   int64_t b = 0;
   for (const HostParam& p : params_) {
     for (const at::Tensor* t : {&p.fp32, &p.master, &p.grad}) {
-      if (t->defined()) b += static_cast<int64_t>(t->nbytes());
+      if (t->defined() && !(t == &p.master && p.mapped)) b += static_cast<int64_t>(t->nbytes());
     }
+  }
+  return b;
+}
+
+int64_t HostModelStore::MappedBytes() const {
+  int64_t b = 0;
+  for (const HostParam& p : params_) {
+    if (p.mapped) b += static_cast<int64_t>(p.master.nbytes());
   }
   return b;
 }

@@ -31,6 +31,7 @@ struct HostParam {
   bool trainable = true;
   at::Tensor fp32;      // optimizer copy (trainable only)
   at::Tensor master;    // what workers upload, in the master dtype
+  bool mapped = false;  // master aliases a model file's mapping (file-backed pages, no copy)
   at::Tensor grad;      // fp32 accumulation buffer (trainable only) — the "master gradient buffer"
   at::Tensor opt_grad;  // async mode: the optimizer's own copy, filled by G_cp (lazily allocated)
   // Serialises accumulation into `grad` by the stages of one iteration; the optimizer reads
@@ -38,11 +39,18 @@ struct HostParam {
   std::unique_ptr<base::Mutex> grad_mu = std::make_unique<base::Mutex>();
 };
 
+// How a store starts the parameters it will not train (a LoRA base).
+enum class FrozenInit {
+  kRandom,    // like every parameter: from the seed
+  kDeferred,  // no master yet (a loader gives one: LoadHfWeights maps it); no random draws, so
+              // the adapters' initial values differ from a kRandom store of the same seed
+};
+
 class HostModelStore {
  public:
   // Random initialisation (normal(0, init_std) for matrices, ones for norms) from `seed`.
   HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
-                 double init_std = 0.02);
+                 double init_std = 0.02, FrozenInit frozen = FrozenInit::kRandom);
 
   const models::TransformerConfig& config() const { return cfg_; }
   at::ScalarType master_dtype() const { return master_dtype_; }
@@ -60,14 +68,20 @@ class HostModelStore {
   // Freezes a parameter: it keeps only its master copy (no fp32 copy, no gradient buffer, no
   // optimizer state) and workers upload it without requires_grad.
   absl::Status Freeze(const std::string& name);
-  // Overwrites parameter values (fp32 and master) by name; for loading and tests.
+  // Overwrites parameter values (fp32 and master) by name; for loading and tests. A mapped
+  // master is replaced by an owned copy (the file is never written).
   absl::Status SetValue(const std::string& name, const at::Tensor& value);
+  // Makes `view` (master dtype and shape, e.g. a SafetensorsFile::View) the master of frozen
+  // parameter i without a copy. InvalidArgument when i trains or the view does not fit.
+  absl::Status AdoptMappedMaster(int i, at::Tensor view);
   // Moves every master copy into memory from `alloc` (the CUDA backend's pinned arena, so
   // weight uploads are asynchronous DMA); values are kept. Call before training starts.
   using HostAllocator = std::function<at::Tensor(at::IntArrayRef, at::ScalarType)>;
   void RelocateMasters(const HostAllocator& alloc);
-  // Sum of the fp32 and master bytes, and of the gradient buffers.
+  // Sum of the fp32 and master bytes, and of the gradient buffers, that the store allocated
+  // (anonymous memory); MappedBytes: the masters that alias model files instead.
   int64_t HostBytes() const;
+  int64_t MappedBytes() const;
 
  private:
   models::TransformerConfig cfg_;
