@@ -31,6 +31,8 @@ const char* PrecisionName(Precision p);  // "fp32", "bf16", "fp16"
 
 // AdamW (decoupled weight decay) with optional global-norm clipping.
 struct OptimizerSpec {
+  enum class Algorithm { kAdamW, kSgd, kLion };
+  Algorithm algorithm = Algorithm::kAdamW;
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
@@ -38,6 +40,9 @@ struct OptimizerSpec {
   double weight_decay = 0.01;
   double max_grad_norm = 0;   // 0 = no clipping
   bool bf16_moments = false;  // AdamW's moments stored as bf16 (stochastic rounding)
+  double momentum = 0;        // SGD
+  double dampening = 0;       // SGD
+  bool nesterov = false;      // SGD
 };
 
 // Constant, or linear warm-up then cosine decay to lr * min_lr_ratio at total_steps.

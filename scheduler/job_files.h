@@ -36,6 +36,11 @@ std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vec
 absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const JobSpec& job,
                                          const std::string& out_dir, ExportKind kind);
 
+// Host bytes job `job` will allocate for its model state once it runs (planning::HostStateBytes
+// of its layout; a LoRA base from model files in the job's dtype is mapped, not counted). Reads
+// the model directory's headers; their errors name the file.
+absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job);
+
 // Each job owns its output directory (checkpoints, exports): a claim file
 // `<dir>/.roundpipe-job` holds the owner's token. OK when `dir` is now claimed by `owner`
 // (created with O_EXCL, or already its own); FailedPrecondition naming the other owner when it

@@ -165,15 +165,6 @@ absl::Status ResolveModelAndPrecision(const v1::JobSpec& spec, const JobSpecCont
     default:
       return absl::InvalidArgumentError(absl::StrCat("precision: unknown value ", spec.precision()));
   }
-  if (ctx.host_memory_budget) {
-    const int64_t need = planning::HostStateBytes(e.model, scheduler::PrecisionBytes(e.precision));
-    const int64_t budget = ctx.host_memory_budget();
-    if (need > budget) {
-      return absl::ResourceExhaustedError(absl::StrCat("model: needs about ", need >> 20,
-                                                       " MiB of host memory for its ", "states, the daemon has ",
-                                                       budget >> 20, " MiB available now; choose a smaller model"));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -191,9 +182,39 @@ absl::Status ResolveOptimizer(const v1::JobSpec& spec, const JobSpecContext& ctx
   if (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1) {
     return absl::InvalidArgumentError("optimizer: beta1 and beta2 must lie in [0, 1)");
   }
+  using Algorithm = scheduler::OptimizerSpec::Algorithm;
+  switch (o.algorithm()) {
+    case v1::OPTIMIZER_ALGORITHM_UNSPECIFIED:
+    case v1::OPTIMIZER_ALGORITHM_ADAMW:
+      e.optimizer.algorithm = Algorithm::kAdamW;
+      break;
+    case v1::OPTIMIZER_ALGORITHM_SGD:
+      e.optimizer.algorithm = Algorithm::kSgd;
+      break;
+    case v1::OPTIMIZER_ALGORITHM_LION:
+      e.optimizer.algorithm = Algorithm::kLion;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("optimizer.algorithm: unknown value ", o.algorithm()));
+  }
+  if (o.bf16_moments() && e.optimizer.algorithm != Algorithm::kAdamW) {
+    return absl::InvalidArgumentError("optimizer.bf16_moments: only AdamW has moments to store in bf16");
+  }
+  if (e.optimizer.algorithm != Algorithm::kSgd && (o.momentum() != 0 || o.dampening() != 0 || o.nesterov())) {
+    return absl::InvalidArgumentError("optimizer: momentum, dampening and nesterov are SGD's (set algorithm SGD)");
+  }
+  if (o.momentum() < 0 || o.momentum() >= 1 || o.dampening() < 0 || o.dampening() > 1) {
+    return absl::InvalidArgumentError("optimizer: momentum must lie in [0, 1) and dampening in [0, 1]");
+  }
+  if (o.nesterov() && (o.momentum() == 0 || o.dampening() != 0)) {
+    return absl::InvalidArgumentError("optimizer.nesterov: needs momentum > 0 and dampening 0");
+  }
+  e.optimizer.momentum = o.momentum();
+  e.optimizer.dampening = o.dampening();
+  e.optimizer.nesterov = o.nesterov();
   e.optimizer.lr = o.lr() > 0 ? o.lr() : 1e-4;
   e.optimizer.beta1 = o.beta1() > 0 ? o.beta1() : 0.9;
-  e.optimizer.beta2 = o.beta2() > 0 ? o.beta2() : 0.999;
+  e.optimizer.beta2 = o.beta2() > 0 ? o.beta2() : e.optimizer.algorithm == Algorithm::kLion ? 0.99 : 0.999;
   e.optimizer.eps = o.eps() > 0 ? o.eps() : 1e-8;
   e.optimizer.weight_decay = o.weight_decay();
   e.optimizer.max_grad_norm = o.max_grad_norm();
@@ -394,6 +415,17 @@ absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpe
   for (auto step : {ResolveModelAndPrecision, ResolveOptimizer, ResolveBatching, ResolvePartition, ResolveRun,
                     ResolveData, ResolveOutput}) {
     if (absl::Status st = step(spec, ctx, r); !st.ok()) return st;
+  }
+  // Admission, once the layout is known (precision, optimizer state, mode, where the base lives).
+  if (ctx.host_memory_budget) {
+    auto need = scheduler::PredictHostStateBytes(r.engine);
+    if (!need.ok()) return absl::InvalidArgumentError(absl::StrCat("model.hf_dir: ", need.status().message()));
+    const int64_t budget = ctx.host_memory_budget();
+    if (*need > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat("model: needs about ", *need >> 20,
+                                                       " MiB of host memory for its states, the daemon has ",
+                                                       budget >> 20, " MiB available now; choose a smaller model"));
+    }
   }
   return r;
 }

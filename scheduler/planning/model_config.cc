@@ -181,16 +181,18 @@ int64_t ModelConfig::LayerParams(int l) const {
   return BlockParams() + BlockLoraParams();
 }
 
-int64_t HostStateBytes(const ModelConfig& m, int master_bytes) {
+int64_t HostStateBytes(const ModelConfig& m, const HostStateOptions& o) {
   const double base = static_cast<double>(m.EmbeddingParams()) +
                       static_cast<double>(m.num_blocks) * static_cast<double>(m.BlockParams()) +
                       static_cast<double>(m.HeadParams());
+  // A trained parameter: fp32 copy, master, fp32 gradient, moments, the async gradient copy.
+  const double trained = 4.0 + o.master_bytes + 4 + o.moment_bytes + (o.async_grad_copy ? 4 : 0);
   double bytes;
   if (m.lora.rank <= 0) {
-    bytes = base * (4 /*fp32*/ + master_bytes + 4 /*grad*/ + 8 /*moments*/);
+    bytes = base * trained;
   } else {
     const double adapters = static_cast<double>(m.num_blocks) * static_cast<double>(m.BlockLoraParams());
-    bytes = base * master_bytes + adapters * (4 + master_bytes + 4 + 8);
+    bytes = (o.mapped_base ? 0.0 : base * o.master_bytes) + adapters * trained;
   }
   constexpr double kMax = 9.0e18;  // below INT64_MAX (9.22e18)
   return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);

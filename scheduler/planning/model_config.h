@@ -71,11 +71,20 @@ struct ModelConfig {
   int64_t LayerParams(int l) const;
 };
 
-// Host bytes the engine keeps for a model's state with a `master_bytes`-wide master copy (fp32
-// copy, master copy, gradient, AdamW moments; with LoRA the frozen base keeps only its master
-// copy and the adapters the full state). In double arithmetic, saturated near INT64_MAX: sizes
-// come from clients and files and the estimate never wraps.
-int64_t HostStateBytes(const ModelConfig& m, int master_bytes);
+// What a job's host state holds per parameter beyond the model's layout.
+struct HostStateOptions {
+  int master_bytes = 2;  // the master copy workers upload: 4 (fp32) or 2 (bf16, fp16)
+  int moment_bytes = 8;  // optimizer state per trained parameter: AdamW 8 (4 with bf16 moments), SGD 4 or 0, Lion 4
+  bool async_grad_copy = false;  // async optimizer: G_cp's own gradient copy, 4 B per trained parameter
+  bool mapped_base = false;      // LoRA: the frozen base's masters alias the model files (allocated: none)
+};
+
+// Host bytes the engine allocates for a model's state (fp32 copy, master copy, gradient,
+// moments, the async gradient copy; with LoRA the frozen base keeps only its master copy, or
+// nothing when mapped, and the adapters the full state): what admission checks and what the
+// store and optimizer hold once a step ran (tested against them). In double arithmetic,
+// saturated near INT64_MAX: sizes come from clients and files and the estimate never wraps.
+int64_t HostStateBytes(const ModelConfig& m, const HostStateOptions& o);
 
 struct DeviceProfile {
   std::string name;

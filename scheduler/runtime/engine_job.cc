@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/runtime/model_adapter.h"
 #include "workers/io/atomic_dir.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
@@ -29,7 +30,8 @@ namespace {
 // exists already holds this very state: it is returned as is.
 absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore& store, const Controller& c,
                                                   const workers::io::FrozenBase& base, int64_t step, int64_t consumed,
-                                                  const std::string& root, int keep_last, const std::string& note) {
+                                                  const std::string& root, int keep_last, const std::string& note,
+                                                  const std::string& optimizer) {
   if (root.empty()) return absl::FailedPreconditionError("the job has no checkpoint directory");
   const std::string dir = absl::StrCat(root, "/step-", step);
   if (workers::io::KindOf(dir + "/meta.json") == workers::io::FileKind::kFile)
@@ -44,6 +46,7 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
   meta.fused = c.partition().fused;
   meta.backward = c.partition().backward;
   meta.note = note;
+  meta.optimizer = optimizer;
   if (absl::Status st = workers::io::WriteCheckpoint(dir, store, snap.adamw, meta, &base); !st.ok()) return st;
   // Pruning never follows a symlink and stays beneath the daemon's roots (confined_fs).
   const auto all = workers::io::ListCheckpoints(root);
@@ -73,7 +76,7 @@ absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note,
                            workers::io::FileKind::kFile;
   if (!frozen_base) frozen_base = workers::io::DescribeFrozenBase(*store);  // once: the base never changes
   auto info = WriteJobCheckpoint(*store, *controller, *frozen_base, step, cursor, spec.checkpoint_root,
-                                 spec.checkpoint_keep_last, note);
+                                 spec.checkpoint_keep_last, note, OptimizerName(spec.optimizer.algorithm));
   base::MutexLock lock(&mu);
   if (report_existing || !existed || !info.ok()) ReportCheckpoint(info, step);
   return info;

@@ -133,6 +133,11 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   if (!spec.resume_from.empty()) {
     auto meta = workers::io::VerifyCheckpoint(spec.resume_from);
     if (!meta.ok()) return meta.status();
+    if (meta->optimizer != OptimizerName(spec.optimizer.algorithm)) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_from: checkpoint ", spec.resume_from, " holds ",
+                                                     meta->optimizer, " state; this job's optimizer is ",
+                                                     OptimizerName(spec.optimizer.algorithm)));
+    }
     job->first_step = meta->step;
     job->consumed_offset = meta->batches_consumed;
     if (meta->fused > 0) {

@@ -79,7 +79,25 @@ workers::AdamWOptions ToAdamW(const OptimizerSpec& o) {
   a.weight_decay = o.weight_decay;
   a.max_grad_norm = o.max_grad_norm;
   a.bf16_moments = o.bf16_moments;
+  a.algorithm = o.algorithm == OptimizerSpec::Algorithm::kSgd    ? workers::OptimizerAlgorithm::kSgd
+                : o.algorithm == OptimizerSpec::Algorithm::kLion ? workers::OptimizerAlgorithm::kLion
+                                                                 : workers::OptimizerAlgorithm::kAdamW;
+  a.momentum = o.momentum;
+  a.dampening = o.dampening;
+  a.nesterov = o.nesterov;
   return a;
+}
+
+std::string OptimizerName(OptimizerSpec::Algorithm a) {
+  switch (a) {
+    case OptimizerSpec::Algorithm::kSgd:
+      return "sgd";
+    case OptimizerSpec::Algorithm::kLion:
+      return "lion";
+    case OptimizerSpec::Algorithm::kAdamW:
+      break;
+  }
+  return "adamw";
 }
 
 workers::LrSchedule ToLrSchedule(const LrScheduleSpec& s) {
@@ -90,6 +108,25 @@ workers::LrSchedule ToLrSchedule(const LrScheduleSpec& s) {
   l.total_steps = s.total_steps;
   l.min_lr_ratio = s.min_lr_ratio;
   return l;
+}
+
+planning::HostStateOptions HostStateOptionsFor(const JobSpec& spec, bool base_mapped) {
+  planning::HostStateOptions o;
+  o.master_bytes = PrecisionBytes(spec.precision);
+  switch (spec.optimizer.algorithm) {
+    case OptimizerSpec::Algorithm::kAdamW:
+      o.moment_bytes = spec.optimizer.bf16_moments ? 4 : 8;
+      break;
+    case OptimizerSpec::Algorithm::kSgd:
+      o.moment_bytes = spec.optimizer.momentum != 0 ? 4 : 0;
+      break;
+    case OptimizerSpec::Algorithm::kLion:
+      o.moment_bytes = 4;
+      break;
+  }
+  o.async_grad_copy = spec.optimizer_mode == planning::OptimizerMode::kAsync;
+  o.mapped_base = base_mapped && spec.model.lora.rank > 0 && !spec.hf_dir.empty();
+  return o;
 }
 
 }  // namespace rp::scheduler::runtime

@@ -21,6 +21,11 @@ planning::ModelConfig FromTransformerConfig(const workers::models::TransformerCo
 
 at::ScalarType ToScalarType(Precision p);
 workers::AdamWOptions ToAdamW(const OptimizerSpec& o);
+// The update rule's name as checkpoints record it: "adamw", "sgd", "lion".
+std::string OptimizerName(OptimizerSpec::Algorithm a);
+// The host-state layout of a job (planning::HostStateBytes): `base_mapped` when its LoRA base
+// comes from model files already in the job's dtype (workers::io::HfBaseIsStoredAs).
+planning::HostStateOptions HostStateOptionsFor(const JobSpec& spec, bool base_mapped);
 workers::LrSchedule ToLrSchedule(const LrScheduleSpec& s);
 
 }  // namespace rp::scheduler::runtime

@@ -12,6 +12,8 @@
 //               pool set to the same thread count: the same update, no master (28 B/param)
 //   torch foreach  the multi-tensor path (torch.optim.AdamW(foreach=True)'s op sequence)
 //   torch loop  torch::optim::AdamW, the per-tensor reference (sizes up to 16 Mi only)
+//   ours SGD / Lion  the one-buffer kernels (cpu_momentum.h): p, g, buffer read; p, buffer and
+//               the bf16 master written (22 B/param); torch fused SGD: _fused_sgd_, 20 B/param
 //   triad       a = b + s*c on the same pool, streaming stores, 12 B/element
 //   in place    p, m, v = x * 0.5 + g: the optimizer's own streams without its arithmetic, 28 B
 // The measured bandwidth is the better of the last two, at the same thread count. "GB/s" counts
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include "workers/optim/cpu_adamw.h"
+#include "workers/optim/cpu_momentum.h"
 #include "workers/optim/optimizer_threads.h"
 
 namespace {
@@ -163,6 +166,31 @@ void RunSize(int64_t n, int threads, int rounds) {
     loop.emplace(std::vector<at::Tensor>{lp}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
     rows.push_back({"torch loop (torch::optim::AdamW)", 28, [&] { loop->step(); }});
   }
+  // The one-buffer optimizers (cpu_momentum.h) beside torch's fused SGD.
+  at::Tensor sp = p.clone(), sbuf = at::zeros({n}), lp2 = p.clone(), lbuf = at::zeros({n});
+  at::Tensor tsp = p.clone(), tsbuf = at::zeros({n});
+  bool sgd_first = true, torch_sgd_first = true;
+  rows.push_back({"ours SGD momentum 0.9 (+ bf16 master)", 22, [&] {
+                    rp::workers::MomentumBuffers b{sp.data_ptr<float>(), g.data_ptr<float>(), sbuf.data_ptr<float>(),
+                                                   master.data_ptr(), rp::workers::MasterDtype::kBFloat16};
+                    rp::workers::SgdHyper h;
+                    h.lr = 1e-3f;
+                    h.momentum = 0.9f;
+                    h.first_step = sgd_first;
+                    sgd_first = false;
+                    rp::workers::FusedSgd(b, n, h, &pool);
+                  }});
+  rows.push_back({"torch fused SGD momentum 0.9 (_fused_sgd_)", 20, [&] {
+                    at::_fused_sgd_({tsp}, {tg}, {tsbuf}, 0.0, 0.9, 1e-3, 0.0, false, false, torch_sgd_first);
+                    torch_sgd_first = false;
+                  }});
+  rows.push_back({"ours Lion (+ bf16 master)", 22, [&] {
+                    rp::workers::MomentumBuffers b{lp2.data_ptr<float>(), g.data_ptr<float>(), lbuf.data_ptr<float>(),
+                                                   master.data_ptr(), rp::workers::MasterDtype::kBFloat16};
+                    rp::workers::LionHyper h;
+                    h.weight_decay = 0.01f;
+                    rp::workers::FusedLion(b, n, h, &pool);
+                  }});
   const bool avx512 = rp::workers::SimdPathSupported(rp::workers::SimdPath::kAvx512);
   rows.push_back({"triad a = b + s*c (bandwidth, same pool)", 12, [&] {
                     float* pa = ta.data_ptr<float>();

@@ -110,6 +110,8 @@ absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::
     }
   }
   m.note = StringField(j, "note");
+  m.optimizer = StringField(j, "optimizer");
+  if (m.optimizer.empty()) m.optimizer = "adamw";  // written before SGD and Lion existed
   if (HasBase(j)) m.base_fingerprint = StringField(j["base"], "fingerprint");
   return m;
 }
@@ -136,12 +138,13 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
     wdecl.push_back({p.name, at::kFloat, p.shape});
     wt.push_back(w);
     const size_t k = static_cast<size_t>(i);
-    if (k < adamw.m.size() && adamw.m[k].defined()) {
-      // Moments in their own dtype (fp32, or bf16 for bf16-moment jobs); read back as fp32.
-      odecl.push_back({"m." + p.name, adamw.m[k].scalar_type(), p.shape});
-      ot.push_back(adamw.m[k]);
-      odecl.push_back({"v." + p.name, adamw.v[k].scalar_type(), p.shape});
-      ot.push_back(adamw.v[k]);
+    // Optimizer state in its own dtype (fp32, or bf16 for bf16-moment jobs), read back as fp32:
+    // AdamW's two moments, SGD's momentum buffer or Lion's exp_avg alone ("m."), or nothing yet.
+    for (auto [prefix, state] : {std::pair{"m.", &adamw.m}, std::pair{"v.", &adamw.v}}) {
+      if (k < state->size() && (*state)[k].defined()) {
+        odecl.push_back({prefix + p.name, (*state)[k].scalar_type(), p.shape});
+        ot.push_back((*state)[k]);
+      }
     }
   }
   for (auto [file, decls, tensors] :
@@ -160,7 +163,8 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
                       {"loss_scale", meta.loss_scale},
                       {"good_steps", meta.good_steps},
                       {"partition", {{"forward", meta.forward}, {"fused", meta.fused}, {"backward", meta.backward}}},
-                      {"note", meta.note}};
+                      {"note", meta.note},
+                      {"optimizer", meta.optimizer}};
   if (frozen) {
     const FrozenBase base = base_in ? *base_in : DescribeFrozenBase(store);
     if (absl::Status st = out->WriteFile("base.json", FrozenBaseJson(base)); !st.ok()) return fail(st);
@@ -256,9 +260,16 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
     at::Tensor w = *(*weights)->Read(p.name, at::kFloat);
     if (absl::Status set = store->SetValue(p.name, w); !set.ok()) return set;
     reloaded_base = reloaded_base || !p.trainable;  // format 1 stored the base too
-    if ((*opt)->Find("m." + p.name)) {
-      st.m[static_cast<size_t>(i)] = *(*opt)->Read("m." + p.name, at::kFloat);
-      st.v[static_cast<size_t>(i)] = *(*opt)->Read("v." + p.name, at::kFloat);
+    for (auto [prefix, state] : {std::pair{"m.", &st.m}, std::pair{"v.", &st.v}}) {
+      const TensorInfo* t = (*opt)->Find(prefix + p.name);
+      if (!t) continue;
+      if (t->shape != p.shape) {
+        return absl::DataLossError(
+            absl::StrCat("checkpoint ", dir.string(), ": ", prefix, p.name, " has the wrong shape"));
+      }
+      auto value = (*opt)->Read(prefix + p.name, at::kFloat);
+      if (!value.ok()) return absl::DataLossError(std::string(value.status().message()));
+      (*state)[static_cast<size_t>(i)] = std::move(*value);
     }
   }
   *adamw = std::move(st);

@@ -34,7 +34,8 @@ struct CheckpointMeta {
   std::vector<int> forward;  // the partition in use (F_1..F_Sf, B_1, B_2..B_Sb)
   int fused = 0;
   std::vector<int> backward;
-  std::string note;  // free text from the caller (e.g. the job id)
+  std::string note;                 // free text from the caller (e.g. the job id)
+  std::string optimizer = "adamw";  // the update rule the state belongs to: "adamw", "sgd", "lion"
   // Read only: the frozen base's fingerprint ("" when the job trains every parameter).
   std::string base_fingerprint;
 };

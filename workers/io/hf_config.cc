@@ -33,7 +33,7 @@ namespace {
 // which tensor.
 struct HfWeightFiles {
   std::map<std::string, std::shared_ptr<const SafetensorsFile>> open;  // by file name (views share them)
-  std::map<std::string, std::string> file_of;                    // tensor -> file name
+  std::map<std::string, std::string> file_of;                          // tensor -> file name
 };
 
 absl::StatusOr<HfWeightFiles> OpenHfWeights(const std::string& dir) {
@@ -72,8 +72,9 @@ absl::StatusOr<HfWeightFiles> OpenHfWeights(const std::string& dir) {
 }
 
 // The tensor `name` of shape `shape` in the directory (NotFound / InvalidArgument saying why).
-absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Locate(const HfWeightFiles& w, const std::string& dir, const std::string& name,
-                                              const std::vector<int64_t>& shape) {
+absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Locate(const HfWeightFiles& w, const std::string& dir,
+                                                              const std::string& name,
+                                                              const std::vector<int64_t>& shape) {
   auto where = w.file_of.find(name);
   if (where == w.file_of.end()) return absl::NotFoundError(absl::StrCat("model dir '", dir, "' has no tensor ", name));
   const std::shared_ptr<const SafetensorsFile>& sf = w.open.at(where->second);
@@ -116,6 +117,19 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
     if (absl::Status st = store->SetValue(p.name, *t); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> HfBaseIsStoredAs(const std::string& dir, const models::TransformerConfig& config,
+                                      at::ScalarType dtype) {
+  auto w = OpenHfWeights(dir);
+  if (!w.ok()) return w.status();
+  for (const models::ParamSpec& p : models::ModelParams(config)) {
+    if (p.lora != 0) continue;
+    auto sf = Locate(*w, dir, p.name, p.shape);
+    if (!sf.ok()) return sf.status();
+    if ((*sf)->Find(p.name)->dtype != dtype) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<at::Tensor> ReadHfTensor(const std::string& dir, const std::string& name,

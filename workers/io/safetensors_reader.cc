@@ -81,7 +81,7 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name, at::Sc
 }
 
 absl::StatusOr<at::Tensor> SafetensorsFile::View(const std::shared_ptr<const SafetensorsFile>& file,
-                                                  const std::string& name) {
+                                                 const std::string& name) {
   const TensorInfo* t = file->Find(name);
   if (!t) return absl::NotFoundError(absl::StrCat("'", file->path_, "' has no tensor '", name, "'"));
   unsigned char* p = const_cast<unsigned char*>(file->data_ + t->begin);

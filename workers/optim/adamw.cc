@@ -5,7 +5,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "workers/base/check.h"
 #include "workers/optim/cpu_adamw.h"
+#include "workers/optim/cpu_momentum.h"
 #include "workers/optim/step_policy.h"
 
 namespace rp::workers {
@@ -46,6 +48,48 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
   at::Tensor& m = m_[static_cast<size_t>(i)];
   at::Tensor& v = v_[static_cast<size_t>(i)];
   at::Tensor& vmax = vmax_[static_cast<size_t>(i)];
+  const at::Tensor g =
+      grad.scalar_type() == at::kFloat && grad.is_contiguous() ? grad : grad.to(at::kFloat).contiguous();
+  MasterDtype master_dtype = MasterDtype::kNone;
+  if (write_master) {
+    master_dtype = p.master.scalar_type() == at::kBFloat16 ? MasterDtype::kBFloat16
+                   : p.master.scalar_type() == at::kHalf   ? MasterDtype::kFloat16
+                                                           : MasterDtype::kFloat32;
+  }
+  if (opt_.algorithm != OptimizerAlgorithm::kAdamW) {
+    RP_CHECK(!opt_.bf16_moments && !opt_.amsgrad) << "bf16 moments and amsgrad are AdamW's";
+    MomentumBuffers b{p.fp32.data_ptr<float>(), g.data_ptr<float>(), nullptr,
+                      write_master ? p.master.data_ptr() : nullptr, master_dtype};
+    const bool has_buffer = opt_.algorithm == OptimizerAlgorithm::kLion || opt_.momentum != 0;
+    const bool first = has_buffer && !m.defined();
+    if (first) m = opt_.algorithm == OptimizerAlgorithm::kLion ? at::zeros_like(p.fp32) : at::empty_like(p.fp32);
+    if (has_buffer) {
+      if (m.scalar_type() != at::kFloat || !m.is_contiguous()) m = m.to(at::kFloat).contiguous();
+      b.buffer = m.data_ptr<float>();
+    }
+    if (opt_.algorithm == OptimizerAlgorithm::kSgd) {
+      SgdHyper h;
+      h.lr = static_cast<float>(lr);
+      h.momentum = static_cast<float>(opt_.momentum);
+      h.dampening = static_cast<float>(opt_.dampening);
+      h.weight_decay = static_cast<float>(opt_.weight_decay);
+      h.nesterov = opt_.nesterov;
+      h.maximize = opt_.maximize;
+      h.first_step = first;
+      h.grad_scale = static_cast<float>(grad_multiplier);
+      FusedSgd(b, p.fp32.numel(), h, Pool());
+    } else {
+      LionHyper h;
+      h.lr = static_cast<float>(lr);
+      h.beta1 = static_cast<float>(opt_.beta1);
+      h.beta2 = static_cast<float>(opt_.beta2);
+      h.weight_decay = static_cast<float>(opt_.weight_decay);
+      h.maximize = opt_.maximize;
+      h.grad_scale = static_cast<float>(grad_multiplier);
+      FusedLion(b, p.fp32.numel(), h, Pool());
+    }
+    return;
+  }
   const at::ScalarType moment_dtype = opt_.bf16_moments ? at::kBFloat16 : at::kFloat;
   if (!m.defined()) {
     m = at::zeros_like(p.fp32, moment_dtype);
@@ -55,14 +99,6 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
   // A checkpoint's moments are read as fp32; bf16 values round-trip exactly.
   if (m.scalar_type() != moment_dtype) m = m.to(moment_dtype).contiguous();
   if (v.scalar_type() != moment_dtype) v = v.to(moment_dtype).contiguous();
-  const at::Tensor g =
-      grad.scalar_type() == at::kFloat && grad.is_contiguous() ? grad : grad.to(at::kFloat).contiguous();
-  MasterDtype master_dtype = MasterDtype::kNone;
-  if (write_master) {
-    master_dtype = p.master.scalar_type() == at::kBFloat16 ? MasterDtype::kBFloat16
-                   : p.master.scalar_type() == at::kHalf   ? MasterDtype::kFloat16
-                                                           : MasterDtype::kFloat32;
-  }
   AdamWHyper h;
   h.lr = static_cast<float>(lr);
   h.beta1 = static_cast<float>(opt_.beta1);

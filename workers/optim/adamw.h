@@ -5,7 +5,8 @@
 // (sync mode: after every stage of the iteration finished). The update follows
 // torch.optim.AdamW (decoupled weight decay; bias-corrected moments; eps added after the
 // bias-corrected square root; amsgrad, maximize) so a plain LibTorch run is an exact reference.
-// The arithmetic is the fused SIMD kernel of cpu_adamw.h.
+// The arithmetic is the fused SIMD kernel of cpu_adamw.h. The same class steps SGD and Lion
+// (options.algorithm; cpu_momentum.h): one state buffer per parameter in `m`, none in `v`.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +21,14 @@
 
 namespace rp::workers {
 
+enum class OptimizerAlgorithm {
+  kAdamW,  // torch.optim.AdamW
+  kSgd,    // torch.optim.SGD: momentum, dampening, nesterov, L2 weight decay
+  kLion,   // Chen et al. 2023: sign of beta1-interpolated momentum, decoupled weight decay
+};
+
 struct AdamWOptions {
+  OptimizerAlgorithm algorithm = OptimizerAlgorithm::kAdamW;
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
@@ -35,6 +43,10 @@ struct AdamWOptions {
   // (cpu_adamw.h, FusedAdamWBf16Moments); no amsgrad.
   bool bf16_moments = false;
   uint64_t rounding_seed = 0;
+  // SGD only (torch.optim.SGD's meaning); Lion uses beta1 and beta2.
+  double momentum = 0;
+  double dampening = 0;
+  bool nesterov = false;
 };
 
 // Learning-rate schedules: constant, or linear warm-up then cosine decay to min_lr.

@@ -42,22 +42,6 @@ Consts MakeConsts(const AdamWHyper& h) {
           h.maximize ? -h.grad_scale : h.grad_scale};
 }
 
-inline void StoreMaster(void* master, MasterDtype dtype, int64_t i, float p) {
-  switch (dtype) {
-    case MasterDtype::kFloat32:
-      static_cast<float*>(master)[i] = p;
-      break;
-    case MasterDtype::kBFloat16:
-      static_cast<c10::BFloat16*>(master)[i] = c10::BFloat16(p);  // round to nearest even
-      break;
-    case MasterDtype::kFloat16:
-      static_cast<c10::Half*>(master)[i] = c10::Half(p);
-      break;
-    case MasterDtype::kNone:
-      break;
-  }
-}
-
 void ScalarRange(const AdamWBuffers& b, int64_t begin, int64_t end, const Consts& c, bool amsgrad) {
   for (int64_t i = begin; i < end; ++i) {
     const float g = b.grad[i] * c.gscale;
@@ -299,18 +283,6 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void Avx512RangeBf16(c
     StoreMaster16(b.master, b.master_dtype, i, p, /*stream=*/false);
   }
   ScalarRangeBf16(b, i, end, c, key_m, key_v);
-}
-
-// A pass over n elements: on the caller alone when short (or without a pool), else in balanced
-// slices of at least 16 Ki elements, rounded to 64 so every slice but the last is
-// vector-aligned.
-void RunSliced(int64_t n, OptimizerThreads* pool, const std::function<void(int64_t, int64_t)>& range) {
-  constexpr int64_t kMinPerThread = 1 << 14;
-  if (pool == nullptr || n < 2 * kMinPerThread) {
-    range(0, n);
-    return;
-  }
-  pool->ParallelFor(n, 64, n / kMinPerThread, range);
 }
 
 // F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").

@@ -13,11 +13,10 @@
 #include <cstdint>
 #include <string>
 
+#include "workers/optim/fused_pass.h"
 #include "workers/optim/optimizer_threads.h"
 
 namespace rp::workers {
-
-enum class MasterDtype { kNone, kFloat32, kBFloat16, kFloat16 };
 
 struct AdamWHyper {
   float lr = 1e-3f;

@@ -118,7 +118,8 @@ absl::Status HostModelStore::SetValue(const std::string& name, const at::Tensor&
 
 absl::Status HostModelStore::AdoptMappedMaster(int i, at::Tensor view) {
   HostParam& p = param(i);
-  if (p.trainable) return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, " trains: it needs its own copy"));
+  if (p.trainable)
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, " trains: it needs its own copy"));
   if (view.scalar_type() != master_dtype_ || view.sizes() != at::IntArrayRef(p.shape) || !view.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, ": the mapped tensor does not fit"));
   }
@@ -139,7 +140,7 @@ void HostModelStore::RelocateMasters(const HostAllocator& alloc) {
 int64_t HostModelStore::HostBytes() const {
   int64_t b = 0;
   for (const HostParam& p : params_) {
-    for (const at::Tensor* t : {&p.fp32, &p.master, &p.grad}) {
+    for (const at::Tensor* t : {&p.fp32, &p.master, &p.grad, &p.opt_grad}) {
       if (t->defined() && !(t == &p.master && p.mapped)) b += static_cast<int64_t>(t->nbytes());
     }
   }

@@ -78,7 +78,8 @@ class HostModelStore {
   // weight uploads are asynchronous DMA); values are kept. Call before training starts.
   using HostAllocator = std::function<at::Tensor(at::IntArrayRef, at::ScalarType)>;
   void RelocateMasters(const HostAllocator& alloc);
-  // Sum of the fp32 and master bytes, and of the gradient buffers, that the store allocated
+  // Sum of the fp32 and master bytes, and of the gradient buffers (the async copy included),
+  // that the store allocated
   // (anonymous memory); MappedBytes: the masters that alias model files instead.
   int64_t HostBytes() const;
   int64_t MappedBytes() const;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "nlohmann/json.hpp"
+#include "scheduler/job_files.h"
 #include "scheduler/runtime/engine_impl.h"
 #include "tests/support/engine_values.h"
 #include "tests/support/reference_model.h"
@@ -501,6 +502,58 @@ TEST(EngineCheckpoint, Bf16MomentsResumeBitIdenticallyAndHalveTheOptimizerState)
   std::filesystem::remove_all(root);
 }
 
+// SGD (momentum, Nesterov) and Lion through the engine: each trains differently from AdamW, its
+// checkpoint holds its one state buffer per parameter, and a resumed run ends bit-identical to
+// the straight run, sync and async; a checkpoint of another optimizer's state is refused.
+TEST(EngineCheckpoint, SgdAndLionResumeBitIdentically) {
+  const std::string root =
+      (std::filesystem::temp_directory_path() / ("rp_sgd_lion_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(root);
+  std::vector<at::Tensor> data;
+  for (int i = 0; i < 5; ++i) data.push_back(RandomTokens(4, 8, 41, 900 + i));
+  JobSpec adamw = TinyJob();
+  adamw.checkpoint_root = root + "/adamw";
+  const auto reference = Train(adamw, data);
+  for (auto algorithm : {OptimizerSpec::Algorithm::kSgd, OptimizerSpec::Algorithm::kLion}) {
+    for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
+      const std::string tag = std::string(algorithm == OptimizerSpec::Algorithm::kSgd ? "sgd" : "lion") +
+                              (mode == planning::OptimizerMode::kSync ? "-sync" : "-async");
+      SCOPED_TRACE(tag);
+      JobSpec spec = TinyJob();
+      spec.optimizer.algorithm = algorithm;
+      spec.optimizer_mode = mode;
+      if (algorithm == OptimizerSpec::Algorithm::kSgd) {
+        spec.optimizer.lr = 0.05;
+        spec.optimizer.momentum = 0.9;
+        spec.optimizer.nesterov = true;
+      } else {
+        spec.optimizer.beta2 = 0.99;
+      }
+      spec.checkpoint_root = root + "/" + tag;
+      auto straight = Train(spec, data, 2);
+      bool differs = false;
+      for (const auto& [name, t] : straight) differs = differs || !at::equal(t, reference.at(name));
+      EXPECT_TRUE(differs) << "trains like AdamW";
+      auto state = workers::io::SafetensorsFile::Open(spec.checkpoint_root + "/step-2/optimizer.safetensors");
+      ASSERT_TRUE(state.ok()) << state.status();
+      for (const auto& t : (*state)->tensors()) EXPECT_EQ(t.name.rfind("m.", 0), 0u) << t.name;  // one buffer
+      EXPECT_FALSE((*state)->tensors().empty());
+      JobSpec resumed = spec;
+      resumed.resume_from = spec.checkpoint_root + "/step-2";
+      resumed.checkpoint_root = spec.checkpoint_root + "-resumed";
+      EXPECT_TRUE(SameWeights(straight, Train(resumed, {data.begin() + 2, data.end()})));
+      // Another optimizer's state is not this one's.
+      auto engine = Engine::Create({"cpu:2"});
+      JobSpec wrong = TinyJob();
+      wrong.resume_from = resumed.resume_from;
+      auto id = (*engine)->Submit(wrong);
+      ASSERT_FALSE(id.ok());
+      EXPECT_NE(id.status().message().find("optimizer is adamw"), std::string::npos) << id.status();
+    }
+  }
+  std::filesystem::remove_all(root);
+}
+
 // A LoRA checkpoint holds the adapters and their moments, and describes the base instead of
 // storing it: resuming from it ends bit-identical to the straight run (the base comes from the
 // job's own source, checked against the record); a job on another base is refused, naming the
@@ -857,8 +910,9 @@ int64_t SelfStatusKiB(const char* field) {
 }
 
 // A Hugging Face model directory (config.json + model.safetensors, bf16) written in 1 MiB pieces
-// from a small generator, so making it costs the test no anonymous memory. Returns its bytes.
-int64_t WriteBf16ModelDir(const std::string& dir, const workers::models::TransformerConfig& c) {
+// from a small generator, so making it costs the test no anonymous memory; `sparse`: the header
+// alone and a hole for the data (a file of any size that costs no disk). Returns the data bytes.
+int64_t WriteBf16ModelDir(const std::string& dir, const workers::models::TransformerConfig& c, bool sparse = false) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << workers::io::HfConfigJson(c, at::kBFloat16);
   nlohmann::json header = nlohmann::json::object();
@@ -878,6 +932,11 @@ int64_t WriteBf16ModelDir(const std::string& dir, const workers::models::Transfo
   const uint64_t hn = h.size();
   out.write(reinterpret_cast<const char*>(&hn), 8);
   out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  if (sparse) {
+    out.close();
+    std::filesystem::resize_file(dir + "/model.safetensors", 8 + h.size() + offset);
+    return static_cast<int64_t>(offset);
+  }
   std::vector<uint16_t> buf(1 << 19);
   uint64_t state = 0x9e3779b97f4a7c15ull;
   for (const auto& p : params) {
@@ -928,7 +987,8 @@ std::pair<int64_t, EngineStats> AnonGrowthOfALoraJob(const JobSpec& spec) {
 // the kernel may drop), and the engine reports them as mapped. The same job in fp32 (the base
 // must be converted) allocates its base: twice the file's size more.
 TEST(EngineHostMemory, ALoraBaseInTheJobsDtypeIsMappedNotCopied) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("rp_mapped_base_" + std::to_string(getpid()))).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("rp_mapped_base_" + std::to_string(getpid()))).string();
   std::filesystem::remove_all(dir);
   JobSpec spec = TinyJob();
   spec.model.family = "llama";
@@ -960,6 +1020,35 @@ TEST(EngineHostMemory, ALoraBaseInTheJobsDtypeIsMappedNotCopied) {
   EXPECT_LT(mapped_stats.host_model_bytes, file / 10);
   EXPECT_EQ(copied_stats.host_mapped_bytes, 0);
   EXPECT_GT(copied_stats.host_model_bytes, file * 2 - (int64_t{1} << 20));
+  std::filesystem::remove_all(dir);
+}
+
+// Admission counts a mapped base as nothing: a LoRA job on an 8B base stored in bf16 (a sparse
+// file: the header is real, the data a hole) predicts the adapters' state alone in bf16, and
+// the whole base converted to fp32 masters otherwise; the same function the store is checked
+// against (model_adapter_test).
+TEST(EngineHostMemory, AdmissionCountsAMappedBaseAsNothing) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("rp_sparse_8b_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(dir);
+  JobSpec spec;
+  spec.model = *planning::ModelPreset("llama-3.1-8b");
+  spec.model.lora.rank = 16;
+  spec.precision = Precision::kBFloat16;
+  spec.hf_dir = dir;
+  const int64_t file = WriteBf16ModelDir(dir, rp::testing::ConfigOf(spec.model), /*sparse=*/true);
+  EXPECT_GT(file, int64_t{14} << 30);
+  auto mapped = PredictHostStateBytes(spec);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_LT(*mapped, int64_t{1} << 30);
+  EXPECT_EQ(*mapped, planning::HostStateBytes(spec.model, {.master_bytes = 2, .mapped_base = true}));
+  spec.precision = Precision::kFloat32;
+  auto copied = PredictHostStateBytes(spec);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_GT(*copied, 2 * file);
+  // A directory without the weights is an error naming the file, not a guess.
+  std::filesystem::remove(dir + "/model.safetensors");
+  EXPECT_FALSE(PredictHostStateBytes(spec).ok());
   std::filesystem::remove_all(dir);
 }
 

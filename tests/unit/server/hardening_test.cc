@@ -218,7 +218,7 @@ TEST(JobSpec, TheHostEstimateSaturatesInsteadOfWrapping) {
   m.num_heads = 1 << 30;
   m.num_kv_heads = 1 << 30;
   m.head_dim = int64_t{1} << 30;
-  EXPECT_GT(planning::HostStateBytes(m, 4), int64_t{1} << 62);
+  EXPECT_GT(planning::HostStateBytes(m, {.master_bytes = 4}), int64_t{1} << 62);
 }
 
 TEST(StatusUtil, EchoedInputIsBoundedInTheGrpcStatus) {

@@ -186,7 +186,7 @@ void CheckAccepted(const ResolvedJob& r, const v1::JobSpec& spec) {
   EXPECT_GE(r.sequence_length, 1);
   EXPECT_LE(r.global_batch * r.sequence_length, int64_t{1} << 28);
   EXPECT_EQ(r.global_batch % e.microbatches, 0);
-  EXPECT_GE(planning::HostStateBytes(e.model, 4), 0);
+  EXPECT_GE(planning::HostStateBytes(e.model, {.master_bytes = 4}), 0);
   EXPECT_GE(e.checkpoint_every, 0);
   EXPECT_GE(e.max_steps, 0);
 }

@@ -1,6 +1,7 @@
 // The SQLite job store (a real file, reopened) and job-spec rules.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <functional>
 
 #include <filesystem>
 #include <fstream>
@@ -82,6 +83,38 @@ TEST(JobSpec, PresetsDefaultsAndOverrides) {
   auto bf16 = ResolveJobSpec(s, Ctx(d));
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_TRUE(bf16->engine.optimizer.bf16_moments);
+  // The update rule: AdamW unless asked; SGD's and Lion's options, their defaults and refusals.
+  using Algorithm = scheduler::OptimizerSpec::Algorithm;
+  EXPECT_EQ(r->engine.optimizer.algorithm, Algorithm::kAdamW);
+  EXPECT_EQ(ResolveJobSpec(s, Ctx(d)).value().engine.optimizer.beta2, 0.999);
+  v1::JobSpec opt = s;
+  opt.mutable_optimizer()->set_bf16_moments(false);
+  opt.mutable_optimizer()->set_algorithm(v1::OPTIMIZER_ALGORITHM_LION);
+  auto lion = ResolveJobSpec(opt, Ctx(d));
+  ASSERT_TRUE(lion.ok()) << lion.status();
+  EXPECT_EQ(lion->engine.optimizer.algorithm, Algorithm::kLion);
+  EXPECT_EQ(lion->engine.optimizer.beta2, 0.99);  // Lion's own default
+  opt.mutable_optimizer()->set_algorithm(v1::OPTIMIZER_ALGORITHM_SGD);
+  opt.mutable_optimizer()->set_momentum(0.9);
+  opt.mutable_optimizer()->set_nesterov(true);
+  auto sgd = ResolveJobSpec(opt, Ctx(d));
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  EXPECT_EQ(sgd->engine.optimizer.algorithm, Algorithm::kSgd);
+  EXPECT_EQ(sgd->engine.optimizer.momentum, 0.9);
+  EXPECT_TRUE(sgd->engine.optimizer.nesterov);
+  const std::vector<std::pair<std::function<void(v1::OptimizerSpec*)>, std::string>> bad = {
+      {[](v1::OptimizerSpec* o) { o->set_dampening(0.5); }, "optimizer.nesterov"},
+      {[](v1::OptimizerSpec* o) { o->set_momentum(1.5); }, "momentum must lie in [0, 1)"},
+      {[](v1::OptimizerSpec* o) { o->set_bf16_moments(true); }, "only AdamW"},
+      {[](v1::OptimizerSpec* o) { o->set_algorithm(v1::OPTIMIZER_ALGORITHM_LION); }, "are SGD's"},
+      {[](v1::OptimizerSpec* o) { o->set_algorithm(static_cast<v1::OptimizerAlgorithm>(9)); }, "unknown value 9"}};
+  for (const auto& [mutate, want] : bad) {
+    v1::JobSpec b = opt;
+    mutate(b.mutable_optimizer());
+    auto st = ResolveJobSpec(b, Ctx(d)).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st;
+  }
   for (const auto& name : planning::ModelPresetNames()) EXPECT_TRUE(planning::ModelPreset(name).ok()) << name;
   // Devices: empty, "auto" or exactly the daemon's.
   for (const char* devices : {"auto", "cpu:2"}) {
@@ -169,7 +202,7 @@ TEST(JobSpec, BadSpecsGetMessagesThatNameTheField) {
   big.mutable_model()->mutable_lora()->set_rank(16);
   auto lora = ResolveJobSpec(big, host20g);
   ASSERT_TRUE(lora.ok()) << lora.status();
-  const int64_t need = planning::HostStateBytes(lora->engine.model, 2);
+  const int64_t need = planning::HostStateBytes(lora->engine.model, {.master_bytes = 2});
   EXPECT_GT(need, int64_t{15} << 30);
   EXPECT_LT(need, int64_t{17} << 30);
 }

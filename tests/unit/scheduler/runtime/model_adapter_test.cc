@@ -8,6 +8,9 @@
 
 #include "scheduler/engine.h"
 #include "scheduler/planning/model_config.h"
+#include "scheduler/runtime/controller.h"
+#include "scheduler/runtime/job_builder.h"
+#include "workers/device/device.h"
 #include "workers/models/layers.h"
 #include "workers/store/host_model_store.h"
 
@@ -65,8 +68,71 @@ TEST(ModelAdapter, HostStateBytesIsWhatAStoreAndItsMomentsTake) {
         for (int i = 0; i < store.num_params(); ++i) {
           if (store.param(i).fp32.defined()) trainable += store.param(i).fp32.numel();
         }
-        EXPECT_EQ(planning::HostStateBytes(m, bytes), store.HostBytes() + 8 * trainable)
+        EXPECT_EQ(planning::HostStateBytes(m, {.master_bytes = bytes}), store.HostBytes() + 8 * trainable)
             << name << " rank " << rank << " master bytes " << bytes;
+      }
+    }
+  }
+}
+
+// Admission's arithmetic is what a job really holds once it stepped: the store (fp32 copies,
+// masters, gradients, the async optimizer's gradient copies) plus the optimizer's moments, for
+// full fine-tuning and LoRA, sync and async, AdamW with fp32 and bf16 moments, SGD with
+// momentum and Lion (one buffer), and a LoRA base that is
+// mapped (the store adopts views: stand-ins for a model file's tensors) rather than allocated.
+TEST(ModelAdapter, HostStateBytesIsWhatAJobHoldsAfterAStep) {
+  for (int rank : {0, 2}) {
+    for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
+      for (int optimizer = 0; optimizer < 4; ++optimizer) {  // AdamW, AdamW bf16 moments, SGD momentum, Lion
+        const bool bf16_moments = optimizer == 1;
+        for (bool mapped : {false, true}) {
+          if (mapped && rank == 0) continue;
+          SCOPED_TRACE(::testing::Message() << "rank " << rank << " async " << (mode == planning::OptimizerMode::kAsync)
+                                            << " optimizer " << optimizer << " mapped " << mapped);
+          JobSpec spec;
+          spec.model = *planning::ModelPreset("llama-tiny");
+          spec.model.lora.rank = rank;
+          spec.precision = Precision::kBFloat16;
+          spec.optimizer_mode = mode;
+          spec.optimizer.bf16_moments = bf16_moments;
+          if (optimizer == 2) {
+            spec.optimizer.algorithm = OptimizerSpec::Algorithm::kSgd;
+            spec.optimizer.momentum = 0.9;
+          }
+          if (optimizer == 3) spec.optimizer.algorithm = OptimizerSpec::Algorithm::kLion;
+          spec.hf_dir = mapped ? "model-dir" : "";
+          auto cfg = ToTransformerConfig(spec.model);
+          ASSERT_TRUE(cfg.ok());
+          workers::Timeline tl;
+          auto devs = workers::CreateDevices("cpu:2", &tl);
+          ASSERT_TRUE(devs.ok());
+          std::vector<workers::Device*> raw = {(*devs)[0].get(), (*devs)[1].get()};
+          workers::HostModelStore store(*cfg, at::kBFloat16, 5, 0.02,
+                                        mapped ? workers::FrozenInit::kDeferred : workers::FrozenInit::kRandom);
+          for (int i = 0; mapped && i < store.num_params(); ++i) {
+            if (!store.param(i).trainable) {
+              ASSERT_TRUE(store.AdoptMappedMaster(i, at::zeros(store.param(i).shape, at::kBFloat16)).ok());
+            }
+          }
+          ControllerOptions o;
+          o.partition = *PlanFromParameterSizes(spec.model, 2, 2);
+          o.microbatches = 2;
+          o.adamw = ToAdamW(spec.optimizer);
+          o.mode = mode;
+          auto c = Controller::Create(o, &store, raw, &tl);
+          ASSERT_TRUE(c.ok()) << c.status();
+          ASSERT_TRUE((*c)->RunIteration(at::randint(spec.model.vocab, {2, 8}, at::kLong)).ok());
+          ASSERT_TRUE((*c)->Flush().ok());
+          int64_t moments = 0;
+          const OptimizerSnapshot snap = (*c)->Snapshot();
+          for (const auto* side : {&snap.adamw.m, &snap.adamw.v}) {
+            for (const at::Tensor& t : *side) moments += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+          }
+          EXPECT_GT(moments, 0);
+          EXPECT_EQ(planning::HostStateBytes(spec.model, HostStateOptionsFor(spec, mapped)),
+                    store.HostBytes() + moments);
+          EXPECT_EQ(store.MappedBytes() > 0, mapped);
+        }
       }
     }
   }
