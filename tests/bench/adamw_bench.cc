@@ -167,11 +167,11 @@ void RunSize(int64_t n, int threads, int rounds) {
     rows.push_back({"torch loop (torch::optim::AdamW)", 28, [&] { loop->step(); }});
   }
   // The one-buffer optimizers (cpu_momentum.h) beside torch's fused SGD.
-  at::Tensor sp = p.clone(), sbuf = at::zeros({n}), lp2 = p.clone(), lbuf = at::zeros({n});
+  at::Tensor sgd_p = p.clone(), sbuf = at::zeros({n}), lp2 = p.clone(), lbuf = at::zeros({n});
   at::Tensor tsp = p.clone(), tsbuf = at::zeros({n});
   bool sgd_first = true, torch_sgd_first = true;
   rows.push_back({"ours SGD momentum 0.9 (+ bf16 master)", 22, [&] {
-                    rp::workers::MomentumBuffers b{sp.data_ptr<float>(), g.data_ptr<float>(), sbuf.data_ptr<float>(),
+                    rp::workers::MomentumBuffers b{sgd_p.data_ptr<float>(), g.data_ptr<float>(), sbuf.data_ptr<float>(),
                                                    master.data_ptr(), rp::workers::MasterDtype::kBFloat16};
                     rp::workers::SgdHyper h;
                     h.lr = 1e-3f;

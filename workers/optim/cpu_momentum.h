@@ -2,8 +2,8 @@
 // SGD (momentum, dampening, Nesterov, L2 weight decay: torch.optim.SGD) and Lion (the sign of an
 // interpolated momentum, decoupled weight decay: Chen et al. 2023, "Symbolic Discovery of
 // Optimization Algorithms", Algorithm 2). One pass over (param, grad[, buffer]) that also writes
-// the master copy, in slices on the optimizer's threads. Written as plain loops over restrict
-// pointers that the compiler vectorises; the master store is scalar.
+// the master copy, in slices on the optimizer's threads: AVX-512 (fused multiply-adds, the
+// shared 16-wide master store) where the CPU has it, else a scalar loop.
 //
 // Contract: pure functions over raw buffers the caller owns (not overlapping, `n` elements
 // each); thread-safe for distinct buffers.

@@ -152,6 +152,18 @@ TEST(Momentum, EveryTermChangesTheResult) {
   FusedLion(b, 4, h);
   EXPECT_EQ(p, (std::vector<float>{0.875f, 2.125f, 3, 3.875f}));
   EXPECT_EQ(m[0], (1.0f - 0.99f) * 0.5f);  // m <- beta2 m + (1 - beta2) g
+  // 37 elements: two 16-wide vectors and a scalar tail agree with the formula written out.
+  at::Tensor tp = at::randn({37}), tg = at::randn({37}), tb = at::randn({37});
+  at::Tensor want_b = tb * 0.9 + tg * 0.8, want_p = tp - (tg + want_b * 0.9) * 0.1;  // nesterov, dampening 0.2
+  MomentumBuffers sb{tp.data_ptr<float>(), tg.data_ptr<float>(), tb.data_ptr<float>(), nullptr, MasterDtype::kNone};
+  SgdHyper sh;
+  sh.lr = 0.1f;
+  sh.momentum = 0.9f;
+  sh.dampening = 0.2f;
+  sh.nesterov = true;
+  FusedSgd(sb, 37, sh);
+  EXPECT_TRUE(at::allclose(tb, want_b, 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(tp, want_p, 1e-6, 1e-6));
 }
 
 }  // namespace
