@@ -54,6 +54,17 @@ struct SgdCase {
   bool nesterov;
 };
 
+AdamWOptions SgdOptions(const SgdCase& c) {
+  AdamWOptions o;
+  o.algorithm = OptimizerAlgorithm::kSgd;
+  o.lr = 0.05;
+  o.momentum = c.momentum;
+  o.dampening = c.dampening;
+  o.weight_decay = c.weight_decay;
+  o.nesterov = c.nesterov;
+  return o;
+}
+
 TEST(Sgd, MatchesTorchSgdOverManySteps) {
   for (const SgdCase& c : {SgdCase{0, 0, 0, false}, SgdCase{0.9, 0, 0, false}, SgdCase{0.9, 0.1, 0.01, false},
                            SgdCase{0.9, 0, 0.01, true}}) {
@@ -62,13 +73,7 @@ TEST(Sgd, MatchesTorchSgdOverManySteps) {
     HostModelStore store(Small(), at::kBFloat16, 3);
     std::vector<at::Tensor> ref;
     for (int i = 0; i < store.num_params(); ++i) ref.push_back(store.param(i).fp32.clone().set_requires_grad(true));
-    AdamWOptions o;
-    o.algorithm = OptimizerAlgorithm::kSgd;
-    o.lr = 0.05;
-    o.momentum = c.momentum;
-    o.dampening = c.dampening;
-    o.weight_decay = c.weight_decay;
-    o.nesterov = c.nesterov;
+    AdamWOptions o = SgdOptions(c);
     o.threads = 2;
     torch::optim::SGD theirs(ref, torch::optim::SGDOptions(o.lr)
                                       .momentum(c.momentum)
@@ -133,14 +138,7 @@ TEST(Momentum, EveryTermChangesTheResult) {
   for (const SgdCase& c : {SgdCase{0, 0, 0, false}, SgdCase{0.9, 0, 0, false}, SgdCase{0.9, 0.5, 0, false},
                            SgdCase{0.9, 0, 0, true}, SgdCase{0, 0, 0.1, false}}) {
     HostModelStore store(Small(), at::kFloat, 3);
-    AdamWOptions o;
-    o.algorithm = OptimizerAlgorithm::kSgd;
-    o.lr = 0.05;
-    o.momentum = c.momentum;
-    o.dampening = c.dampening;
-    o.weight_decay = c.weight_decay;
-    o.nesterov = c.nesterov;
-    runs.push_back(RunOurs(o, store));
+    runs.push_back(RunOurs(SgdOptions(c), store));
   }
   for (size_t a = 0; a < runs.size(); ++a) {
     for (size_t b = a + 1; b < runs.size(); ++b) EXPECT_FALSE(at::equal(runs[a][0], runs[b][0])) << a << " vs " << b;
