@@ -10,6 +10,7 @@
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
+#include "workers/io/hf_tensors.h"
 #include "workers/io/safetensors_reader.h"
 
 namespace rp::scheduler {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "workers/io/hf_config.h"
+#include "workers/io/hf_tensors.h"
 
 namespace rp::scheduler::runtime {
 

@@ -1,4 +1,5 @@
 #include "workers/io/hf_config.h"
+#include "workers/io/hf_tensors.h"
 
 #include <ATen/ATen.h>
 

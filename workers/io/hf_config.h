@@ -6,10 +6,7 @@
 // run while the store trains.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "workers/models/transformer_config.h"
@@ -28,14 +25,6 @@ absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& model_
 // (whose config must be the directory's). Every store parameter must be present with its shape
 // (LoRA adapters excepted: they are not part of a base model).
 absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store);
-// Whether every base tensor of `config` is stored in `dtype` in the directory: then a frozen
-// base (LoRA) is used from the files' mappings without a copy (LoadHfWeights).
-absl::StatusOr<bool> HfBaseIsStoredAs(const std::string& model_dir, const models::TransformerConfig& config,
-                                      at::ScalarType dtype);
-// One base tensor of a model directory as fp32 (NotFound / InvalidArgument when it is absent or
-// has another shape): what LoadHfWeights would have put in the store, read alone.
-absl::StatusOr<at::Tensor> ReadHfTensor(const std::string& model_dir, const std::string& name,
-                                        const std::vector<int64_t>& shape);
 // The same checks without loading: every base parameter of `config` is in the directory with its
 // shape (files opened and headers parsed; nothing allocated beyond that).
 absl::Status CheckHfWeights(const std::string& model_dir, const models::TransformerConfig& config);

@@ -427,7 +427,9 @@ TEST_F(HfModels, AFinishedLoraJobReadsItsBaseFromTheModelDirAndNoticesAChange) {
   EXPECT_NE(got.status().message().find("base tensor " + changed), std::string::npos) << got.status();
   EXPECT_NE(got.status().message().find("changed since"), std::string::npos) << got.status();
   for (const std::string& name : base_names) {
-    if (name != changed) EXPECT_TRUE((*engine)->Parameter(*id, name).ok()) << name;
+    if (name != changed) {
+      EXPECT_TRUE((*engine)->Parameter(*id, name).ok()) << name;
+    }
   }
 }
 
