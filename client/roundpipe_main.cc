@@ -120,13 +120,14 @@ int WatchJob(rp::client::Client& c, const std::string& id) {
   int64_t total = 0;
   if (auto j = c.Get(id); j.ok()) total = j->total_steps();
   bool dirty = false;
+  std::string eval;  // "  eval 3.2109" once the job was evaluated
   absl::Status st = c.Watch(id, [&](const v1::JobEvent& e) {
     if (e.has_step()) {
       const auto& m = e.step();
       std::string line =
-          absl::StrFormat("[%s] step %d%s  loss %.4f  tokens/s %.0f  lr %.2e  bubble %.1f%%  ETA %s", id, m.step(),
-                          total > 0 ? absl::StrCat("/", total) : "", m.loss(), m.tokens_per_second(), m.learning_rate(),
-                          100 * m.bubble_ratio(), Duration(m.eta_seconds()));
+          absl::StrFormat("[%s] step %d%s  loss %.4f%s  tokens/s %.0f  lr %.2e  bubble %.1f%%  ETA %s", id, m.step(),
+                          total > 0 ? absl::StrCat("/", total) : "", m.loss(), eval, m.tokens_per_second(),
+                          m.learning_rate(), 100 * m.bubble_ratio(), Duration(m.eta_seconds()));
       if (tty) {
         std::printf("\r%-100s", line.c_str());
         dirty = true;
@@ -151,6 +152,18 @@ int WatchJob(rp::client::Client& c, const std::string& id) {
       if (dirty) std::printf("\n");
       dirty = false;
       std::printf("[%s] %s\n", id.c_str(), e.progress().c_str());
+      std::fflush(stdout);
+    } else if (e.event_case() == v1::JobEvent::kEval) {
+      const auto& m = e.eval();
+      eval = absl::StrFormat("  eval %.4f", m.loss());
+      if (dirty) std::printf("\n");
+      dirty = false;
+      std::printf("[%s] eval at step %lld: loss %.4f over %lld tokens (%s)\n", id.c_str(),
+                  static_cast<long long>(m.step()), m.loss(), static_cast<long long>(m.tokens()),
+                  m.is_best()
+                      ? "best so far"
+                      : absl::StrFormat("best %.4f at step %lld", m.best_loss(), static_cast<long long>(m.best_step()))
+                            .c_str());
       std::fflush(stdout);
     } else if (e.event_case() == v1::JobEvent::kBatchRejected) {
       std::printf("\n[%s] batch rejected: %s\n", id.c_str(), e.batch_rejected().c_str());
@@ -258,9 +271,13 @@ int CmdGet(rp::client::Client& c, const Args& args) {
     std::printf("%s", Json(*j).c_str());
     return kOk;
   }
-  std::printf("%s  %s  step %lld/%lld  loss %.4f  tokens %lld  partition %s%s%s\n", j->id().c_str(),
+  const std::string eval = j->has_last_eval() ? absl::StrFormat("  eval %.4f (best %.4f at step %lld)",
+                                                                j->last_eval().loss(), j->last_eval().best_loss(),
+                                                                static_cast<long long>(j->last_eval().best_step()))
+                                              : "";
+  std::printf("%s  %s  step %lld/%lld  loss %.4f%s  tokens %lld  partition %s%s%s\n", j->id().c_str(),
               StateName(j->state()).c_str(), static_cast<long long>(j->progress().step()),
-              static_cast<long long>(j->total_steps()), j->progress().last_loss(),
+              static_cast<long long>(j->total_steps()), j->progress().last_loss(), eval.c_str(),
               static_cast<long long>(j->progress().tokens()), j->partition().c_str(),
               j->error().empty() && j->message().empty() ? "" : "  ",
               (j->error().empty() ? j->message() : j->error()).c_str());

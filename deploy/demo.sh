@@ -3,7 +3,8 @@
 # start roundpiped on loopback with a throw-away state directory, submit the built-in default
 # job (a small Llama-style model trained on the text files under /usr/share/common-licenses, or on
 # the files you name: a BPE tokenizer is trained on them, and their paragraphs become a JSONL
-# dataset the daemon tokenizes itself), watch it train live, export the model
+# dataset the daemon tokenizes itself, packed with document masks, every 20th paragraph held out
+# for validation: the eval loss is reported six times), watch it train live, export the model
 # as a Hugging Face directory, show the Prometheus metrics, and stop the daemon (SIGTERM = drain).
 #
 #   bash deploy/demo.sh                 # default text
@@ -55,14 +56,19 @@ tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A"
 os.makedirs(os.path.join(out, "tokenizer"), exist_ok=True)
 tok.save(os.path.join(out, "tokenizer", "tokenizer.json"))
 json.dump({"eos_token": specials[1], "bos_token": specials[0]}, open(os.path.join(out, "tokenizer", "tokenizer_config.json"), "w"))
-n = 0
-with open(os.path.join(out, "train.jsonl"), "w") as f:
+# Every 20th paragraph is held out as the validation split.
+n = [0, 0]
+with open(os.path.join(out, "train.jsonl"), "w") as train, open(os.path.join(out, "valid.jsonl"), "w") as valid:
+    k = 0
     for t in texts:
         for para in re.split(r"\n\s*\n", t):
             if para.strip():
-                f.write(json.dumps({"text": para.strip()}) + "\n")
-                n += 1
-print(f"   tokenizer: {tok.get_vocab_size()} tokens; dataset: {n} paragraphs -> {out}/train.jsonl")
+                held_out = k % 20 == 19
+                (valid if held_out else train).write(json.dumps({"text": para.strip()}) + "\n")
+                n[held_out] += 1
+                k += 1
+print(f"   tokenizer: {tok.get_vocab_size()} tokens; dataset: {n[0]} paragraphs -> {out}/train.jsonl, "
+      f"{n[1]} held out -> {out}/valid.jsonl")
 PY
 
 echo "== starting roundpiped (state in $WORK/state, log in $WORK/roundpiped.log)"
@@ -94,7 +100,9 @@ cat >"$WORK/job.json" <<JSON
                 "lrSchedule": {"kind": "KIND_WARMUP_COSINE", "warmupSteps": 20, "minLrRatio": 0.1}},
   "batching": {"globalBatch": $((2 * WORKERS)), "microBatch": 1, "sequenceLength": 128},
   "data": {"tokenFile": {"path": "$WORK/data/train.jsonl", "tokenizerDir": "$WORK/data/tokenizer", "maxEpochs": 100,
-                         "shuffle": true, "shuffleSeed": 1}},
+                         "shuffle": true, "shuffleSeed": 1, "packing": "PACKING_DOCUMENT_MASKED"},
+           "validation": {"path": "$WORK/data/valid.jsonl", "tokenizerDir": "$WORK/data/tokenizer"}},
+  "eval": {"everySteps": $(( STEPS / 6 > 0 ? STEPS / 6 : 1 )), "keepBestCheckpoint": true},
   "maxSteps": $STEPS,
   "outputDir": "$WORK/data/out"
 }
@@ -112,7 +120,7 @@ echo "   load it with: ${RP_PREFIX:-/opt/roundpipe}/venv/bin/python -c \"from tr
 echo "== metrics (http://$METRICS/metrics), a few of them"
 exec 3<>"/dev/tcp/${METRICS%:*}/${METRICS##*:}"
 printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
-grep -E '^roundpipe_(tokens_trained_total|iterations_total|loss|bubble_ratio|jobs\{state="succeeded"\}|transfer_bytes_total)' <&3 || true
+grep -E '^roundpipe_(tokens_trained_total|iterations_total|loss|eval_loss|evaluations_total|bubble_ratio|jobs\{state="succeeded"\}|transfer_bytes_total)' <&3 || true
 exec 3<&-
 
 echo "== stopping roundpiped (SIGTERM: drain, then exit)"

@@ -83,6 +83,27 @@ struct TokenFileSource {
   // Appended after every document; empty = tokenizer_config.json's eos_token when the tokenizer
   // dir has one, else nothing.
   std::string eos_token;
+  // Packing of documents into windows (JSONL and token dataset files, which know their
+  // documents): kConcatenate lets attention run across document boundaries (positions run on
+  // through the window); kDocumentMasked keeps attention inside each document, restarts the
+  // positions at every document start (and at each window's start) and trains no target across
+  // a boundary — a packed window computes what its documents would, run one by one.
+  enum class Packing { kConcatenate, kDocumentMasked };
+  Packing packing = Packing::kConcatenate;
+};
+
+// Evaluation on a validation source (JobSpec::validation): a forward-only pass through the
+// pipeline over all of it (no optimizer work, no weight gradient), every `every_steps` optimizer
+// steps (counted like checkpoints, resumed steps included) and once at the end of a job that
+// succeeds. The eval loss is the mean CE over every labelled token of the validation set.
+struct EvalPolicy {
+  int64_t every_steps = 0;  // 0 = only at the end
+  // > 0: the job ends (SUCCEEDED, saying why) once this many evaluations in a row did not
+  // improve on the best eval loss.
+  int early_stopping_patience = 0;
+  // The checkpoint of the best evaluation is kept (never pruned by keep_last): a job with a
+  // checkpoint root writes one at every new best.
+  bool keep_best_checkpoint = false;
 };
 
 struct JobSpec {
@@ -123,6 +144,10 @@ struct JobSpec {
   // job together. FeedBatch waits (up to its timeout) while this many wait.
   int max_queued_batches = 4;
   int priority = 0;  // higher runs first; FIFO (submission order) among equals
+  // Held-out data, cut into batches like token_file (its global_batch and sequence_length are the
+  // training ones when 0; never shuffled; its max_epochs is ignored: one pass per evaluation).
+  std::optional<TokenFileSource> validation;
+  EvalPolicy eval;
 };
 
 // Queued -> Running (loading first: kProgress events say how far) <-> Paused -> an end state.
@@ -154,16 +179,38 @@ struct IterationStats {
   double optimizer_seconds = 0;   // wall time of this iteration's optimizer step
 };
 
+// One evaluation on the validation source.
+struct EvalStats {
+  int64_t step = 0;        // optimizer steps the weights hold
+  double loss = 0;         // mean CE over the validation set's labelled tokens
+  int64_t tokens = 0;      // labelled tokens evaluated
+  double seconds = 0;      // the whole pass
+  double best_loss = 0;    // the best eval loss so far (this one included)
+  int64_t best_step = 0;   // and its step
+  bool is_best = false;    // this evaluation is the best so far
+  std::string checkpoint;  // keep_best_checkpoint: the checkpoint kept for this best one
+};
+
 struct JobEvent {
   // kCheckpointFailed: a checkpoint (policy or requested) could not be written; `message` says
   // why. After kMaxCheckpointFailures policy failures in a row the job pauses. kProgress: what
   // a loading job is doing ("loading weights 37 %"), in `message`.
-  enum class Kind { kState, kIteration, kBatchRejected, kCheckpoint, kCheckpointFailed, kProgress } kind = Kind::kState;
+  // kEval: an evaluation on the validation source finished (`eval`).
+  enum class Kind {
+    kState,
+    kIteration,
+    kBatchRejected,
+    kCheckpoint,
+    kCheckpointFailed,
+    kProgress,
+    kEval
+  } kind = Kind::kState;
   JobState state = JobState::kQueued;
   IterationStats stats;                        // kIteration
   std::string message;                         // kState (failure reason), kBatchRejected, kCheckpointFailed, kProgress
   std::chrono::system_clock::time_point time;  // when the engine emitted it
   CheckpointInfo checkpoint;                   // kCheckpoint
+  EvalStats eval;                              // kEval
 };
 
 // Failure policies of the runner (both optimizer modes):
@@ -202,11 +249,13 @@ struct ParameterShape {
 // What a job is doing now (GetJob-style snapshots; Status reads never wait for training).
 struct JobInfo {
   JobState state = JobState::kQueued;
-  std::string message;           // why it failed / paused, or what it is loading
-  int64_t steps_done = 0;        // optimizer steps, resumed ones included
-  int64_t batches_consumed = 0;  // data cursor
-  int queued_batches = 0;        // streamed batches waiting for the runner
-  int64_t total_steps = 0;       // max_steps, or what the token file holds; 0 = open-ended
+  std::string message;                 // why it failed / paused, or what it is loading
+  int64_t steps_done = 0;              // optimizer steps, resumed ones included
+  int64_t batches_consumed = 0;        // data cursor
+  int queued_batches = 0;              // streamed batches waiting for the runner
+  int64_t total_steps = 0;             // max_steps, or what the token file holds; 0 = open-ended
+  std::optional<EvalStats> last_eval;  // the latest evaluation (its best_* fields: the best so far)
+  std::string best_checkpoint;         // keep_best_checkpoint: the best evaluation's checkpoint
 };
 
 // Per device: bytes copied host<->device per kind, busy seconds per stream, memory.

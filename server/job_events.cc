@@ -152,6 +152,27 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
       fx.log = EventEffect::Log::kInfo;
       fx.log_line = e.message;
       break;
+    case scheduler::JobEvent::Kind::kEval: {
+      const scheduler::EvalStats& ev = e.eval;
+      v1::EvalMetrics m;
+      m.set_step(ev.step);
+      m.set_loss(ev.loss);
+      m.set_tokens(ev.tokens);
+      m.set_seconds(ev.seconds);
+      m.set_best_loss(ev.best_loss);
+      m.set_best_step(ev.best_step);
+      m.set_is_best(ev.is_best);
+      *rec.mutable_last_eval() = m;
+      if (!ev.checkpoint.empty()) rec.set_best_checkpoint(ev.checkpoint);
+      *out.mutable_eval() = m;
+      stamp();
+      fx.persist = true;
+      fx.log = EventEffect::Log::kInfo;
+      fx.log_line =
+          absl::StrCat("eval at step ", ev.step, ": loss ", ev.loss, " over ", ev.tokens, " tokens",
+                       ev.is_best ? " (best)" : absl::StrCat(" (best ", ev.best_loss, " at step ", ev.best_step, ")"));
+      break;
+    }
     case scheduler::JobEvent::Kind::kBatchRejected:
       out.set_batch_rejected(e.message);
       fx.log = EventEffect::Log::kWarn;

@@ -342,6 +342,10 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
       if (fx.to != fx.from) CountTransition(fx.from, fx.to);  // the gauge moves before watchers hear of it
       if (e.kind == scheduler::JobEvent::Kind::kCheckpointFailed) metrics_->checkpoint_failures.Increment();
       if (e.kind == scheduler::JobEvent::Kind::kBatchRejected) metrics_->batches_rejected.Increment();
+      if (e.kind == scheduler::JobEvent::Kind::kEval) {
+        metrics_->eval_loss.Set(e.eval.loss);
+        metrics_->evaluations.Increment();
+      }
       if (fx.persist) Persist(*job);
       if (fx.publish) Publish(*job, fx.out, fx.ended);
       if (fx.ended) {

@@ -331,54 +331,90 @@ absl::Status ResolveRun(const v1::JobSpec& spec, const JobSpecContext& ctx, Reso
   return absl::OkStatus();
 }
 
-// a streamed job (its batches must fit a message) or a server-side token file.
+// One server-side data file (`field`: "data.token_file" or "data.validation").
+absl::StatusOr<scheduler::TokenFileSource> ResolveTokenFile(const v1::DataSource::TokenFile& tf,
+                                                            const std::string& field, const JobSpecContext& ctx,
+                                                            const ResolvedJob& r) {
+  auto path = ResolveInsideRoots(tf.path(), ctx.allowed_roots, field + ".path");
+  if (!path.ok()) return path.status();
+  scheduler::TokenFileSource src;
+  src.path = *path;
+  switch (tf.format()) {
+    case v1::DataSource::TokenFile::FORMAT_BIN_UINT16:
+      src.format = scheduler::TokenFileSource::Format::kBinUint16;
+      break;
+    case v1::DataSource::TokenFile::FORMAT_BIN_UINT32:
+      src.format = scheduler::TokenFileSource::Format::kBinUint32;
+      break;
+    case v1::DataSource::TokenFile::FORMAT_NPY:
+      src.format = scheduler::TokenFileSource::Format::kNpy;
+      break;
+    case v1::DataSource::TokenFile::FORMAT_JSONL:
+      src.format = scheduler::TokenFileSource::Format::kJsonl;
+      break;
+    case v1::DataSource::TokenFile::FORMAT_TOKEN_DATASET:
+      src.format = scheduler::TokenFileSource::Format::kTokenDataset;
+      break;
+    default:
+      src.format = scheduler::TokenFileSource::Format::kAuto;
+  }
+  switch (tf.packing()) {
+    case v1::DataSource::TokenFile::PACKING_UNSPECIFIED:
+    case v1::DataSource::TokenFile::PACKING_CONCATENATE:
+      src.packing = scheduler::TokenFileSource::Packing::kConcatenate;
+      break;
+    case v1::DataSource::TokenFile::PACKING_DOCUMENT_MASKED:
+      src.packing = scheduler::TokenFileSource::Packing::kDocumentMasked;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(field, ".packing: unknown value ", tf.packing()));
+  }
+  if (tf.max_epochs() < 0) return absl::InvalidArgumentError(field + ".max_epochs: must not be negative");
+  src.max_epochs = tf.max_epochs() > 0 ? tf.max_epochs() : 1;
+  if (!tf.tokenizer_dir().empty()) {
+    auto dir = ResolveInsideRoots(tf.tokenizer_dir(), ctx.allowed_roots, field + ".tokenizer_dir");
+    if (!dir.ok()) return dir.status();
+    src.tokenizer_dir = *dir;
+  }
+  src.eos_token = tf.eos_token();
+  src.shuffle = tf.shuffle();
+  src.shuffle_seed = tf.shuffle_seed();
+  src.global_batch = r.global_batch;
+  src.sequence_length = r.sequence_length;
+  return src;
+}
+
+// a streamed job (its batches must fit a message) or a server-side token file; the validation
+// data and the evaluation policy.
 absl::Status ResolveData(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
   scheduler::JobSpec& e = r.engine;
   switch (spec.data().source_case()) {
     case v1::DataSource::kTokenFile: {
-      const auto& tf = spec.data().token_file();
-      auto path = ResolveInsideRoots(tf.path(), ctx.allowed_roots, "data.token_file.path");
-      if (!path.ok()) return path.status();
-      scheduler::TokenFileSource src;
-      src.path = *path;
-      switch (tf.format()) {
-        case v1::DataSource::TokenFile::FORMAT_BIN_UINT16:
-          src.format = scheduler::TokenFileSource::Format::kBinUint16;
-          break;
-        case v1::DataSource::TokenFile::FORMAT_BIN_UINT32:
-          src.format = scheduler::TokenFileSource::Format::kBinUint32;
-          break;
-        case v1::DataSource::TokenFile::FORMAT_NPY:
-          src.format = scheduler::TokenFileSource::Format::kNpy;
-          break;
-        case v1::DataSource::TokenFile::FORMAT_JSONL:
-          src.format = scheduler::TokenFileSource::Format::kJsonl;
-          break;
-        case v1::DataSource::TokenFile::FORMAT_TOKEN_DATASET:
-          src.format = scheduler::TokenFileSource::Format::kTokenDataset;
-          break;
-        default:
-          src.format = scheduler::TokenFileSource::Format::kAuto;
-      }
-      if (tf.max_epochs() < 0) return absl::InvalidArgumentError("data.token_file.max_epochs: must not be negative");
-      src.max_epochs = tf.max_epochs() > 0 ? tf.max_epochs() : 1;
-      if (!tf.tokenizer_dir().empty()) {
-        auto dir = ResolveInsideRoots(tf.tokenizer_dir(), ctx.allowed_roots, "data.token_file.tokenizer_dir");
-        if (!dir.ok()) return dir.status();
-        src.tokenizer_dir = *dir;
-      }
-      src.eos_token = tf.eos_token();
-      src.shuffle = tf.shuffle();
-      src.shuffle_seed = tf.shuffle_seed();
-      src.global_batch = r.global_batch;
-      src.sequence_length = r.sequence_length;
-      e.token_file = src;
+      auto src = ResolveTokenFile(spec.data().token_file(), "data.token_file", ctx, r);
+      if (!src.ok()) return src.status();
+      e.token_file = *src;
       break;
     }
     case v1::DataSource::kStream:
     case v1::DataSource::SOURCE_NOT_SET:
       break;
   }
+  if (spec.data().has_validation()) {
+    auto src = ResolveTokenFile(spec.data().validation(), "data.validation", ctx, r);
+    if (!src.ok()) return src.status();
+    e.validation = *src;
+  }
+  const v1::EvalPolicy& ev = spec.eval();
+  if (ev.every_steps() < 0) return absl::InvalidArgumentError("eval.every_steps: must not be negative");
+  if (ev.early_stopping_patience() < 0) {
+    return absl::InvalidArgumentError("eval.early_stopping_patience: must not be negative");
+  }
+  if (spec.has_eval() && !spec.data().has_validation()) {
+    return absl::InvalidArgumentError("eval: needs validation data (data.validation)");
+  }
+  e.eval.every_steps = ev.every_steps();
+  e.eval.early_stopping_patience = ev.early_stopping_patience();
+  e.eval.keep_best_checkpoint = ev.keep_best_checkpoint();
   if (r.streamed() && ctx.max_message_bytes > 0) {
     // A streamed batch is one message: packed varint token ids (< vocab) plus a packed bool mask.
     int64_t id_bytes = 1;

@@ -35,6 +35,16 @@ DaemonMetrics::DaemonMetrics(prometheus::Registry& r)
                .Help("Loss of the latest iteration of the running job")
                .Register(r)
                .Add({})),
+      eval_loss(BuildGauge()
+                    .Name("roundpipe_eval_loss")
+                    .Help("Validation loss of the latest evaluation (mean CE over the validation set)")
+                    .Register(r)
+                    .Add({})),
+      evaluations(BuildCounter()
+                      .Name("roundpipe_evaluations_total")
+                      .Help("Finished evaluations on validation data")
+                      .Register(r)
+                      .Add({})),
       learning_rate(BuildGauge()
                         .Name("roundpipe_learning_rate")
                         .Help("Learning rate of the latest optimizer step")
@@ -96,6 +106,8 @@ std::vector<std::string> DaemonMetrics::FamilyNames() {
           "roundpipe_iteration_duration_seconds",
           "roundpipe_optimizer_step_seconds",
           "roundpipe_loss",
+          "roundpipe_eval_loss",
+          "roundpipe_evaluations_total",
           "roundpipe_learning_rate",
           "roundpipe_grad_norm",
           "roundpipe_bubble_ratio",

@@ -29,6 +29,8 @@ class DaemonMetrics {
   prometheus::Histogram& iteration_duration;
   prometheus::Histogram& optimizer_step;
   prometheus::Gauge& loss;
+  prometheus::Gauge& eval_loss;
+  prometheus::Counter& evaluations;
   prometheus::Gauge& learning_rate;
   prometheus::Gauge& grad_norm;
   prometheus::Gauge& bubble_ratio;

@@ -24,7 +24,7 @@ struct StageState {
   std::vector<std::vector<int>> layer_param_index;  // per layer: indices into params
   StageWeights weights;
   models::Rope rope;
-  std::vector<at::Tensor> in, grad_out, labels;  // per micro-batch, on device
+  std::vector<at::Tensor> in, grad_out, labels, positions;  // per micro-batch, on device
   std::vector<std::vector<std::pair<int, at::Tensor>>> fwd_out;
   std::vector<at::Tensor> grad_in;
 };
@@ -55,11 +55,14 @@ std::vector<std::vector<TransferPiece>> PlanChunks(const std::vector<TensorExten
 }
 
 std::string Label(const StageTask& sl, const char* what, int mb) {
-  const char* k = sl.kind == StageKind::kForward ? "F" : "B";
+  const char* k = sl.kind == StageKind::kForward ? "F" : sl.kind == StageKind::kEval ? "E" : "B";
   std::string s = absl::StrCat(what, k, sl.stage);
   if (mb >= 0) absl::StrAppend(&s, " mb", mb);
   return s;
 }
+
+// Fused and backward stages form weight gradients; forward and evaluation stages do not.
+bool Trains(StageKind k) { return k == StageKind::kFused || k == StageKind::kBackward; }
 
 // Owner layers of every parameter the stage touches (consistency protocol, async mode).
 std::vector<int> StageOwners(const StageTask& task) {
@@ -79,7 +82,7 @@ EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, 
                              const EventPtr& older_compute, const std::vector<EventPtr>& running_inputs) {
   const StageTask& task = s->task;
   const StageTask& sl = task;
-  const bool trains = sl.kind != StageKind::kForward;
+  const bool trains = Trains(sl.kind);
   Stream& up = dev.stream(StreamKind::kParamUp);
   if (older_compute) up.WaitEvent(older_compute);  // bound: one stage prefetched
   if (task.book && sl.iteration >= 2) {
@@ -182,14 +185,19 @@ void UploadInputs(StageState& s, int m, int mb) {
   auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
   if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
   absl::StatusOr<at::Tensor> second = at::Tensor();
-  if (sl.kind == StageKind::kFused) {
+  if (sl.kind == StageKind::kFused || sl.kind == StageKind::kEval) {
     second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
   } else if (sl.kind == StageKind::kBackward) {
     second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
   }
   if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
   s.in[static_cast<size_t>(m)] = s.dev->Upload(*x);
-  if (sl.kind == StageKind::kFused) s.labels[static_cast<size_t>(m)] = s.dev->Upload(*second);
+  if (!s.ctx->positions.empty()) {
+    s.positions[static_cast<size_t>(m)] = s.dev->Upload(s.ctx->positions[static_cast<size_t>(mb)]);
+  }
+  if (sl.kind == StageKind::kFused || sl.kind == StageKind::kEval) {
+    s.labels[static_cast<size_t>(m)] = s.dev->Upload(*second);
+  }
   if (sl.kind == StageKind::kBackward) s.grad_out[static_cast<size_t>(m)] = s.dev->Upload(*second);
 }
 
@@ -198,24 +206,32 @@ void ComputeMicrobatch(StageState& s, int m) {
   const StageTask& sl = s.task;
   RunContext& ctx = *s.ctx;
   const size_t i = static_cast<size_t>(m);
+  const models::TokenLayout layout =
+      s.positions[i].defined() ? models::DocumentLayout(s.rope, s.positions[i]) : models::TokenLayout(s.rope);
   switch (sl.kind) {
     case StageKind::kForward:
-      s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, s.rope, s.in[i], s.task.save_inputs_of);
+      s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.task.save_inputs_of);
       break;
     case StageKind::kFused: {
-      FusedResult r = FusedStage(*ctx.cfg, s.weights, s.rope, s.in[i], s.labels[i],
+      FusedResult r = FusedStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i],
                                  ctx.loss_scale * ctx.grad_multiplier, ctx.head_chunk_tokens);
       ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
       s.grad_in[i] = r.grad_input;
       break;
     }
+    case StageKind::kEval: {
+      const models::HeadLoss r = EvalStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i], ctx.head_chunk_tokens);
+      ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
+      break;
+    }
     case StageKind::kBackward:
-      s.grad_in[i] = BackwardStage(*ctx.cfg, s.weights, s.rope, s.in[i], s.grad_out[i]);
+      s.grad_in[i] = BackwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.grad_out[i]);
       break;
   }
   s.in[i] = at::Tensor();
   s.grad_out[i] = at::Tensor();
   s.labels[i] = at::Tensor();
+  s.positions[i] = at::Tensor();
 }
 
 // Micro-batch m's outputs, downloaded and Put: a forward stage's activations (and the recompute
@@ -230,7 +246,7 @@ void DownloadOutputs(StageState& s, int m, int mb) {
                     sl.iteration);
     }
     s.fwd_out[i].clear();
-  } else if (sl.first_layer > 0) {
+  } else if (Trains(sl.kind) && sl.first_layer > 0) {
     ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s.dev->Download(s.grad_in[i]), 1, sl.iteration);
     s.grad_in[i] = at::Tensor();
   }
@@ -242,7 +258,7 @@ void DownloadOutputs(StageState& s, int m, int mb) {
 MicrobatchEvents EnqueueMicrobatches(Device& dev, const std::shared_ptr<StageState>& s) {
   const StageTask& sl = s->task;
   const int mbs = sl.num_microbatches;
-  const bool trains = sl.kind != StageKind::kForward;
+  const bool trains = Trains(sl.kind);
   Stream& act_up = dev.stream(StreamKind::kActivationUp);
   Stream& compute = dev.stream(StreamKind::kCompute);
   Stream& act_down = dev.stream(StreamKind::kActivationDown);
@@ -349,6 +365,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   s->in.resize(mbs);
   s->grad_out.resize(mbs);
   s->labels.resize(mbs);
+  s->positions.resize(mbs);
   s->fwd_out.resize(mbs);
   s->grad_in.resize(mbs);
   const std::vector<int> owners = StageOwners(task);
@@ -367,7 +384,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     pending(mb.outputs_downloaded);
   }
   auto done = MakeEvent();
-  if (task.kind != StageKind::kForward) {
+  if (Trains(task.kind)) {
     pending_grads_ = GradientDownload(*device_, s, owners, mb.computed.back(), done);
   } else {
     Stream& act_down = device_->stream(StreamKind::kActivationDown);

@@ -30,6 +30,10 @@ struct RunContext {
   // Gradients are computed for loss x grad_multiplier (the dynamic fp16 loss scale; else 1).
   double grad_multiplier = 1.0;
   int64_t head_chunk_tokens = 4096;
+  // Packed documents: per micro-batch the token positions [b, s] int64 in host memory (0 where a
+  // document starts; models::DocumentLayout). Empty: every row at 0..s-1, causal. Set before the
+  // context is shared, read-only afterwards.
+  std::vector<at::Tensor> positions;
 
   void AddLoss(double scaled_loss, int64_t tokens) {
     base::MutexLock lock(&mu_);

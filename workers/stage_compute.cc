@@ -9,7 +9,7 @@ namespace rp::workers {
 namespace {
 
 // Layers [first, first+n) excluding the head; `x` may need grad.
-at::Tensor RunLayers(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+at::Tensor RunLayers(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                      at::Tensor x, int first, int n, const std::vector<int>* save,
                      std::vector<std::pair<int, at::Tensor>>* saved) {
   for (int l = first; l < first + n; ++l) {
@@ -18,7 +18,7 @@ at::Tensor RunLayers(const models::TransformerConfig& cfg, const StageWeights& w
     if (l == 0) {
       x = models::EmbeddingForward(lw[0], x);
     } else {
-      x = models::BlockForward(cfg, lw, x, rope);
+      x = models::BlockForward(cfg, lw, x, layout);
     }
   }
   return x;
@@ -36,24 +36,24 @@ void AddGrad(const at::Tensor& param, const at::Tensor& g) {
 }  // namespace
 
 std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                                                     const models::Rope& rope, const at::Tensor& in,
+                                                     const models::TokenLayout& layout, const at::Tensor& in,
                                                      const std::vector<int>& save_inputs_of) {
   at::NoGradGuard no_grad;
   std::vector<std::pair<int, at::Tensor>> out;
   const int n = static_cast<int>(w.layers.size());
-  at::Tensor y = RunLayers(cfg, w, rope, in, w.first_layer, n, &save_inputs_of, &out);
+  at::Tensor y = RunLayers(cfg, w, layout, in, w.first_layer, n, &save_inputs_of, &out);
   out.push_back({w.first_layer + n, y});
   return out;
 }
 
-FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                        const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens) {
   at::AutoGradMode grad_on(true);
   const int first = w.first_layer;
   const int n_blocks = static_cast<int>(w.layers.size()) - 1;  // the last layer is the head
   at::Tensor x = in;
   if (first > 0) x = in.detach().requires_grad_(true);
-  at::Tensor h = RunLayers(cfg, w, rope, x, first, n_blocks, nullptr, nullptr);
+  at::Tensor h = RunLayers(cfg, w, layout, x, first, n_blocks, nullptr, nullptr);
   const std::vector<at::Tensor>& head = w.layers.back();
   at::Tensor hn = models::FinalNorm(cfg, head[0], h);
   const int64_t hidden = hn.size(-1);
@@ -72,13 +72,24 @@ FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights&
   return r;
 }
 
-at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeights& w,
+                           const models::TokenLayout& layout, const at::Tensor& in, const at::Tensor& labels,
+                           int64_t chunk_tokens) {
+  at::NoGradGuard no_grad;
+  const int n_blocks = static_cast<int>(w.layers.size()) - 1;  // the last layer is the head
+  at::Tensor h = RunLayers(cfg, w, layout, in, w.first_layer, n_blocks, nullptr, nullptr);
+  const std::vector<at::Tensor>& head = w.layers.back();
+  at::Tensor hn = models::FinalNorm(cfg, head[0], h);
+  return models::ChunkedHeadLoss(hn.reshape({-1, hn.size(-1)}), head[1], labels.reshape({-1}), chunk_tokens);
+}
+
+at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                          const at::Tensor& in, const at::Tensor& grad_out) {
   at::AutoGradMode grad_on(true);
   const int first = w.first_layer;
   at::Tensor x = in;
   if (first > 0) x = in.detach().requires_grad_(true);
-  at::Tensor y = RunLayers(cfg, w, rope, x, first, static_cast<int>(w.layers.size()), nullptr, nullptr);
+  at::Tensor y = RunLayers(cfg, w, layout, x, first, static_cast<int>(w.layers.size()), nullptr, nullptr);
   if (y.requires_grad()) y.backward(grad_out.to(y.scalar_type()));
   return first > 0 ? x.grad() : at::Tensor();
 }

@@ -1,7 +1,8 @@
 // stage_compute.h — the math of the three stage kinds for ONE micro-batch on a device:
 // forward (no autograd, emits the stage output and the requested checkpoints), fused B_1
 // (forward with autograd + chunked loss + backward, no recompute) and backward (recompute from
-// the checkpoint with autograd, then backward with the upstream gradient).
+// the checkpoint with autograd, then backward with the upstream gradient); and for evaluation
+// the loss stage that takes B_1's place (forward + chunked loss, no autograd).
 //
 // Contract: pure functions of (weights, inputs); weight gradients accumulate into the
 // weights' .grad() (the caller uploads leaf tensors with requires_grad for fused/backward and
@@ -28,7 +29,7 @@ struct StageWeights {
 // `save_inputs_of` lists layers l in (first, first+n] whose input is also returned.
 // Returns (layer, tensor) pairs: the requested checkpoints and (layer first+n, the output).
 std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                                                     const models::Rope& rope, const at::Tensor& in,
+                                                     const models::TokenLayout& layout, const at::Tensor& in,
                                                      const std::vector<int>& save_inputs_of);
 
 struct FusedResult {
@@ -37,12 +38,18 @@ struct FusedResult {
   int64_t tokens = 0;
 };
 // B_1: layers [first, L) including the head, on `in` and `labels` [b, s].
-FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                        const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens);
+
+// Evaluation (no autograd, no gradients): layers [first, L) including the head on `in` and
+// `labels`; the unscaled CE sum and the tokens it counts.
+models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeights& w,
+                           const models::TokenLayout& layout, const at::Tensor& in, const at::Tensor& labels,
+                           int64_t chunk_tokens);
 
 // B_j: recompute layers [first, first+n) from the checkpoint `in`, backpropagate `grad_out`;
 // returns the gradient of the stage input (undefined when first == 0).
-at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::Rope& rope,
+at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                          const at::Tensor& in, const at::Tensor& grad_out);
 
 }  // namespace rp::workers

@@ -11,13 +11,15 @@
 
 namespace rp::workers {
 
-enum class StageKind { kForward, kFused, kBackward };  // F_i; B_1 (forward + loss + backward); B_j
+// F_i; B_1 (forward + loss + backward); B_j; and in an evaluation pass E, B_1's place without
+// autograd (forward + loss only: no backward stage, no gradient, no optimizer step follows).
+enum class StageKind { kForward, kFused, kBackward, kEval };
 
 struct StageTask {
   int slot = 0;  // the slot's index in the iteration's dispatch plan (timeline records carry it)
   int iteration = 0;
   StageKind kind = StageKind::kForward;
-  int stage = 0;  // forward: 1..Sf (F_i); fused: 1 (B_1); backward: 2..Sb (B_j)
+  int stage = 0;  // forward: 1..Sf (F_i); fused and eval: 1 (B_1); backward: 2..Sb (B_j)
   int first_layer = 0;
   int num_layers = 0;
   int first_microbatch = 0;  // global index within the iteration

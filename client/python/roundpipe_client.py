@@ -67,6 +67,10 @@ def run(args, channel):
         elif kind == "state":
             final = jobs_pb2.JobState.Name(event.state)
             print(f"state {final} {event.message}".rstrip(), flush=True)
+        elif kind == "eval":
+            e = event.eval
+            best = "best so far" if e.is_best else f"best {e.best_loss:.4f} at step {e.best_step}"
+            print(f"eval at step {e.step} loss {e.loss:.4f} over {e.tokens} tokens ({best})", flush=True)
         elif kind == "checkpoint_failed":
             print(event.checkpoint_failed, flush=True)
         elif kind == "progress":

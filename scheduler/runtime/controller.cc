@@ -216,12 +216,14 @@ Controller::~Controller() {
   if (optimizer_) optimizer_->WaitIdle();
 }
 
-absl::Status Controller::ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) const {
-  return ValidateBatchFor(store_->config().vocab, opt_.microbatches, tokens, labels);
+absl::Status Controller::ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels,
+                                       const std::optional<at::Tensor>& positions) const {
+  return ValidateBatchFor(store_->config().vocab, opt_.microbatches, tokens, labels, positions);
 }
 
 absl::Status Controller::ValidateBatchFor(int64_t V, int microbatches, const at::Tensor& tokens,
-                                          const std::optional<at::Tensor>& labels) {
+                                          const std::optional<at::Tensor>& labels,
+                                          const std::optional<at::Tensor>& positions) {
   if (!tokens.defined() || tokens.dim() != 2) {
     return absl::InvalidArgumentError("batch: tokens must be a 2-d [batch, sequence] tensor");
   }
@@ -253,39 +255,57 @@ absl::Status Controller::ValidateBatchFor(int64_t V, int microbatches, const at:
       return absl::InvalidArgumentError(absl::StrCat("batch: labels must be -100 or lie in [0, ", V, ")"));
     }
   }
+  if (positions) {
+    if (!positions->defined() || positions->sizes() != tokens.sizes()) {
+      return absl::InvalidArgumentError("batch: positions must have the shape of tokens");
+    }
+    if (positions->scalar_type() != at::kLong && positions->scalar_type() != at::kInt) {
+      return absl::InvalidArgumentError("batch: positions must be int32 or int64");
+    }
+    // Each row starts a document; afterwards a position is 0 (a new document) or the previous + 1.
+    at::Tensor p = positions->to(at::kLong);
+    at::Tensor next = p.narrow(1, 1, S - 1), prev = p.narrow(1, 0, S - 1);
+    const bool ok =
+        p.select(1, 0).eq(0).all().item<bool>() && next.eq(0).logical_or(next.eq(prev + 1)).all().item<bool>();
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          "batch: positions must start every row at 0 and then be 0 (a new document) or the previous position + 1");
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens,
-                                                        const std::optional<at::Tensor>& labels) {
-  auto it = SubmitIteration(tokens, labels);
+                                                        const std::optional<at::Tensor>& labels,
+                                                        const std::optional<at::Tensor>& positions) {
+  auto it = SubmitIteration(tokens, labels, positions);
   if (!it.ok()) return it.status();
   return AwaitIteration(*it);
 }
 
-absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
-                                                const std::optional<at::Tensor>& labels_in) {
-  if (absl::Status st = ValidateBatch(tokens_in, labels_in); !st.ok()) return st;
-  const bool async = opt_.mode == planning::OptimizerMode::kAsync;
-  if (async && inflight_.size() >= 2) {
-    return absl::FailedPreconditionError("controller: two iterations in flight; await one first");
-  }
-  const workers::models::TransformerConfig& cfg = store_->config();
-  const int L = cfg.num_layers();
+absl::StatusOr<Controller::HostBatch> Controller::ToHostMicrobatches(const at::Tensor& tokens_in,
+                                                                     const std::optional<at::Tensor>& labels_in,
+                                                                     const std::optional<at::Tensor>& positions_in,
+                                                                     bool training) {
+  if (absl::Status st = ValidateBatch(tokens_in, labels_in, positions_in); !st.ok()) return st;
   const int M = opt_.microbatches;
   at::Tensor tokens = tokens_in.to(at::kLong).contiguous();
   at::Tensor labels = labels_in ? labels_in->to(at::kLong).contiguous() : workers::models::ShiftLabels(tokens);
-  const int64_t valid = labels.ne(workers::models::kIgnoreIndex).sum().item<int64_t>();
-  if (valid == 0) return absl::InvalidArgumentError("batch: no token has a label to train on");
-
+  HostBatch hb;
+  hb.valid = labels.ne(workers::models::kIgnoreIndex).sum().item<int64_t>();
+  if (hb.valid == 0 && training) return absl::InvalidArgumentError("batch: no token has a label to train on");
+  std::vector<std::pair<const at::Tensor*, std::vector<at::Tensor>*>> parts = {{&tokens, &hb.tokens},
+                                                                               {&labels, &hb.labels}};
+  at::Tensor positions;
+  if (positions_in) {
+    positions = positions_in->to(at::kLong).contiguous();
+    parts.push_back({&positions, &hb.positions});
+  }
   // Micro-batch inputs go into the devices' host memory (pinned on CUDA: asynchronous uploads).
   const int64_t per = tokens.size(0) / M;
-  last_microbatch_rows_ = per;
-  last_seq_len_ = tokens.size(1);
-  std::vector<at::Tensor> in_tokens, in_labels;
   try {
     for (int m = 0; m < M; ++m) {
-      for (auto [src, dst] : {std::pair{&tokens, &in_tokens}, std::pair{&labels, &in_labels}}) {
+      for (auto [src, dst] : parts) {
         const at::Tensor part = src->narrow(0, m * per, per);
         at::Tensor h = devices_.front()->EmptyHost(part.sizes(), part.scalar_type());
         h.copy_(part);
@@ -295,6 +315,25 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat("batch: ", e.what()));
   }
+  return hb;
+}
+
+absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
+                                                const std::optional<at::Tensor>& positions_in) {
+  const bool async = opt_.mode == planning::OptimizerMode::kAsync;
+  if (async && inflight_.size() >= 2) {
+    return absl::FailedPreconditionError("controller: two iterations in flight; await one first");
+  }
+  auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/true);
+  if (!host.ok()) return host.status();
+  const workers::models::TransformerConfig& cfg = store_->config();
+  const int L = cfg.num_layers();
+  const int M = opt_.microbatches;
+  const int64_t valid = host->valid;
+  last_microbatch_rows_ = tokens_in.size(0) / M;
+  last_seq_len_ = tokens_in.size(1);
+  std::vector<at::Tensor>& in_tokens = host->tokens;
+  std::vector<at::Tensor>& in_labels = host->labels;
 
   if (planned_ && !(planned_->partition == opt_.partition)) {
     if (async) {
@@ -320,7 +359,8 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in,
   ctx.store = store_;
   ctx.acts = &acts_;
   ctx.iteration = T;
-  ctx.seq_len = tokens.size(1);
+  ctx.seq_len = tokens_in.size(1);
+  ctx.positions = std::move(host->positions);
   ctx.act_consumers = act_consumers_;
   ctx.loss_scale = 1.0 / static_cast<double>(valid);
   ctx.head_chunk_tokens = opt_.head_chunk_tokens;
@@ -433,6 +473,70 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
   }
   RecordProfile(iteration, f);
   return st;
+}
+
+absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
+                                                const std::optional<at::Tensor>& positions_in) {
+  if (!inflight_.empty()) {
+    return absl::FailedPreconditionError("controller: await every submitted iteration before an evaluation");
+  }
+  if (absl::Status st = Flush(); !st.ok()) return st;  // async: the weights hold every step
+  auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/false);
+  if (!host.ok()) return host.status();
+  if (host->valid == 0) return EvalResult{};  // nothing to evaluate in this batch
+  const auto start = std::chrono::steady_clock::now();
+  const int L = store_->config().num_layers();
+  const int M = opt_.microbatches;
+  const int E = -2 - evaluations_++;  // an iteration id of its own: never a training iteration's
+  auto ctx = std::make_shared<workers::RunContext>();
+  ctx->cfg = &store_->config();
+  ctx->store = store_;
+  ctx->acts = &acts_;
+  ctx->iteration = E;
+  ctx->seq_len = tokens_in.size(1);
+  ctx->positions = std::move(host->positions);
+  ctx->loss_scale = 1.0;  // sums, not means: the caller averages over a whole validation set
+  ctx->head_chunk_tokens = opt_.head_chunk_tokens;
+  // Who takes layer l's input: the forward stages that start there and the loss stage.
+  ctx->act_consumers.assign(static_cast<size_t>(L + 1), 0);
+  int first = 0;
+  for (int n : opt_.partition.forward) {
+    ++ctx->act_consumers[static_cast<size_t>(first)];
+    first += n;
+  }
+  ++ctx->act_consumers[static_cast<size_t>(L - opt_.partition.fused)];
+  for (int m = 0; m < M; ++m) {
+    acts_.Put(workers::ActKind::kActivation, 0, m, std::move(host->tokens[m]), ctx->act_consumers[0], E);
+    acts_.Put(workers::ActKind::kLabels, 0, m, std::move(host->labels[m]), 1, E);
+  }
+  // The training plan's forward slots and B_1's, on the workers the round-robin continues with.
+  planning::DispatchOptions d;
+  d.num_workers = static_cast<int>(workers_.size());
+  d.microbatches_per_iteration = M;
+  d.microbatches_per_round = opt_.microbatches_per_round;
+  d.g0 = next_g0_;
+  d.mode = planning::OptimizerMode::kSync;
+  auto plan = planning::BuildDispatchPlan(opt_.partition, L, d);
+  if (!plan.ok()) return plan.status();
+  std::vector<workers::EventPtr> done;
+  for (planning::StageSlot sl : plan->slots) {
+    if (sl.kind == SlotKind::kBackward) continue;
+    sl.iteration = E;
+    workers::StageTask task = ToStageTask(sl);
+    if (sl.kind == SlotKind::kFused) task.kind = workers::StageKind::kEval;
+    done.push_back(workers_[static_cast<size_t>(sl.worker)]->Submit(task, ctx));
+  }
+  for (auto& w : workers_) w->Flush();
+  for (const auto& e : done) e->Wait();
+  if (absl::Status err = ctx->error(); !err.ok()) {
+    acts_.Discard(E);
+    return err;
+  }
+  EvalResult r;
+  r.loss_sum = ctx->loss();
+  r.tokens = ctx->tokens();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
 }
 
 absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {

@@ -80,6 +80,13 @@ struct OptimizerSnapshot {
   int64_t good_steps = 0;
 };
 
+// One evaluation pass (Controller::Evaluate): the summed CE over the batch's labelled tokens.
+struct EvalResult {
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
 class Controller {
  public:
   ~Controller();
@@ -88,12 +95,23 @@ class Controller {
                                                             workers::Timeline* timeline);
 
   // tokens: [B, S] int64 (int32 accepted); labels: same shape, -100 = ignored (default: the
-  // next-token shift of `tokens`). B must be divisible by the micro-batch count.
+  // next-token shift of `tokens`). B must be divisible by the micro-batch count. positions
+  // (packed documents): same shape, 0 where a document starts, else the previous + 1; attention
+  // stays inside each document (models::DocumentLayout). Absent: 0..S-1 in every row.
   absl::StatusOr<IterationStats> RunIteration(const at::Tensor& tokens,
-                                              const std::optional<at::Tensor>& labels = std::nullopt);
+                                              const std::optional<at::Tensor>& labels = std::nullopt,
+                                              const std::optional<at::Tensor>& positions = std::nullopt);
   // Enqueues one iteration and returns its number. Async: returns at once (FailedPrecondition
   // when two iterations are already in flight); sync: runs it, including the step.
-  absl::StatusOr<int> SubmitIteration(const at::Tensor& tokens, const std::optional<at::Tensor>& labels = std::nullopt);
+  absl::StatusOr<int> SubmitIteration(const at::Tensor& tokens, const std::optional<at::Tensor>& labels = std::nullopt,
+                                      const std::optional<at::Tensor>& positions = std::nullopt);
+  // An evaluation pass over one batch (same rules as RunIteration) through the pipeline on the
+  // current weights: the forward stage slots of the plan, then B_1's slot as a loss-only stage
+  // (no autograd); no backward slot, no gradient, no optimizer step, nothing of the training
+  // state changes. Only between iterations: FailedPrecondition while one is in flight; in async
+  // mode it first lets the optimizer finish (a Flush), so the weights are every step so far.
+  absl::StatusOr<EvalResult> Evaluate(const at::Tensor& tokens, const std::optional<at::Tensor>& labels = std::nullopt,
+                                      const std::optional<at::Tensor>& positions = std::nullopt);
   // Waits for a submitted iteration (async: its stages and its optimizer step) and returns its
   // stats or its error.
   absl::StatusOr<IterationStats> AwaitIteration(int iteration);
@@ -104,7 +122,8 @@ class Controller {
 
   // The checks RunIteration applies to a batch (shape, dtype, divisibility, id ranges), for
   // callers that accept batches before they run (Engine::FeedBatch).
-  absl::Status ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) const;
+  absl::Status ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels,
+                             const std::optional<at::Tensor>& positions = std::nullopt) const;
   // What Create checks of the options (partition, round structure, chunking) for a model, without
   // a store: the engine refuses a bad job at Submit, before anything is allocated.
   static absl::Status ValidateOptions(const ControllerOptions& options, const workers::models::TransformerConfig& cfg,
@@ -112,7 +131,8 @@ class Controller {
   // The same rules for a model of `vocab` tokens trained in `microbatches` micro-batches (no
   // controller needed: the engine checks batches of jobs that have not been built yet).
   static absl::Status ValidateBatchFor(int64_t vocab, int microbatches, const at::Tensor& tokens,
-                                       const std::optional<at::Tensor>& labels);
+                                       const std::optional<at::Tensor>& labels,
+                                       const std::optional<at::Tensor>& positions = std::nullopt);
 
   int next_g0() const { return next_g0_; }
   const planning::Partition& partition() const { return opt_.partition; }
@@ -147,6 +167,16 @@ class Controller {
     planning::Partition partition;
   };
   void ApplyPartition(const planning::Partition& p);
+  // The batch's micro-batches in the devices' host memory: per micro-batch its tokens, labels
+  // and (when given) positions; `valid` = the labelled tokens of the whole batch.
+  struct HostBatch {
+    std::vector<at::Tensor> tokens, labels, positions;
+    int64_t valid = 0;
+  };
+  // `training`: a batch without a labelled token is refused (it would divide by zero).
+  absl::StatusOr<HostBatch> ToHostMicrobatches(const at::Tensor& tokens, const std::optional<at::Tensor>& labels,
+                                               const std::optional<at::Tensor>& positions, bool training);
+  int evaluations_ = 0;  // evaluation passes run (their iteration ids: -2, -3, ...)
   void RecordProfile(int iteration, const InFlight& f);
   std::unique_ptr<planning::MeasuredProfile> profile_;
   int profiled_iterations_ = 0;

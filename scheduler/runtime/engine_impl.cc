@@ -324,6 +324,8 @@ absl::StatusOr<JobInfo> Engine::Impl::Info(JobId id) const {
     const int64_t data_steps = job->data->batches_per_epoch() * job->spec.token_file->max_epochs;
     info.total_steps = info.total_steps > 0 ? std::min(info.total_steps, data_steps) : data_steps;
   }
+  info.last_eval = job->last_eval;
+  info.best_checkpoint = job->best_checkpoint;
   return info;
 }
 

@@ -27,11 +27,14 @@ namespace {
 
 // Writes the job's state as <root>/step-<step> (the caller ensures an iteration boundary with
 // the optimizer flushed) and keeps the newest `keep_last`. A checkpoint of that step that
-// exists already holds this very state: it is returned as is.
+// exists already holds this very state: it is returned as is. `eval`: the job's evaluations so
+// far, recorded in meta.json; its best checkpoint is never pruned.
 absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore& store, const Controller& c,
                                                   const workers::io::FrozenBase& base, int64_t step, int64_t consumed,
                                                   const std::string& root, int keep_last, const std::string& note,
-                                                  const std::string& optimizer) {
+                                                  const std::string& optimizer,
+                                                  const std::optional<workers::io::CheckpointMeta::Eval>& eval) {
+  const std::string keep = eval ? eval->best_checkpoint : "";
   if (root.empty()) return absl::FailedPreconditionError("the job has no checkpoint directory");
   const std::string dir = absl::StrCat(root, "/step-", step);
   if (workers::io::KindOf(dir + "/meta.json") == workers::io::FileKind::kFile)
@@ -47,11 +50,12 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
   meta.backward = c.partition().backward;
   meta.note = note;
   meta.optimizer = optimizer;
+  meta.eval = eval;
   if (absl::Status st = workers::io::WriteCheckpoint(dir, store, snap.adamw, meta, &base); !st.ok()) return st;
   // Pruning never follows a symlink and stays beneath the daemon's roots (confined_fs).
   const auto all = workers::io::ListCheckpoints(root);
   for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i) {
-    (void)workers::io::RemoveTree(all[i]);
+    if (all[i] != keep) (void)workers::io::RemoveTree(all[i]);
   }
   // Temporaries torn by a crash mid-write (the job's writes are serialised by run_mu: none is live).
   if (auto names = workers::io::ListDir(root); names.ok()) {
@@ -66,17 +70,23 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
 
 absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note, bool report_existing) {
   int64_t step, cursor;
+  std::optional<workers::io::CheckpointMeta::Eval> eval;
   {
     base::MutexLock lock(&mu);
     step = first_step + steps_done;
     cursor = consumed_offset + consumed;
+    if (last_eval) {
+      eval = workers::io::CheckpointMeta::Eval{last_eval->step,      last_eval->loss,      last_eval->tokens,
+                                               last_eval->best_loss, last_eval->best_step, evals_without_improvement,
+                                               best_checkpoint};
+    }
   }
   const bool existed = !spec.checkpoint_root.empty() &&
                        workers::io::KindOf(absl::StrCat(spec.checkpoint_root, "/step-", step, "/meta.json")) ==
                            workers::io::FileKind::kFile;
   if (!frozen_base) frozen_base = workers::io::DescribeFrozenBase(*store);  // once: the base never changes
   auto info = WriteJobCheckpoint(*store, *controller, *frozen_base, step, cursor, spec.checkpoint_root,
-                                 spec.checkpoint_keep_last, note, OptimizerName(spec.optimizer.algorithm));
+                                 spec.checkpoint_keep_last, note, OptimizerName(spec.optimizer.algorithm), eval);
   base::MutexLock lock(&mu);
   if (report_existing || !existed || !info.ok()) ReportCheckpoint(info, step);
   return info;

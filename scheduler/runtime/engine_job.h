@@ -68,6 +68,12 @@ struct EngineJob {
   std::deque<TensorBatch> batches ABSL_GUARDED_BY(mu);
   std::deque<WaitingFeed> waiting ABSL_GUARDED_BY(mu);  // at most spec.max_queued_batches
   std::unique_ptr<runtime::TokenDataset> data;          // token-file jobs (opened at Submit: mapped, not read)
+  std::unique_ptr<runtime::TokenDataset> validation;    // the validation source (JobSpec::validation)
+  // Evaluations (the runner's): the latest, the best loss and step, how many in a row did not
+  // improve on it, the best one's checkpoint (keep_best_checkpoint).
+  std::optional<EvalStats> last_eval ABSL_GUARDED_BY(mu);
+  int evals_without_improvement ABSL_GUARDED_BY(mu) = 0;
+  std::string best_checkpoint ABSL_GUARDED_BY(mu);
   bool input_closed ABSL_GUARDED_BY(mu) = false;
   bool cancel ABSL_GUARDED_BY(mu) = false;
   bool pause ABSL_GUARDED_BY(mu) = false;               // requested; honoured between iterations

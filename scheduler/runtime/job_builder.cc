@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -63,44 +64,71 @@ bool IsTokenDatasetFile(const TokenFileSource& tf) {
          (tf.format == TokenFileSource::Format::kAuto && absl::EndsWith(tf.path, ".safetensors"));
 }
 
-// A token file's source, checked at Submit: a JSONL file's tokenizer (its ids within the model's
-// vocabulary) and readability, a token dataset's header, or a raw token file opened (mapped, not
-// read); read and tokenized by BuildJob when the job starts, so a queued job holds nothing.
-absl::Status PrepareTokenFile(JobSpec& spec, EngineJob* job) {
-  TokenFileSource& tf = *spec.token_file;
+// A data source (`field`: "data.token_file" or "data.validation"), checked at Submit: a JSONL
+// file's tokenizer (its ids within the model's vocabulary) and readability, a token dataset's
+// header, or a raw token file opened (mapped, not read: `*raw`); read and tokenized by BuildJob
+// when the job starts (LoadPackedSource), so a queued job holds nothing.
+absl::Status PrepareSource(TokenFileSource& tf, const JobSpec& spec, EngineJob* job, const std::string& field,
+                           std::unique_ptr<TokenDataset>* raw) {
+  auto bad = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(field, ": ", why)); };
   if (IsJsonl(tf)) {
     if (tf.tokenizer_dir.empty()) tf.tokenizer_dir = spec.hf_dir;
     if (tf.tokenizer_dir.empty()) {
-      return absl::InvalidArgumentError(
-          "data.token_file: a JSONL dataset needs a tokenizer: set data.token_file.tokenizer_dir or model.hf_dir");
+      return bad(absl::StrCat("a JSONL dataset needs a tokenizer: set ", field, ".tokenizer_dir or model.hf_dir"));
     }
     auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
-    if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", tok.status().message()));
+    if (!tok.ok()) return bad(tok.status().message());
     if (tok->tokenizer.IdLimit() > job->model.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("data.token_file: the tokenizer in '", tf.tokenizer_dir,
-                                                     "' has ids up to ", tok->tokenizer.IdLimit() - 1,
-                                                     " but the model's vocabulary is ", job->model.vocab));
+      return bad(absl::StrCat("the tokenizer in '", tf.tokenizer_dir, "' has ids up to ", tok->tokenizer.IdLimit() - 1,
+                              " but the model's vocabulary is ", job->model.vocab));
     }
     uint64_t bytes = 0;
     auto fd = workers::io::OpenForRead(tf.path, &bytes);
-    if (!fd.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", fd.status().message()));
+    if (!fd.ok()) return bad(fd.status().message());
   } else if (IsTokenDatasetFile(tf)) {
     // The header now (tensors, shapes); the tokens when the job starts (BuildJob).
-    if (absl::Status st = CheckTokenDatasetFile(tf.path); !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", st.message()));
-    }
+    if (absl::Status st = CheckTokenDatasetFile(tf.path); !st.ok()) return bad(st.message());
   } else {
+    if (tf.packing == TokenFileSource::Packing::kDocumentMasked) {
+      return bad(absl::StrCat("packing: document masks need a dataset that knows its documents (JSONL or a token ",
+                              "dataset file); '", tf.path, "' is a flat token file"));
+    }
     auto ds = TokenDataset::Open(tf.path, tf.format, tf.global_batch, tf.sequence_length);
-    if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
+    if (!ds.ok()) return bad(ds.status().message());
     if (tf.shuffle) (*ds)->Shuffle(tf.shuffle_seed);
-    job->data = std::move(*ds);
+    *raw = std::move(*ds);
   }
   if (tf.global_batch % spec.microbatches != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("data.token_file: global_batch ", tf.global_batch,
-                                                   " cannot be split into ", spec.microbatches, " micro-batches"));
+    return bad(
+        absl::StrCat("global_batch ", tf.global_batch, " cannot be split into ", spec.microbatches, " micro-batches"));
   }
-  if (tf.max_epochs < 1) return absl::InvalidArgumentError("data.token_file: max_epochs must be >= 1");
+  if (tf.max_epochs < 1) return bad("max_epochs must be >= 1");
   return absl::OkStatus();
+}
+
+// A JSONL or token dataset source read whole (the runner, when the job starts); null for a raw
+// token file (opened at Submit).
+absl::StatusOr<std::unique_ptr<TokenDataset>> LoadPackedSource(const TokenFileSource& tf, const std::string& field,
+                                                               const std::function<void(std::string)>& progress) {
+  if (!IsJsonl(tf) && !IsTokenDatasetFile(tf)) return std::unique_ptr<TokenDataset>();
+  absl::StatusOr<PackedTokens> packed;
+  if (IsJsonl(tf)) {
+    progress("tokenizing " + tf.path);
+    auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
+    if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", tok.status().message()));
+    packed = ReadJsonlDocuments(tf.path, *tok);
+  } else {
+    progress("reading " + tf.path);
+    packed = ReadTokenDatasetFile(tf.path);
+  }
+  if (!packed.ok()) return packed.status();
+  std::vector<int64_t> starts = std::move(packed->document_starts);
+  auto ds = TokenDataset::FromPacked(std::move(packed->tokens), std::move(packed->trained), tf.global_batch,
+                                     tf.sequence_length, absl::StrCat("dataset '", tf.path, "'"));
+  if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", ds.status().message()));
+  if (tf.shuffle) (*ds)->Shuffle(tf.shuffle_seed);
+  if (tf.packing == TokenFileSource::Packing::kDocumentMasked) (*ds)->MaskDocuments(std::move(starts));
+  return std::move(*ds);
 }
 
 }  // namespace
@@ -140,13 +168,50 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     }
     job->first_step = meta->step;
     job->consumed_offset = meta->batches_consumed;
+    if (meta->eval) {  // the evaluations so far continue (best loss, early-stopping count, kept best)
+      const workers::io::CheckpointMeta::Eval& ev = *meta->eval;
+      base::MutexLock lock(&job->mu);
+      job->last_eval = EvalStats{ev.step,
+                                 ev.loss,
+                                 ev.tokens,
+                                 0,
+                                 ev.best_loss,
+                                 ev.best_step,
+                                 ev.step == ev.best_step,
+                                 ev.step == ev.best_step ? ev.best_checkpoint : ""};
+      job->evals_without_improvement = ev.without_improvement;
+      job->best_checkpoint = ev.best_checkpoint;
+    }
     if (meta->fused > 0) {
       spec.partition = planning::Partition{meta->forward, meta->fused, meta->backward};
       spec.auto_partition = false;
     }
   }
   if (spec.token_file) {
-    if (absl::Status st = PrepareTokenFile(spec, job); !st.ok()) return st;
+    if (absl::Status st = PrepareSource(*spec.token_file, spec, job, "data.token_file", &job->data); !st.ok()) {
+      return st;
+    }
+  }
+  if (spec.validation) {
+    TokenFileSource& v = *spec.validation;
+    if (v.global_batch == 0 && spec.token_file) v.global_batch = spec.token_file->global_batch;
+    if (v.sequence_length == 0 && spec.token_file) v.sequence_length = spec.token_file->sequence_length;
+    if (v.global_batch < 1 || v.sequence_length < 1) {
+      return absl::InvalidArgumentError("data.validation: needs a global_batch and a sequence_length");
+    }
+    v.shuffle = false;  // one pass in file order per evaluation
+    v.max_epochs = 1;
+    if (absl::Status st = PrepareSource(v, spec, job, "data.validation", &job->validation); !st.ok()) return st;
+  }
+  if (spec.eval.every_steps < 0 || spec.eval.early_stopping_patience < 0) {
+    return absl::InvalidArgumentError("eval: every_steps and early_stopping_patience must not be negative");
+  }
+  if (!spec.validation &&
+      (spec.eval.every_steps > 0 || spec.eval.early_stopping_patience > 0 || spec.eval.keep_best_checkpoint)) {
+    return absl::InvalidArgumentError("eval: evaluation needs a validation source (data.validation)");
+  }
+  if (spec.eval.keep_best_checkpoint && spec.checkpoint_root.empty()) {
+    return absl::InvalidArgumentError("eval.keep_best_checkpoint: the job has no checkpoint directory");
   }
   ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
@@ -214,30 +279,22 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     o.resume_loss_scale = meta->loss_scale;
     o.resume_good_steps = meta->good_steps;
   }
-  std::unique_ptr<TokenDataset> data;
-  if (spec.token_file && (IsJsonl(*spec.token_file) || IsTokenDatasetFile(*spec.token_file))) {
-    const TokenFileSource& tf = *spec.token_file;
-    absl::StatusOr<PackedTokens> packed;
-    if (IsJsonl(tf)) {
-      progress("tokenizing " + tf.path);
-      auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
-      if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", tok.status().message()));
-      packed = ReadJsonlDocuments(tf.path, *tok);
-    } else {
-      progress("reading " + tf.path);
-      packed = ReadTokenDatasetFile(tf.path);
-    }
-    if (!packed.ok()) return packed.status();
-    auto ds = TokenDataset::FromPacked(std::move(packed->tokens), std::move(packed->trained), tf.global_batch,
-                                       tf.sequence_length, absl::StrCat("dataset '", tf.path, "'"));
-    if (!ds.ok()) return absl::InvalidArgumentError(absl::StrCat("data.token_file: ", ds.status().message()));
-    if (tf.shuffle) (*ds)->Shuffle(tf.shuffle_seed);
+  std::unique_ptr<TokenDataset> data, validation;
+  if (spec.token_file) {
+    auto ds = LoadPackedSource(*spec.token_file, "data.token_file", progress);
+    if (!ds.ok()) return ds.status();
     data = std::move(*ds);
+  }
+  if (spec.validation) {
+    auto ds = LoadPackedSource(*spec.validation, "data.validation", progress);
+    if (!ds.ok()) return ds.status();
+    validation = std::move(*ds);
   }
   auto c = Controller::Create(o, store.get(), devices, timeline);
   if (!c.ok()) return c.status();
   base::MutexLock lock(&job.mu);
   if (data) job.data = std::move(data);
+  if (validation) job.validation = std::move(validation);
   job.store = std::move(store);
   job.controller = std::move(*c);
   return absl::OkStatus();

@@ -1,5 +1,6 @@
 #include "scheduler/runtime/job_runner.h"
 
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <utility>
@@ -7,6 +8,12 @@
 #include "absl/strings/str_cat.h"
 
 namespace rp::scheduler::runtime {
+
+JobRunner::JobRunner(EngineJob& job) : job_(job), c_(*job.controller), last_policy_step_(job.first_step) {
+  base::MutexLock lock(&job_.mu);
+  // A resumed job that was evaluated at its checkpoint's step is not evaluated there again.
+  if (job_.last_eval && job_.last_eval->step == job_.first_step) last_eval_step_ = job_.first_step;
+}
 
 bool JobRunner::FinishPending() {
   if (!pending_) return true;
@@ -43,6 +50,14 @@ bool JobRunner::FinishPending() {
 
 void JobRunner::End(JobState s, std::string message) {
   if (!FinishPending()) return;  // already FAILED
+  if (s == JobState::kSucceeded && job_.validation) {
+    int64_t step;
+    {
+      base::MutexLock lock(&job_.mu);
+      step = job_.first_step + job_.steps_done;
+    }
+    if (step != last_eval_step_ && !Evaluate(/*at_end=*/true)) return;
+  }
   {
     base::MutexLock run(&job_.run_mu);
     (void)c_.Flush();  // the store now holds every step
@@ -125,6 +140,90 @@ bool JobRunner::MaybePause() {
   return true;
 }
 
+bool JobRunner::MaybeEvaluate() {
+  const int64_t every = job_.spec.eval.every_steps;
+  if (!job_.validation || every <= 0) return true;
+  const int64_t submitted = job_.first_step + steps_ + (pending_ ? 1 : 0);
+  if (submitted == 0 || submitted == last_eval_step_ || submitted % every != 0) return true;
+  return Evaluate(/*at_end=*/false);
+}
+
+bool JobRunner::Evaluate(bool at_end) {
+  if (!FinishPending()) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t step;
+  {
+    base::MutexLock lock(&job_.mu);
+    step = job_.first_step + job_.steps_done;
+  }
+  last_eval_step_ = step;
+  double sum = 0;
+  int64_t tokens = 0;
+  {
+    base::MutexLock run(&job_.run_mu);
+    for (int64_t b = 0; b < job_.validation->batches_per_epoch(); ++b) {
+      {
+        base::MutexLock lock(&job_.mu);
+        if (job_.cancel) return true;  // the loop ends the job
+      }
+      auto [tokens_b, labels_b] = job_.validation->Batch(b);
+      const at::Tensor positions = job_.validation->Positions(b);
+      auto r =
+          c_.Evaluate(tokens_b, labels_b, positions.defined() ? std::optional<at::Tensor>(positions) : std::nullopt);
+      if (!r.ok()) {
+        base::MutexLock lock(&job_.mu);
+        job_.SetState(JobState::kFailed,
+                      absl::StrCat("evaluation at step ", step, ", validation batch ", b, ": ", r.status().message()));
+        return false;
+      }
+      sum += r->loss_sum;
+      tokens += r->tokens;
+    }
+  }
+  base::MutexLock lock(&job_.mu);
+  if (tokens == 0) {
+    job_.SetState(JobState::kFailed, "data.validation: no token of the validation set has a label to evaluate");
+    return false;
+  }
+  EvalStats ev;
+  ev.step = step;
+  ev.loss = sum / static_cast<double>(tokens);
+  ev.tokens = tokens;
+  ev.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool had_best = job_.last_eval.has_value();
+  ev.is_best = !had_best || ev.loss < job_.last_eval->best_loss;
+  ev.best_loss = ev.is_best ? ev.loss : job_.last_eval->best_loss;
+  ev.best_step = ev.is_best ? step : job_.last_eval->best_step;
+  job_.evals_without_improvement = ev.is_best ? 0 : job_.evals_without_improvement + 1;
+  if (ev.is_best && job_.spec.eval.keep_best_checkpoint) {
+    lock.Unlock();
+    absl::StatusOr<CheckpointInfo> info;
+    {
+      base::MutexLock run(&job_.run_mu);
+      info = job_.CheckpointNow(absl::StrCat("best eval loss ", ev.loss), /*report_existing=*/false);
+    }
+    lock.Lock();
+    if (info.ok()) {  // a failure was reported; the last best stays kept
+      job_.best_checkpoint = info->path;
+      ev.checkpoint = info->path;
+    }
+  }
+  job_.last_eval = ev;
+  JobEvent e{JobEvent::Kind::kEval, job_.state, {}, ""};
+  e.eval = ev;
+  job_.Emit(e);
+  const int patience = job_.spec.eval.early_stopping_patience;
+  if (!at_end && patience > 0 && job_.evals_without_improvement >= patience) {
+    const std::string why =
+        absl::StrCat("stopped early at step ", step, ": the eval loss did not improve for ", patience,
+                     " evaluation(s) (best ", ev.best_loss, " at step ", ev.best_step, ")");
+    lock.Unlock();
+    End(JobState::kSucceeded, why);
+    return false;
+  }
+  return true;
+}
+
 JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
   if (job_.data) {
     base::MutexLock lock(&job_.mu);
@@ -140,6 +239,7 @@ JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
     lock.Unlock();
     auto [tokens, labels] = job_.data->Batch(index);
     *batch = {tokens, labels};
+    if (at::Tensor positions = job_.data->Positions(index); positions.defined()) batch->positions = positions;
     *data_index = index;
   } else {
     base::MutexLock lock(&job_.mu);
@@ -185,6 +285,7 @@ void JobRunner::Run() {
   for (;;) {
     PolicyCheckpoint();
     if (!TakeCheckpoints()) return;
+    if (!MaybeEvaluate()) return;
     if (!MaybePause()) return;
     if (job_.spec.max_steps > 0 && steps_ + (pending_ ? 1 : 0) >= job_.spec.max_steps) {
       End(JobState::kSucceeded, "");
@@ -198,7 +299,7 @@ void JobRunner::Run() {
     absl::StatusOr<int> it;
     {
       base::MutexLock run(&job_.run_mu);
-      it = c_.SubmitIteration(batch.tokens, batch.labels);
+      it = c_.SubmitIteration(batch.tokens, batch.labels, batch.positions);
     }
     if (!it.ok()) {
       base::MutexLock lock(&job_.mu);

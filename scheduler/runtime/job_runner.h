@@ -17,7 +17,7 @@ namespace rp::scheduler::runtime {
 
 class JobRunner {
  public:
-  explicit JobRunner(EngineJob& job) : job_(job), c_(*job.controller), last_policy_step_(job.first_step) {}
+  explicit JobRunner(EngineJob& job);
   // Until the job ends (succeeded, failed, cancelled).
   void Run();
 
@@ -36,6 +36,14 @@ class JobRunner {
   // Pause point (between iterations): report the pending iteration, flush the optimizer so the
   // store is consistent, then wait for Resume or Cancel (serving checkpoint requests meanwhile).
   bool MaybePause();
+  // The evaluation policy: when the steps submitted so far reach a multiple of eval.every_steps,
+  // the evaluation runs before more are submitted (on exactly that many steps, whatever the
+  // timing). False when the job ended (it failed, or stopped early).
+  bool MaybeEvaluate();
+  // One pass over the validation source at the current step (the pending iteration reported, the
+  // optimizer flushed): reports it (kEval), keeps the best checkpoint, and unless `at_end` stops
+  // the job when early stopping says so. False when the job ended.
+  bool Evaluate(bool at_end);
   enum class Next { kBatch, kAgain, kEnded };
   // The next batch: from the token file or the queue (admitting a waiting feed into the room).
   Next TakeBatch(TensorBatch* batch, int64_t* data_index);
@@ -46,6 +54,7 @@ class JobRunner {
   int64_t skipped_in_a_row_ = 0;  // fp16 steps skipped for overflow, consecutively
   std::optional<int> pending_;    // async: the submitted iteration not yet awaited
   int64_t last_policy_step_;
+  int64_t last_eval_step_ = -1;  // the step of the latest evaluation in this run
 };
 
 }  // namespace rp::scheduler::runtime

@@ -39,6 +39,7 @@ absl::Status AppendRecord(std::string_view line, const std::string& path, int64_
     out->tokens.insert(out->tokens.end(), ids.begin(), ids.end());
     out->trained.insert(out->trained.end(), ids.size(), trained ? 1 : 0);
   };
+  const size_t first_token = out->tokens.size();
   const json rec = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (rec.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(where(), ": not valid JSON"));
   if (!rec.is_object()) return absl::InvalidArgumentError(absl::StrCat(where(), ": not a JSON object"));
@@ -66,6 +67,7 @@ absl::Status AppendRecord(std::string_view line, const std::string& path, int64_
                                                    "\"completion\" (it has: ", absl::StrJoin(keys, ", "), ")"));
   }
   if (tok.eos_id) append({*tok.eos_id}, true);
+  if (out->tokens.size() > first_token) out->document_starts.push_back(static_cast<int64_t>(first_token));
   ++out->documents;
   return absl::OkStatus();
 }
@@ -158,6 +160,8 @@ absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const L
   PackedTokens out;
   for (Chunk& c : chunks) {
     if (!c.status.ok()) return c.status;  // chunks are in file order: the first bad line wins
+    const auto base = static_cast<int64_t>(out.tokens.size());
+    for (int64_t d : c.packed.document_starts) out.document_starts.push_back(base + d);
     out.tokens.insert(out.tokens.end(), c.packed.tokens.begin(), c.packed.tokens.end());
     out.trained.insert(out.trained.end(), c.packed.trained.begin(), c.packed.trained.end());
     out.documents += c.packed.documents;

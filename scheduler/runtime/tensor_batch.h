@@ -18,6 +18,9 @@ namespace rp::scheduler::runtime {
 struct TensorBatch {
   at::Tensor tokens;                 // [rows, cols] int64
   std::optional<at::Tensor> labels;  // the same shape; absent: next-token labels
+  // The same shape: token positions of packed documents (Controller::SubmitIteration); absent:
+  // 0..cols-1 in every row.
+  std::optional<at::Tensor> positions;
 };
 
 // Shape, divisibility by `microbatches` and id ranges against `vocab`: the one validation a

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -158,11 +159,37 @@ std::pair<at::Tensor, at::Tensor> TokenDataset::Batch(int64_t index) const {
     const int64_t start = WindowOf(index, b) * S;
     for (int64_t s = 0; s < S; ++s) {
       t[b * S + s] = TokenAt(start + s);
-      const bool target = trained_.empty() || trained_[start + s + 1] != 0;
+      const bool target =
+          (trained_.empty() || trained_[start + s + 1] != 0) && !(mask_documents_ && StartsDocument(start + s + 1));
       l[b * S + s] = target ? TokenAt(start + s + 1) : scheduler::Batch::kIgnoreLabel;
     }
   }
   return {tokens, labels};
+}
+
+bool TokenDataset::StartsDocument(int64_t i) const {
+  return std::binary_search(document_starts_.begin(), document_starts_.end(), i);
+}
+
+at::Tensor TokenDataset::Positions(int64_t index) const {
+  if (!mask_documents_) return at::Tensor();
+  const int64_t B = global_batch_, S = sequence_length_;
+  at::Tensor positions = at::empty({B, S}, at::kLong);
+  int64_t* p = positions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t start = WindowOf(index, b) * S;
+    // The document starts inside the window, walked in order.
+    auto next = std::upper_bound(document_starts_.begin(), document_starts_.end(), start);
+    int64_t pos = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      if (s > 0 && next != document_starts_.end() && *next == start + s) {
+        pos = 0;
+        ++next;
+      }
+      p[b * S + s] = pos++;
+    }
+  }
+  return positions;
 }
 
 }  // namespace rp::scheduler::runtime

@@ -28,6 +28,7 @@ struct PackedTokens {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> trained;  // trained[i]: token i is a training target (1) or masked (0)
   int64_t documents = 0;
+  std::vector<int64_t> document_starts;  // where each non-empty document starts, rising (0 first)
 };
 
 class TokenDataset {
@@ -39,6 +40,14 @@ class TokenDataset {
   static absl::StatusOr<std::unique_ptr<TokenDataset>> FromPacked(std::vector<int32_t> tokens,
                                                                   std::vector<uint8_t> trained, int64_t global_batch,
                                                                   int64_t sequence_length, const std::string& what);
+  // Document-masked packing (a packed stream's `document_starts`, rising): every window restarts
+  // its positions at each document start (and at its own start), attention stays inside a
+  // document (Positions), and the target that would cross into the next document is not trained.
+  void MaskDocuments(std::vector<int64_t> document_starts) {
+    document_starts_ = std::move(document_starts);
+    mask_documents_ = true;
+  }
+  bool masks_documents() const { return mask_documents_; }
   // Windows in a seeded order, a fresh permutation per epoch (default: file order).
   void Shuffle(uint64_t seed) {
     shuffle_ = true;
@@ -52,6 +61,9 @@ class TokenDataset {
   // tokens and labels, each [global_batch, sequence_length] int64 (labels = tokens shifted by
   // one within each window).
   std::pair<at::Tensor, at::Tensor> Batch(int64_t index) const;
+  // Document-masked datasets: the positions of Batch(index)'s tokens ([global_batch,
+  // sequence_length] int64, 0 at each row's start and at every document start); else undefined.
+  at::Tensor Positions(int64_t index) const;
 
  private:
   TokenDataset() = default;
@@ -69,6 +81,9 @@ class TokenDataset {
   std::vector<uint8_t> trained_;  // FromPacked: the loss mask
   bool shuffle_ = false;
   uint64_t seed_ = 0;
+  bool mask_documents_ = false;
+  std::vector<int64_t> document_starts_;
+  bool StartsDocument(int64_t i) const;
 };
 
 }  // namespace rp::scheduler::runtime

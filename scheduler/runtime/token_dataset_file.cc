@@ -62,6 +62,7 @@ absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path) {
     for (int64_t i = 0; i < n; ++i) out.trained[i] = q[i] != 0 ? 1 : 0;
   }
   out.documents = 1;
+  out.document_starts = {0};
   if ((*f)->Find("document_offsets") != nullptr) {
     auto d = (*f)->Read("document_offsets", at::kLong);
     if (!d.ok()) return d.status();
@@ -74,6 +75,10 @@ absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path) {
       }
     }
     out.documents = k - 1;
+    out.document_starts.clear();
+    for (int64_t i = 0; i + 1 < k; ++i) {
+      if (o[i] < o[i + 1]) out.document_starts.push_back(o[i]);  // empty documents start nothing
+    }
   }
   return out;
 }

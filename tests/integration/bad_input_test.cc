@@ -108,6 +108,31 @@ TEST_F(DaemonTest, BadInputMatrixGetsClearErrorsAndTheDaemonAndOtherJobsCarryOn)
        StatusCode::kInvalidArgument, "nothing.bin"},
       {"output dir outside", [](auto& s) { s.set_output_dir("/tmp/../etc/x"); }, StatusCode::kPermissionDenied,
        "output_dir"},
+      {"document masks on a flat token file",
+       [this](auto& s) {
+         s.mutable_data()->mutable_token_file()->set_path(TokenFile(4000));
+         s.mutable_data()->mutable_token_file()->set_packing(v1::DataSource::TokenFile::PACKING_DOCUMENT_MASKED);
+       },
+       StatusCode::kInvalidArgument, "data.token_file: packing: document masks need a dataset"},
+      {"unknown packing",
+       [this](auto& s) {
+         s.mutable_data()->mutable_token_file()->set_path(TokenFile(4000));
+         s.mutable_data()->mutable_token_file()->set_packing(static_cast<v1::DataSource::TokenFile::Packing>(9));
+       },
+       StatusCode::kInvalidArgument, "data.token_file.packing: unknown value 9"},
+      {"eval without validation data", [](auto& s) { s.mutable_eval()->set_every_steps(10); },
+       StatusCode::kInvalidArgument, "eval: needs validation data (data.validation)"},
+      {"negative eval interval",
+       [this](auto& s) {
+         s.mutable_data()->mutable_validation()->set_path(TokenFile(4000));
+         s.mutable_eval()->set_every_steps(-1);
+       },
+       StatusCode::kInvalidArgument, "eval.every_steps"},
+      {"validation outside roots", [](auto& s) { s.mutable_data()->mutable_validation()->set_path("/etc/passwd"); },
+       StatusCode::kPermissionDenied, "data.validation.path"},
+      {"validation smaller than a batch",
+       [this](auto& s) { s.mutable_data()->mutable_validation()->set_path(TokenFile(40)); },
+       StatusCode::kInvalidArgument, "data.validation: token file"},
   };
   for (const auto& sc : specs) {
     v1::JobSpec s = TinySpec();

@@ -116,6 +116,10 @@ class Watcher {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, timeout, [&] { return finished_; }) && status_.ok();
   }
+  std::vector<roundpipe::v1::JobEvent> Events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
   std::vector<double> Losses() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<double> out;

@@ -35,7 +35,7 @@ ReferenceModel::ReferenceModel(const workers::HostModelStore& init, const worker
 ReferenceModel::~ReferenceModel() = default;
 
 at::Tensor ReferenceModel::Loss(const std::map<std::string, at::Tensor>& params, const at::Tensor& tokens_in,
-                                const std::optional<at::Tensor>& labels_in) {
+                                const std::optional<at::Tensor>& labels_in, bool sum) {
   at::Tensor tokens = tokens_in.to(at::kLong);
   at::Tensor labels = labels_in ? labels_in->to(at::kLong) : workers::models::ShiftLabels(tokens);
   auto w = [&](int layer) {
@@ -49,8 +49,8 @@ at::Tensor ReferenceModel::Loss(const std::map<std::string, at::Tensor>& params,
   std::vector<at::Tensor> head = w(cfg_.head_layer());
   at::Tensor hn = workers::models::FinalNorm(cfg_, head[0], x);
   at::Tensor logits = at::matmul(hn.to(at::kFloat), head[1].to(at::kFloat).t());
-  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab}), labels.reshape({-1}), {}, at::Reduction::Mean,
-                                workers::models::kIgnoreIndex);
+  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab}), labels.reshape({-1}), {},
+                                sum ? at::Reduction::Sum : at::Reduction::Mean, workers::models::kIgnoreIndex);
 }
 
 double ReferenceModel::Step(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) {
@@ -60,6 +60,30 @@ double ReferenceModel::Step(const at::Tensor& tokens, const std::optional<at::Te
   if (opt_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(optim_->list, opt_.max_grad_norm);
   optim_->adamw->step();
   return loss.item<double>();
+}
+
+double ReferenceModel::StepDocuments(const std::vector<Document>& documents) {
+  optim_->adamw->zero_grad();
+  at::Tensor total = at::zeros({}, at::kFloat);
+  int64_t targets = 0;
+  for (const Document& d : documents) {
+    const at::Tensor t = d.tokens.reshape({1, -1});
+    const at::Tensor l = d.labels.defined() ? d.labels.reshape({1, -1}).to(at::kLong) : workers::models::ShiftLabels(t);
+    const int64_t n = l.ne(workers::models::kIgnoreIndex).sum().item<int64_t>();
+    if (n == 0) continue;  // nothing to learn from (and a sum over nothing has no graph to add)
+    total = total + Loss(params_, t, l, /*sum=*/true);
+    targets += n;
+  }
+  at::Tensor loss = total / static_cast<double>(targets);
+  loss.backward();
+  if (opt_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(optim_->list, opt_.max_grad_norm);
+  optim_->adamw->step();
+  return loss.item<double>();
+}
+
+double ReferenceModel::EvalLoss(const at::Tensor& tokens, const std::optional<at::Tensor>& labels) {
+  at::NoGradGuard no_grad;
+  return Loss(params_, tokens, labels).item<double>();
 }
 
 double ReferenceModel::StaleStep(const at::Tensor& tokens) {

@@ -113,6 +113,21 @@ absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::
   m.optimizer = StringField(j, "optimizer");
   if (m.optimizer.empty()) m.optimizer = "adamw";  // written before SGD and Lion existed
   if (HasBase(j)) m.base_fingerprint = StringField(j["base"], "fingerprint");
+  if (j.contains("eval")) {
+    const auto& e = j["eval"];
+    CheckpointMeta::Eval ev;
+    ev.step = IntField(e, "step", -1);
+    ev.loss = NumberField(e, "loss", 0);
+    ev.tokens = IntField(e, "tokens", -1);
+    ev.best_loss = NumberField(e, "best_loss", 0);
+    ev.best_step = IntField(e, "best_step", -1);
+    ev.without_improvement = static_cast<int>(IntField(e, "without_improvement", -1));
+    ev.best_checkpoint = StringField(e, "best_checkpoint");
+    if (!e.is_object() || ev.step < 0 || ev.tokens < 0 || ev.best_step < 0 || ev.without_improvement < 0) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has a bad eval record"));
+    }
+    m.eval = ev;
+  }
   return m;
 }
 
@@ -165,6 +180,16 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
                       {"partition", {{"forward", meta.forward}, {"fused", meta.fused}, {"backward", meta.backward}}},
                       {"note", meta.note},
                       {"optimizer", meta.optimizer}};
+  if (meta.eval) {
+    const CheckpointMeta::Eval& e = *meta.eval;
+    j["eval"] = {{"step", e.step},
+                 {"loss", e.loss},
+                 {"tokens", e.tokens},
+                 {"best_loss", e.best_loss},
+                 {"best_step", e.best_step},
+                 {"without_improvement", e.without_improvement},
+                 {"best_checkpoint", e.best_checkpoint}};
+  }
   if (frozen) {
     const FrozenBase base = base_in ? *base_in : DescribeFrozenBase(store);
     if (absl::Status st = out->WriteFile("base.json", FrozenBaseJson(base)); !st.ok()) return fail(st);

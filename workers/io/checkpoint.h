@@ -13,6 +13,7 @@
 // flush point); Read writes the store's fp32 and master copies and fills `adamw`.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,18 @@ struct CheckpointMeta {
   std::string optimizer = "adamw";  // the update rule the state belongs to: "adamw", "sgd", "lion"
   // Read only: the frozen base's fingerprint ("" when the job trains every parameter).
   std::string base_fingerprint;
+  // The job's evaluations up to this point (absent: none yet), so a resumed job continues its
+  // best eval loss, early-stopping count and kept best checkpoint.
+  struct Eval {
+    int64_t step = 0;  // the latest evaluation
+    double loss = 0;
+    int64_t tokens = 0;
+    double best_loss = 0;
+    int64_t best_step = 0;
+    int without_improvement = 0;
+    std::string best_checkpoint;
+  };
+  std::optional<Eval> eval;
 };
 
 // `base`: the store's frozen base as DescribeFrozenBase gives it, if the caller keeps it (it does

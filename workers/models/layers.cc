@@ -89,6 +89,20 @@ Rope MakeRope(const TransformerConfig& c, int64_t seq, c10::Device device) {
   return {emb.cos().to(device, at::kFloat), emb.sin().to(device, at::kFloat)};
 }
 
+TokenLayout DocumentLayout(const Rope& table, const at::Tensor& positions) {
+  const int64_t b = positions.size(0), s = positions.size(1);
+  const at::Tensor flat = positions.reshape({-1});
+  Rope rope{table.cos.index_select(0, flat).view({b, 1, s, -1}), table.sin.index_select(0, flat).view({b, 1, s, -1})};
+  // Document number of every token (a new one wherever the position is 0); a token sees the
+  // earlier tokens of its own document only.
+  const at::Tensor doc = positions.eq(0).cumsum(1);
+  const at::Tensor same = doc.unsqueeze(2).eq(doc.unsqueeze(1));  // [b, s(query), s(key)]
+  const at::Tensor causal = at::ones({s, s}, positions.options().dtype(at::kBool)).tril();
+  TokenLayout layout(std::move(rope));
+  layout.attn_mask = same.logical_and(causal).unsqueeze(1);
+  return layout;
+}
+
 namespace {
 
 at::Tensor RotateHalf(const at::Tensor& x) {
@@ -96,7 +110,7 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// x [b, heads, s, d]; cos/sin [s, d] fp32.
+// x [b, heads, s, d]; cos/sin [s, d] or [b, 1, s, d] fp32.
 at::Tensor ApplyRope(const at::Tensor& x, const Rope& rope) {
   const at::Tensor cos = rope.cos.to(x.scalar_type());
   const at::Tensor sin = rope.sin.to(x.scalar_type());
@@ -117,7 +131,8 @@ at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens) 
 }
 
 at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor>& w, const at::Tensor& x,
-                        const Rope& rope) {
+                        const TokenLayout& layout) {
+  const Rope& rope = layout.rope;
   const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
   size_t i = 0;
   const at::Tensor& in_norm = w[i++];
@@ -168,7 +183,9 @@ at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor
     k = k.repeat_interleave(rep, 1);
     v = v.repeat_interleave(rep, 1);
   }
-  at::Tensor a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  at::Tensor a = layout.attn_mask.defined()
+                     ? at::scaled_dot_product_attention(q, k, v, layout.attn_mask, 0.0, /*is_causal=*/false)
+                     : at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
   a = a.transpose(1, 2).reshape({b, s, c.num_heads * d});
   at::Tensor h1 = x + linear(a, wo, "o_proj");
   at::Tensor hn2 = RmsNorm(h1, post_norm, c.rms_eps);
@@ -212,6 +229,31 @@ HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weig
     r.grad_hidden.narrow(0, start, n).copy_(at::matmul(g, wf));
     if (weight_grad) r.grad_weight.add_(at::matmul(g.t(), hc));
   }
+  return r;
+}
+
+HeadLoss ChunkedHeadLoss(const at::Tensor& hn, const at::Tensor& weight, const at::Tensor& labels, int64_t chunk) {
+  HeadLoss r;
+  const int64_t T = hn.size(0);
+  const bool low_precision = hn.is_cuda() && weight.scalar_type() != at::kFloat;  // as ChunkedHeadLossAndGrad
+  const at::Tensor wf = low_precision ? weight : weight.to(at::kFloat);
+  at::Tensor sum = at::zeros({}, hn.options().dtype(at::kDouble));
+  at::Tensor count = at::zeros({}, hn.options().dtype(at::kLong));
+  for (int64_t start = 0; start < T; start += chunk) {
+    const int64_t n = std::min(chunk, T - start);
+    at::Tensor hc =
+        low_precision ? hn.narrow(0, start, n).to(weight.scalar_type()) : hn.narrow(0, start, n).to(at::kFloat);
+    at::Tensor lc = labels.narrow(0, start, n);
+    at::Tensor valid = lc.ne(kIgnoreIndex);
+    at::Tensor safe = at::where(valid, lc, at::zeros_like(lc));
+    at::Tensor logits = at::matmul(hc, wf.t()).to(at::kFloat);
+    at::Tensor ce = at::logsumexp(logits, 1) - logits.gather(1, safe.unsqueeze(1)).squeeze(1);
+    sum.add_((ce * valid.to(at::kFloat)).sum().to(at::kDouble));
+    count.add_(valid.sum());
+  }
+  // One host synchronisation per call, not one per chunk.
+  r.loss_sum = sum.item<double>();
+  r.tokens = count.item<int64_t>();
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "workers/models/transformer_config.h"
@@ -42,12 +43,26 @@ struct Rope {
 };
 Rope MakeRope(const TransformerConfig& cfg, int64_t seq, c10::Device device);
 
+// Where the tokens of a micro-batch sit and what they may see. From a Rope alone: every row at
+// positions 0..s-1 under the causal mask. From per-token positions (packed documents): the
+// rotary tables gathered at each token's position, and attention confined to the token's own
+// document — a document starts wherever the position is 0.
+struct TokenLayout {
+  TokenLayout(Rope r) : rope(std::move(r)) {}  // NOLINT(google-explicit-constructor): the plain case
+  Rope rope;                                   // cos/sin [s, d], or [b, 1, s, d] gathered per token
+  at::Tensor attn_mask;                        // undefined: causal; else [b, 1, s, s] bool, true = may attend
+};
+// `table` must cover positions 0..s-1 (MakeRope(cfg, s)); `positions` [b, s] int64, each row
+// 0 at its start and at every document start, else the previous position + 1 (checked by the
+// caller: Controller::ValidateBatch).
+TokenLayout DocumentLayout(const Rope& table, const at::Tensor& positions);
+
 // tokens [b, s] int64 -> hidden [b, s, h] in the weight's dtype.
 at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens);
 
 // x [b, s, h] -> [b, s, h]; w in LayerParams(cfg, block layer) order.
 at::Tensor BlockForward(const TransformerConfig& cfg, const std::vector<at::Tensor>& w, const at::Tensor& x,
-                        const Rope& rope);
+                        const TokenLayout& layout);
 
 // The final RMSNorm (differentiable), applied before the chunked head.
 at::Tensor FinalNorm(const TransformerConfig& cfg, const at::Tensor& norm_weight, const at::Tensor& x);
@@ -65,6 +80,15 @@ struct HeadLossGrad {
 // `weight_grad` false (a frozen head, e.g. LoRA): the weight-gradient GEMM is skipped.
 HeadLossGrad ChunkedHeadLossAndGrad(const at::Tensor& hn, const at::Tensor& weight, const at::Tensor& labels,
                                     double scale, int64_t chunk = 4096, bool weight_grad = true);
+
+// The summed cross-entropy of the LM head over `hn` [T, h] and `labels` [T] in chunks, without
+// any gradient (evaluation): the loss_sum and tokens of ChunkedHeadLossAndGrad, nothing else.
+struct HeadLoss {
+  double loss_sum = 0;
+  int64_t tokens = 0;
+};
+HeadLoss ChunkedHeadLoss(const at::Tensor& hn, const at::Tensor& weight, const at::Tensor& labels,
+                         int64_t chunk = 4096);
 
 // Next-token labels for tokens [b, s]: labels[:, t] = tokens[:, t+1], the last position -100.
 at::Tensor ShiftLabels(const at::Tensor& tokens);
