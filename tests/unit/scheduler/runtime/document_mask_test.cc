@@ -164,13 +164,11 @@ TEST(DocumentMasks, TheDatasetRestartsPositionsAndDropsTargetsAcrossDocuments) {
   auto [t, l] = (*ds)->Batch(0);
   const at::Tensor pos = (*ds)->Positions(0);
   const auto I = workers::models::kIgnoreIndex;
-  EXPECT_TRUE(
-      at::equal(pos, Longs({0, 1, 2, 3, 0, /**/ 0, 1, 2, 3, 4, /**/ 0, 0, 1, 2, 3}).reshape({3, 5})));
+  EXPECT_TRUE(at::equal(pos, Longs({0, 1, 2, 3, 0, /**/ 0, 1, 2, 3, 4, /**/ 0, 0, 1, 2, 3}).reshape({3, 5})));
   // Window 0: tokens 10..14; token 13 ends document 0 (no target), 14 is document 1 alone (its
   // target 15 starts document 2: dropped). Window 1 (15..19) continues into 20, all document 2.
   // Window 2 (20..24): 20 ends document 2 (its target 21 starts document 3), then 21..24 -> 22..25.
-  EXPECT_TRUE(at::equal(
-      l, Longs({11, 12, 13, I, I, /**/ 16, 17, 18, 19, 20, /**/ I, 22, 23, 24, 25}).reshape({3, 5})));
+  EXPECT_TRUE(at::equal(l, Longs({11, 12, 13, I, I, /**/ 16, 17, 18, 19, 20, /**/ I, 22, 23, 24, 25}).reshape({3, 5})));
   EXPECT_EQ(t[2][0].item<int64_t>(), 20);
 }
 
