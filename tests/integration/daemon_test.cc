@@ -613,6 +613,19 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
   spec.mutable_data()->mutable_token_file()->set_shuffle_seed(5);
   spec.mutable_checkpoint()->set_every_steps(2);
   spec.set_max_steps(16);
+  // Evaluations every 3 steps (drain points of the async job) with the best checkpoint kept:
+  // their state is in the checkpoints, so the resumed job evaluates and ends like the straight one.
+  const std::string valid = root_ + "/data/valid.bin";
+  {
+    std::ofstream f(valid, std::ios::binary);
+    for (int32_t t : SomeTokens(3000, 11)) {
+      const uint16_t v = static_cast<uint16_t>(t);
+      f.write(reinterpret_cast<const char*>(&v), 2);
+    }
+  }
+  spec.mutable_data()->mutable_validation()->set_path(valid);
+  spec.mutable_eval()->set_every_steps(3);
+  spec.mutable_eval()->set_keep_best_checkpoint(true);
   std::string killed_id;
   const int kill_after = 7 + static_cast<int>(getpid() % 4);  // an arbitrary step in 7..10
   {
@@ -660,6 +673,27 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
   ASSERT_EQ(ta.size(), tb.size());
   ASSERT_FALSE(ta.empty());
   for (const auto& [name, t] : ta) EXPECT_TRUE(at::equal(t, tb[name])) << name;
+  // The evaluations after the restart are the straight run's, bit for bit, and so is the record.
+  std::map<int64_t, double> straight_evals;
+  for (const v1::JobEvent& e : ws.Events()) {
+    if (e.has_eval()) straight_evals[e.eval().step()] = e.eval().loss();
+  }
+  EXPECT_EQ(straight_evals.size(), 6u);  // steps 3, 6, 9, 12, 15 and the end (16)
+  int resumed_evals = 0;
+  for (const v1::JobEvent& e : w.Events()) {
+    if (!e.has_eval()) continue;
+    ++resumed_evals;
+    EXPECT_EQ(e.eval().loss(), straight_evals[e.eval().step()]) << "eval at step " << e.eval().step();
+  }
+  EXPECT_GE(resumed_evals, 3);
+  auto done = c->Get(straight->id());
+  resumed = c->Get(killed_id);
+  ASSERT_TRUE(done.ok() && resumed.ok());
+  EXPECT_EQ(resumed->last_eval().loss(), done->last_eval().loss());
+  EXPECT_EQ(resumed->last_eval().best_loss(), done->last_eval().best_loss());
+  EXPECT_EQ(resumed->last_eval().best_step(), done->last_eval().best_step());
+  EXPECT_FALSE(done->best_checkpoint().empty());
+  EXPECT_TRUE(std::filesystem::exists(resumed->best_checkpoint() + "/meta.json")) << resumed->best_checkpoint();
   // An explicit checkpoint of the finished job holds all 16 steps.
   auto ck = c->Checkpoint(straight->id());
   ASSERT_TRUE(ck.ok()) << ck.status();
