@@ -157,18 +157,25 @@ class RoundPipeLayout {
   void AddMicrobatches(size_t i, const std::vector<TaskDep>& weight_deps) {
     const StageSlot& sl = plan_.slots[i];
     const double dur = StageTime(costs_, sl.kind, sl.first_layer, sl.num_layers);
+    // Recompute ahead: the forward share of a backward stage needs only its weights and the
+    // checkpoint; the upstream gradient gates the rest.
+    const bool ahead = o_.recompute_ahead && sl.kind == SlotKind::kBackward && dur > 0;
+    const double head =
+        ahead ? std::min(1.0, StageTime(costs_, SlotKind::kForward, sl.first_layer, sl.num_layers) / dur) : 0.0;
     for (int m = 0; m < sl.num_microbatches; ++m) {
       SimTask t;
       t.resource = sl.worker;
       t.duration_s = dur;
+      t.head_fraction = head;
       t.phase = PhaseOf(sl.kind);
       t.iteration = sl.iteration;
       t.stage = sl.slot_in_round;
       t.microbatch = sl.first_microbatch + m;
       if (m == 0) t.deps = weight_deps;
       for (const SlotDependency& d : sl.deps) {
-        const double lat = d.reason == SlotDependency::Reason::kCheckpoint ? 0.0 : act_latency_;
-        t.deps.push_back({first_task_[static_cast<size_t>(d.slot)] + m, lat});
+        const bool checkpoint = d.reason == SlotDependency::Reason::kCheckpoint;
+        t.deps.push_back({first_task_[static_cast<size_t>(d.slot)] + m, checkpoint ? 0.0 : act_latency_, false,
+                          /*tail_only=*/ahead && d.reason == SlotDependency::Reason::kGradient});
       }
       const int id = s_.Add(std::move(t));
       if (m == 0) first_task_[i] = id;

@@ -24,6 +24,11 @@ struct SimOptions {
   // prefetched one stage ahead. Gradient downloads are not modelled.
   bool transfers = false;
   double host_link_bandwidth = 0;  // bytes/s, required with transfers
+  // RoundPipe backward stages recompute ahead of the upstream gradient: a micro-batch's
+  // recompute (its layers' forward time) starts once the stage's weights and the checkpoint are
+  // there, and only the backward proper waits for the gradient from the stage after it, as the
+  // engine runs them. false: the whole stage waits for every input (the ablation).
+  bool recompute_ahead = true;
 };
 
 // RoundPipe: sync (optimizer step after the iteration, next iteration waits) or async

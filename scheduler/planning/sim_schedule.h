@@ -17,6 +17,9 @@ struct TaskDep {
   int task;
   double latency_s = 0;   // added after the dependency is satisfied (e.g. activation transfer)
   bool on_start = false;  // satisfied when `task` STARTS (e.g. its weights were uploaded)
+  // Needed only by the task's tail (SimTask::head_fraction): a backward stage's upstream
+  // gradient, which its recompute (the head) does not wait for.
+  bool tail_only = false;
 };
 
 struct SimTask {
@@ -28,6 +31,10 @@ struct SimTask {
   int stage = 0;       // display: stage slot in round (RoundPipe) or stage id (baselines)
   int microbatch = 0;  // global within the iteration; -1 for optimizer / uploads
   int layer = -1;      // optimizer tasks: the layer they step (-1: all layers)
+  // The share of duration_s that may run before the tail_only dependencies are met (a backward
+  // stage's recompute); the tail starts once they are and the head is done. The resource is
+  // held meanwhile (it waits in between, as the device does).
+  double head_fraction = 0;
 };
 
 struct SimSchedule {

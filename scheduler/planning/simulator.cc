@@ -44,6 +44,7 @@ absl::StatusOr<SimResult> Simulate(const SimSchedule& s) {
         const int t = ord[i];
         const SimTask& task = s.tasks[static_cast<size_t>(t)];
         double ready = free_at[static_cast<size_t>(res)];
+        double tail_ready = 0;
         bool ok = true;
         for (const TaskDep& d : task.deps) {
           const double at = d.on_start ? r.start[static_cast<size_t>(d.task)] : r.finish[static_cast<size_t>(d.task)];
@@ -51,12 +52,15 @@ absl::StatusOr<SimResult> Simulate(const SimSchedule& s) {
             ok = false;
             break;
           }
-          ready = std::max(ready, at + d.latency_s);
+          double& gate = d.tail_only ? tail_ready : ready;
+          gate = std::max(gate, at + d.latency_s);
         }
         if (!ok) break;
+        const double head = task.duration_s * std::clamp(task.head_fraction, 0.0, 1.0);
+        const double finish = std::max(ready + head, tail_ready) + (task.duration_s - head);
         r.start[static_cast<size_t>(t)] = ready;
-        r.finish[static_cast<size_t>(t)] = ready + task.duration_s;
-        free_at[static_cast<size_t>(res)] = ready + task.duration_s;
+        r.finish[static_cast<size_t>(t)] = finish;
+        free_at[static_cast<size_t>(res)] = finish;
         r.busy[static_cast<size_t>(res)] += task.duration_s;
         ++i;
         ++done;

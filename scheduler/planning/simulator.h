@@ -1,7 +1,9 @@
 // simulator.h — discrete-event execution of a SimSchedule (paper §5.8.1 methodology).
 //
 // Contract: pure functions; safe from any thread. Each resource runs its tasks in the given
-// order; a task starts at max(resource free, every dependency satisfied + latency). A schedule
+// order; a task starts at max(resource free, every dependency satisfied + latency), except that
+// its tail_only dependencies gate only its tail (the part after head_fraction of its duration),
+// which may leave the resource waiting inside the task: finish - start >= duration. A schedule
 // whose orders and dependencies form a cycle is reported as an error (deadlock), never hangs.
 #pragma once
 

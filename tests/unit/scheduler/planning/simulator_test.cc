@@ -25,8 +25,16 @@ CostModel Uniform(int L, double f, double b) {
   return c;
 }
 
+// The paper's rule: a backward stage starts once every input is there. The closed forms below are
+// for it; recompute-ahead (the default of SimOptions) is tested on its own.
+SimOptions PaperRule() {
+  SimOptions o;
+  o.recompute_ahead = false;
+  return o;
+}
+
 SimSchedule RoundPipe(const CostModel& c, const Partition& p, int N, int M, int MR, int K, OptimizerMode mode,
-                      SimOptions so = {}) {
+                      SimOptions so = PaperRule()) {
   DispatchOptions o;
   o.num_workers = N;
   o.microbatches_per_iteration = M;
@@ -45,7 +53,10 @@ void ExpectConsistent(const SimSchedule& s, const SimResult& r) {
   for (size_t t = 0; t < s.tasks.size(); ++t) {
     for (const TaskDep& d : s.tasks[t].deps) {
       const double at = d.on_start ? r.start[static_cast<size_t>(d.task)] : r.finish[static_cast<size_t>(d.task)];
-      ASSERT_GE(r.start[t] + 1e-12, at + d.latency_s) << s.name << " task " << t << " dep " << d.task;
+      // A tail-only dependency gates the part after the head: it starts at finish - tail.
+      const double tail = s.tasks[t].duration_s * (1 - s.tasks[t].head_fraction);
+      const double gated = d.tail_only ? r.finish[t] - tail : r.start[t];
+      ASSERT_GE(gated + 1e-12, at + d.latency_s) << s.name << " task " << t << " dep " << d.task;
     }
   }
   for (const auto& ord : s.order) {
@@ -219,6 +230,53 @@ TEST(Simulator, BaselinesRunEveryStageAndMicrobatchForwardAndBackwardOnce) {
     auto r = Simulate(*s);
     ASSERT_TRUE(r.ok()) << r.status();
     ExpectConsistent(*s, *r);
+  }
+}
+
+TEST(Simulator, ATailOnlyDependencyGatesOnlyTheTail) {
+  SimSchedule s;
+  s.name = "tail";
+  s.num_workers = 2;
+  s.num_resources = 2;
+  s.Add({0, 2.0});  // produces the gradient at t = 2
+  SimTask b{1, 3.0, {{0, 0.5, false, /*tail_only=*/true}}};
+  b.head_fraction = 1.0 / 3;  // 1 s of recompute, then 2 s of backward
+  s.Add(b);
+  auto r = Simulate(s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->start[1], 0);      // the recompute does not wait
+  EXPECT_DOUBLE_EQ(r->finish[1], 4.5);   // the backward starts at 2 + 0.5
+  EXPECT_DOUBLE_EQ(r->gpu_work, 5);      // the wait inside the task is no work
+  s.tasks[1].deps[0].tail_only = false;  // the paper's rule: 2.5 + 3
+  r = Simulate(s);
+  ASSERT_TRUE(r.ok());
+  EXPECT_DOUBLE_EQ(r->start[1], 2.5);
+  EXPECT_DOUBLE_EQ(r->finish[1], 5.5);
+}
+
+// Recompute-ahead only relaxes dependencies of a fixed-order schedule (a max-plus system), so no
+// task ends later; where backward stages wait for their gradients it ends sooner.
+TEST(Simulator, RecomputeAheadNeverLosesAndWinsWhereStagesWaitForGradients) {
+  CostModel c = Uniform(8, 1, 3);
+  c.layers.back().fwd_s = 2;  // a heavy head: the backward stages wait on B_1's gradients
+  c.layers.back().fused_s = 7;
+  for (OptimizerMode mode : {OptimizerMode::kSync, OptimizerMode::kAsync}) {
+    bool won = false;
+    for (const Partition& p : {Partition{{3, 4}, 1, {2, 2, 3}}, Partition{{7}, 1, {1, 1, 1, 1, 1, 1, 1}},
+                               Partition{{2, 2, 2}, 2, {3, 3}}}) {
+      SimOptions ahead;
+      ahead.recompute_ahead = true;
+      SimSchedule with = RoundPipe(c, p, 3, 6, 3, 3, mode, ahead);
+      SimSchedule without = RoundPipe(c, p, 3, 6, 3, 3, mode);
+      auto a = Simulate(with), b = Simulate(without);
+      ASSERT_TRUE(a.ok() && b.ok());
+      ExpectConsistent(with, *a);
+      ASSERT_EQ(with.tasks.size(), without.tasks.size());
+      for (size_t t = 0; t < with.tasks.size(); ++t) ASSERT_LE(a->finish[t], b->finish[t] + 1e-9) << t;
+      EXPECT_DOUBLE_EQ(a->gpu_work, b->gpu_work);
+      won = won || a->makespan < b->makespan - 1e-9;
+    }
+    EXPECT_TRUE(won) << OptimizerModeName(mode);
   }
 }
 
