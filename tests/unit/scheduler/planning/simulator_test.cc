@@ -262,8 +262,8 @@ TEST(Simulator, RecomputeAheadNeverLosesAndWinsWhereStagesWaitForGradients) {
   c.layers.back().fused_s = 7;
   for (OptimizerMode mode : {OptimizerMode::kSync, OptimizerMode::kAsync}) {
     bool won = false;
-    for (const Partition& p : {Partition{{3, 4}, 1, {2, 2, 3}}, Partition{{7}, 1, {1, 1, 1, 1, 1, 1, 1}},
-                               Partition{{2, 2, 2}, 2, {3, 3}}}) {
+    for (const Partition& p :
+         {Partition{{3, 4}, 1, {2, 2, 3}}, Partition{{7}, 1, {1, 1, 1, 1, 1, 1, 1}}, Partition{{2, 2, 2}, 2, {3, 3}}}) {
       SimOptions ahead;
       ahead.recompute_ahead = true;
       SimSchedule with = RoundPipe(c, p, 3, 6, 3, 3, mode, ahead);
