@@ -27,6 +27,7 @@ struct StageState {
   std::vector<at::Tensor> in, grad_out, labels, positions;  // per micro-batch, on device
   std::vector<std::vector<std::pair<int, at::Tensor>>> fwd_out;
   std::vector<at::Tensor> grad_in;
+  std::vector<Recomputed> recomputed;  // backward stages recomputing ahead: the graph awaiting its gradient
 };
 
 // Runs `fn`, turning any exception into the iteration's error; skips the work once the
@@ -176,29 +177,54 @@ struct MicrobatchEvents {
   std::vector<EventPtr> computed, inputs_uploaded, outputs_downloaded;
 };
 
-// Micro-batch m's inputs, taken from the activation store (blocking until produced) and uploaded:
-// the activation, plus the labels (fused) or the output gradient (backward). Act-up stream.
-void UploadInputs(StageState& s, int m, int mb) {
+// Micro-batch m's inputs, taken from the activation store (blocking until produced) and uploaded
+// on the act-up stream. kAll: the activation (with the positions of packed documents), plus the
+// labels (fused, eval) or the output gradient (backward) — every input taken first, then the
+// transfers. A backward stage that recomputes ahead takes them in two steps: kCheckpoint (what
+// its recompute needs), then kGradient (what only its backward needs).
+enum class Inputs { kAll, kCheckpoint, kGradient };
+void UploadInputs(StageState& s, int m, int mb, Inputs which) {
   const StageTask& sl = s.task;
   ActivationStore& acts = *s.ctx->acts;
-  // Every input first (Take blocks until it was produced), then the transfers.
-  auto x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
+  const size_t i = static_cast<size_t>(m);
+  absl::StatusOr<at::Tensor> x = at::Tensor(), second = at::Tensor();
+  if (which != Inputs::kGradient) x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
   if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
-  absl::StatusOr<at::Tensor> second = at::Tensor();
-  if (sl.kind == StageKind::kFused || sl.kind == StageKind::kEval) {
-    second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
-  } else if (sl.kind == StageKind::kBackward) {
-    second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
+  if (which != Inputs::kCheckpoint) {
+    if (sl.kind == StageKind::kFused || sl.kind == StageKind::kEval) {
+      second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
+    } else if (sl.kind == StageKind::kBackward) {
+      second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
+    }
   }
   if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
-  s.in[static_cast<size_t>(m)] = s.dev->Upload(*x);
-  if (!s.ctx->positions.empty()) {
-    s.positions[static_cast<size_t>(m)] = s.dev->Upload(s.ctx->positions[static_cast<size_t>(mb)]);
+  if (which != Inputs::kGradient) {
+    s.in[i] = s.dev->Upload(*x);
+    if (!s.ctx->positions.empty()) s.positions[i] = s.dev->Upload(s.ctx->positions[static_cast<size_t>(mb)]);
   }
-  if (sl.kind == StageKind::kFused || sl.kind == StageKind::kEval) {
-    s.labels[static_cast<size_t>(m)] = s.dev->Upload(*second);
-  }
-  if (sl.kind == StageKind::kBackward) s.grad_out[static_cast<size_t>(m)] = s.dev->Upload(*second);
+  if (which == Inputs::kCheckpoint) return;
+  if (sl.kind == StageKind::kFused || sl.kind == StageKind::kEval) s.labels[i] = s.dev->Upload(*second);
+  if (sl.kind == StageKind::kBackward) s.grad_out[i] = s.dev->Upload(*second);
+}
+
+models::TokenLayout LayoutOf(const StageState& s, size_t i) {
+  return s.positions[i].defined() ? models::DocumentLayout(s.rope, s.positions[i]) : models::TokenLayout(s.rope);
+}
+
+// A backward stage that recomputes ahead, on the compute stream: micro-batch m's recompute as
+// soon as its checkpoint is up (the graph is kept in the stage), then its backward once the
+// upstream gradient is.
+void RecomputeMicrobatch(StageState& s, int m) {
+  const size_t i = static_cast<size_t>(m);
+  s.recomputed[i] = RecomputeStage(*s.ctx->cfg, s.weights, LayoutOf(s, i), s.in[i]);
+  s.in[i] = at::Tensor();
+  s.positions[i] = at::Tensor();
+}
+void BackwardMicrobatch(StageState& s, int m) {
+  const size_t i = static_cast<size_t>(m);
+  s.grad_in[i] = BackwardFromRecompute(s.recomputed[i], s.grad_out[i]);
+  s.recomputed[i] = Recomputed();
+  s.grad_out[i] = at::Tensor();
 }
 
 // The stage's math on micro-batch m; its inputs are released after. Compute stream.
@@ -206,8 +232,7 @@ void ComputeMicrobatch(StageState& s, int m) {
   const StageTask& sl = s.task;
   RunContext& ctx = *s.ctx;
   const size_t i = static_cast<size_t>(m);
-  const models::TokenLayout layout =
-      s.positions[i].defined() ? models::DocumentLayout(s.rope, s.positions[i]) : models::TokenLayout(s.rope);
+  const models::TokenLayout layout = LayoutOf(s, i);
   switch (sl.kind) {
     case StageKind::kForward:
       s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.task.save_inputs_of);
@@ -264,19 +289,42 @@ MicrobatchEvents EnqueueMicrobatches(Device& dev, const std::shared_ptr<StageSta
   Stream& act_down = dev.stream(StreamKind::kActivationDown);
   MicrobatchEvents ev;
   ev.computed.resize(static_cast<size_t>(mbs));
+  // Recompute ahead of the upstream gradient (paper's authors' rule): a backward stage's
+  // micro-batch is recomputed once its checkpoint is up, and only its backward waits for the
+  // gradient. The compute stream runs R(m), B(m), R(m+1), ...: at most one recomputed graph
+  // waits for its gradient at a time.
+  const bool ahead = sl.kind == StageKind::kBackward && sl.recompute_ahead;
   for (int m = 0; m < mbs; ++m) {
     const int mb = sl.first_microbatch + m;
     // act-up: at most one micro-batch ahead of compute.
     if (m >= 2) act_up.WaitEvent(ev.computed[static_cast<size_t>(m - 2)]);
-    act_up.Enqueue({Label(sl, "in ", mb), sl.iteration, sl.slot, mb},
-                   [s, m, mb] { Guarded(*s, "input upload", [&] { UploadInputs(*s, m, mb); }); });
+    EventPtr checkpoint_up;
+    if (ahead) {
+      act_up.Enqueue({Label(sl, "in ", mb), sl.iteration, sl.slot, mb}, [s, m, mb] {
+        Guarded(*s, "input upload", [&] { UploadInputs(*s, m, mb, Inputs::kCheckpoint); });
+      });
+      checkpoint_up = MakeEvent();
+      act_up.RecordEvent(checkpoint_up);
+    }
+    act_up.Enqueue({Label(sl, ahead ? "grad in " : "in ", mb), sl.iteration, sl.slot, mb}, [s, m, mb, ahead] {
+      Guarded(*s, "input upload", [&] { UploadInputs(*s, m, mb, ahead ? Inputs::kGradient : Inputs::kAll); });
+    });
     auto uploaded = MakeEvent();
     act_up.RecordEvent(uploaded);
     ev.inputs_uploaded.push_back(uploaded);
 
-    compute.WaitEvent(uploaded);
-    compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.slot, mb},
-                    [s, m] { Guarded(*s, "compute", [&] { ComputeMicrobatch(*s, m); }); });
+    if (ahead) {
+      compute.WaitEvent(checkpoint_up);
+      compute.Enqueue({Label(sl, "R ", mb), sl.iteration, sl.slot, mb},
+                      [s, m] { Guarded(*s, "recompute", [&] { RecomputeMicrobatch(*s, m); }); });
+      compute.WaitEvent(uploaded);
+      compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.slot, mb},
+                      [s, m] { Guarded(*s, "backward", [&] { BackwardMicrobatch(*s, m); }); });
+    } else {
+      compute.WaitEvent(uploaded);
+      compute.Enqueue({Label(sl, "", mb), sl.iteration, sl.slot, mb},
+                      [s, m] { Guarded(*s, "compute", [&] { ComputeMicrobatch(*s, m); }); });
+    }
     if (trains && m == mbs - 1) {
       // The weights are done: keep only their gradients until they are downloaded.
       compute.Enqueue({}, [s] {
@@ -366,6 +414,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   s->grad_out.resize(mbs);
   s->labels.resize(mbs);
   s->positions.resize(mbs);
+  s->recomputed.resize(mbs);
   s->fwd_out.resize(mbs);
   s->grad_in.resize(mbs);
   const std::vector<int> owners = StageOwners(task);

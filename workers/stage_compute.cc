@@ -83,15 +83,28 @@ models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeig
   return models::ChunkedHeadLoss(hn.reshape({-1, hn.size(-1)}), head[1], labels.reshape({-1}), chunk_tokens);
 }
 
-at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
-                         const at::Tensor& in, const at::Tensor& grad_out) {
+Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeights& w,
+                          const models::TokenLayout& layout, const at::Tensor& in) {
   at::AutoGradMode grad_on(true);
   const int first = w.first_layer;
+  Recomputed r;
   at::Tensor x = in;
-  if (first > 0) x = in.detach().requires_grad_(true);
-  at::Tensor y = RunLayers(cfg, w, layout, x, first, static_cast<int>(w.layers.size()), nullptr, nullptr);
-  if (y.requires_grad()) y.backward(grad_out.to(y.scalar_type()));
-  return first > 0 ? x.grad() : at::Tensor();
+  if (first > 0) {
+    x = in.detach().requires_grad_(true);
+    r.input = x;
+  }
+  r.output = RunLayers(cfg, w, layout, x, first, static_cast<int>(w.layers.size()), nullptr, nullptr);
+  return r;
+}
+
+at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out) {
+  if (r.output.requires_grad()) r.output.backward(grad_out.to(r.output.scalar_type()));
+  return r.input.defined() ? r.input.grad() : at::Tensor();
+}
+
+at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+                         const at::Tensor& in, const at::Tensor& grad_out) {
+  return BackwardFromRecompute(RecomputeStage(cfg, w, layout, in), grad_out);
 }
 
 }  // namespace rp::workers

@@ -47,8 +47,19 @@ models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeig
                            const models::TokenLayout& layout, const at::Tensor& in, const at::Tensor& labels,
                            int64_t chunk_tokens);
 
-// B_j: recompute layers [first, first+n) from the checkpoint `in`, backpropagate `grad_out`;
-// returns the gradient of the stage input (undefined when first == 0).
+// B_j in two steps, so that the recompute can run before the upstream gradient arrived: the
+// recompute of layers [first, first+n) from the checkpoint `in` with autograd (the graph lives in
+// the result), then the backward of that graph with `grad_out`, returning the gradient of the
+// stage input (undefined when first == 0). The two may run on different threads.
+struct Recomputed {
+  at::Tensor input;   // the checkpoint as a leaf that requires grad (first > 0), else undefined
+  at::Tensor output;  // the stage output, carrying the graph
+};
+Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeights& w,
+                          const models::TokenLayout& layout, const at::Tensor& in);
+at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out);
+
+// B_j in one call: RecomputeStage then BackwardFromRecompute.
 at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                          const at::Tensor& in, const at::Tensor& grad_out);
 

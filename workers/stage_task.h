@@ -25,6 +25,9 @@ struct StageTask {
   int first_microbatch = 0;  // global index within the iteration
   int num_microbatches = 0;
   std::vector<int> save_inputs_of;  // forward: layers whose input becomes a checkpoint
+  // Backward: recompute each micro-batch as soon as its checkpoint is on the device; only the
+  // backward proper waits for the upstream gradient. false: both wait for every input.
+  bool recompute_ahead = true;
   // Async mode only (null in sync mode): the layerwise consistency events (consistency.h) this
   // stage waits on before uploading weights / downloading gradients, and counts down after.
   ConsistencyBook* book = nullptr;

@@ -177,16 +177,22 @@ void Controller::ApplyPartition(const planning::Partition& p) {
 // once enough iterations were measured, plans the partition used from the next iteration on.
 void Controller::RecordProfile(int iteration, const InFlight& f) {
   if (!profile_ || !timeline_ || planned_) return;
+  // Compute time per (slot, micro-batch): a backward stage that recomputes ahead runs as two
+  // operations (recompute, then backward), which together are its recompute+backward time.
+  std::map<std::pair<int, int>, double> compute_s;
   for (const workers::TimelineEntry& e : timeline_->EntriesEndingSince(f.timeline_start)) {
     if (e.iteration != iteration || e.stream != "compute" || e.slot < 0 || e.slot >= static_cast<int>(f.slots.size())) {
       continue;
     }
-    const planning::StageSlot& sl = f.slots[static_cast<size_t>(e.slot)];
+    compute_s[{e.slot, e.microbatch}] += e.end_s - e.start_s;
+  }
+  for (const auto& [key, seconds] : compute_s) {
+    const planning::StageSlot& sl = f.slots[static_cast<size_t>(key.first)];
     if (sl.num_layers != 1) continue;
     const auto kind = sl.kind == SlotKind::kForward ? planning::MeasuredProfile::Kind::kForward
                       : sl.kind == SlotKind::kFused ? planning::MeasuredProfile::Kind::kFused
                                                     : planning::MeasuredProfile::Kind::kBackward;
-    profile_->Record(sl.first_layer, kind, e.end_s - e.start_s);
+    profile_->Record(sl.first_layer, kind, seconds);
   }
   if (++profiled_iterations_ < opt_.profile_iterations || !profile_->Complete()) return;
   // Memory from the real parameter sizes and the analytic activation estimate, times measured.
@@ -400,6 +406,7 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, con
     sl.iteration = T;
     workers::StageTask task = ToStageTask(sl);
     task.book = async ? book_.get() : nullptr;
+    task.recompute_ahead = opt_.recompute_ahead;
     if (sl.kind == SlotKind::kForward) {
       for (int l : bwd_starts) {
         if (l > sl.first_layer && l < sl.first_layer + sl.num_layers) task.save_inputs_of.push_back(l);

@@ -65,6 +65,10 @@ struct ControllerOptions {
   // Choose among the paper objective's best candidates by simulating them on the measured
   // times (planning::SimulatedBestPartition); false = the paper's objective alone.
   bool partition_by_simulation = true;
+  // Backward stages recompute each micro-batch as soon as its checkpoint is on the device and
+  // only the backward proper waits for the upstream gradient (the timeline shows "R B2 mb3"
+  // then "B2 mb3"); false: the stage waits for every input first (the paper's rule, ablation).
+  bool recompute_ahead = true;
   // Resuming from a checkpoint: optimizer steps already taken (the LR schedule continues from
   // there) and the optimizer / loss-scaler state to start with.
   int64_t first_step = 0;

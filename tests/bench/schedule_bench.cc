@@ -3,7 +3,10 @@
 //      step), iterations pipelined the way a trainer does (submit k+1, then await k);
 //  (c) the automatic partition for a skewed model (a heavy LM head) against a uniform partition
 //      (equal layer counts per slot): predicted bubble (planner, measured layer times) and
-//      measured bubble (timeline), side by side.
+//      measured bubble (timeline), side by side;
+//  (d) recompute ahead of the gradient on and off (ControllerOptions::recompute_ahead), the same
+//      skewed model and partition, sync and async: iteration time and measured bubble, the ratio
+//      of the two in one run.
 //   build/tests/bench/schedule_bench [iterations]
 #include <ATen/ATen.h>
 
@@ -153,6 +156,33 @@ int main(int argc, char** argv) {
     for (const auto& [name, r] : {std::pair<const char*, Run&>{"uniform", u}, {"paper obj.", a}, {"simulated", as}}) {
       std::printf("%-10s %-34s %14.3f %17.1f%% %15.1f%%\n", name, r.partition.c_str(), r.seconds_per_iteration,
                   100 * r.predicted, 100 * r.bubble);
+    }
+  }
+
+  // (d) recompute ahead of the gradient, on and off, interleaved runs (the machine is noisy).
+  {
+    const TransformerConfig cfg = Model(32000);
+    ControllerOptions o;
+    o.partition = Partition{{2, 2, 2}, 2, {2, 2, 2}};
+    o.microbatches = 3;
+    std::printf("\n(d) recompute ahead: skewed model (vocab %lld); cpu:3; M=3; %s\n", static_cast<long long>(cfg.vocab),
+                o.partition.ToString().c_str());
+    std::printf("%-6s %-8s %16s %16s %14s %14s %10s\n", "mode", "", "s/it (ahead)", "s/it (after)", "bubble ahead",
+                "bubble after", "speed-up");
+    for (OptimizerMode mode : {OptimizerMode::kSync, OptimizerMode::kAsync}) {
+      o.mode = mode;
+      Run on, off;
+      for (int rep = 0; rep < 2; ++rep) {  // alternate, keep the faster of each
+        o.recompute_ahead = true;
+        Run a = Train(cfg, o, iterations, 3);
+        o.recompute_ahead = false;
+        Run b = Train(cfg, o, iterations, 3);
+        if (rep == 0 || a.seconds_per_iteration < on.seconds_per_iteration) on = a;
+        if (rep == 0 || b.seconds_per_iteration < off.seconds_per_iteration) off = b;
+      }
+      std::printf("%-6s %-8s %16.3f %16.3f %13.1f%% %13.1f%% %9.2fx\n", rp::planning::OptimizerModeName(mode), "",
+                  on.seconds_per_iteration, off.seconds_per_iteration, 100 * on.bubble, 100 * off.bubble,
+                  off.seconds_per_iteration / on.seconds_per_iteration);
     }
   }
   return 0;

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/rig.h"
 #include "tests/support/tokens.h"
@@ -168,6 +169,70 @@ TEST(ControllerSchedule, TimelineShowsRoundRobinAndPipelining) {
     EXPECT_GT(st->activation_peak_bytes, 0);
   }
   EXPECT_EQ(e->controller->activations().live_slots(), 0u);  // everything consumed and freed
+}
+
+// Recompute ahead of the gradient: a backward stage recomputes a micro-batch ("R B2 mb0") once its
+// checkpoint is there, before the stage after it has even started handing down that
+// micro-batch's gradient (its "out" operation); only the backward proper ("B2 mb0") waits. A heavy head makes B_1 slow,
+// so the gradients come late. With the rule off, no backward stage computes before its gradient.
+// (Every equivalence test above and in async_test runs with the rule on: losses and weights are
+// still the plain reference's.)
+TEST(ControllerSchedule, BackwardStagesRecomputeBeforeTheirGradientArrives) {
+  TransformerConfig cfg = TinyLlama();
+  cfg.vocab = 30000;
+  const planning::Partition p{{3, 1}, 2, {1, 1, 2}};  // B_2, B_3 one block each, B_4 one and the embedding
+  for (bool ahead : {true, false}) {
+    SCOPED_TRACE(ahead ? "recompute ahead" : "recompute after the gradient");
+    ControllerOptions o;
+    o.partition = p;
+    o.microbatches = 3;
+    o.recompute_ahead = ahead;
+    o.adamw.eps = 1e-6;
+    auto e = rp::testing::MakeRig(cfg, 3, o, at::kFloat, 7);
+    ASSERT_TRUE(e->controller);
+    rp::testing::ReferenceModel ref(*e->store, o.adamw);
+    int early = 0, recomputes = 0, late_checked = 0;
+    for (int it = 0; it < 2; ++it) {
+      e->timeline.Clear();
+      const at::Tensor t = RandomTokens(6, 16, cfg.vocab, 90 + it);
+      auto st = e->controller->RunIteration(t);
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_NEAR(st->loss, ref.Step(t), 1e-5 * st->loss);
+      // When each backward stage's gradient for a micro-batch was handed down: "out B<j> mb<m>"
+      // (the Put happens inside that operation: not before it starts).
+      std::map<std::string, double> handed;  // "B<j> mb<m>" -> start of the upstream's output op
+      for (const auto& en : e->timeline.Entries()) {
+        if (en.stream == "act-down" && en.label.rfind("out B", 0) == 0) handed[en.label.substr(4)] = en.start_s;
+      }
+      for (const auto& en : e->timeline.Entries()) {
+        if (en.stream != "compute" || en.slot < 0) continue;
+        const bool recompute = en.label.rfind("R B", 0) == 0;
+        const std::string op = recompute ? en.label.substr(2) : en.label;  // "B<j> mb<m>"
+        if (op[0] != 'B' || op[1] == '1') continue;                        // backward stages B_2..B_4
+        const int j = op[1] - '0';
+        const auto up = handed.find(absl::StrCat("B", j - 1, op.substr(2)));
+        ASSERT_NE(up, handed.end()) << op;
+        if (recompute) {
+          ++recomputes;
+          early += en.start_s < up->second;
+        } else {
+          ++late_checked;
+          EXPECT_GE(en.start_s, up->second) << "the backward of " << op << " ran before its gradient";
+        }
+      }
+    }
+    EXPECT_EQ(late_checked, 2 * 3 * 3);  // 2 iterations x 3 stages (B_2..B_4) x 3 micro-batches
+    if (ahead) {
+      EXPECT_EQ(recomputes, late_checked);
+      EXPECT_GE(early, 4) << "no recompute started before its gradient arrived";  // seen: 12-13 of 18
+    } else {
+      EXPECT_EQ(recomputes, 0);
+    }
+    for (int i = 0; i < e->store->num_params(); ++i) {
+      const workers::HostParam& hp = e->store->param(i);
+      EXPECT_LT(rp::testing::RelativeError(hp.fp32, ref.param(hp.name)), 1e-5) << hp.name;
+    }
+  }
 }
 
 // What the chunked-transfer tests read from a timeline: per worker the slots it ran (dispatch

@@ -89,12 +89,16 @@ void ExpectEvaluationMatches(planning::OptimizerMode mode, int N, const planning
         if (op.iteration >= -1) continue;  // evaluations run as iterations -2, -3, ...
         ++eval_ops;
         EXPECT_EQ(op.label.find("grads"), std::string::npos) << op.label;
-        if (op.stream == "compute") EXPECT_TRUE(op.label[0] == 'F' || op.label[0] == 'E') << op.label;
+        if (op.stream == "compute") {
+          EXPECT_TRUE(op.label[0] == 'F' || op.label[0] == 'E') << op.label;
+        }
       }
       EXPECT_GT(eval_ops, 0);
       for (int i = 0; i < e->store->num_params(); ++i) {
         const at::Tensor& g = e->store->param(i).grad;
-        if (g.defined()) EXPECT_EQ(g.abs().max().item<float>(), 0.0f) << e->store->param(i).name;
+        if (g.defined()) {
+          EXPECT_EQ(g.abs().max().item<float>(), 0.0f) << e->store->param(i).name;
+        }
       }
     }
   }
