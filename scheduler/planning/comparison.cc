@@ -33,9 +33,14 @@ SimOptions WithOptimizer(const SimOptions& o, bool with_optimizer) {
 
 absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const ComparisonOptions& o, OptimizerMode mode) {
   PartitionProblem pr{&costs, o.num_workers, o.num_microbatches, o.stage_memory_cap};
-  absl::StatusOr<PartitionResult> part = o.user_partition          ? EvaluatePartition(pr, *o.user_partition)
-                                         : o.fixed_stage_count > 0 ? PartitionWithStageCount(pr, o.fixed_stage_count)
-                                                                   : AutoPartition(pr);
+  SimulatedChoice choice;
+  choice.microbatches_per_round = o.microbatches_per_round;
+  choice.mode = mode;
+  choice.sim = WithOptimizer(o.sim, false);
+  absl::StatusOr<PartitionResult> part = o.user_partition            ? EvaluatePartition(pr, *o.user_partition)
+                                         : o.fixed_stage_count > 0   ? PartitionWithStageCount(pr, o.fixed_stage_count)
+                                         : o.partition_by_simulation ? SimulatedBestPartition(pr, choice)
+                                                                     : AutoPartition(pr);
   if (!part.ok()) return part.status();
   const Partition partition = part->partition;
   ScheduleBuilder build = [&costs, &o, mode, partition](int iterations, bool with_opt) -> absl::StatusOr<SimSchedule> {
@@ -54,12 +59,8 @@ absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const Compari
   row.stages = partition.num_stages();
   row.partition = partition.ToString();
   row.t_max_s = part->t_max;
-  // g0 advances by S*R per iteration, so the dispatch pattern repeats every
-  // N / gcd(S*R mod N, N) iterations: measure the steady state over whole cycles.
-  const int M_R = o.microbatches_per_round > 0 ? o.microbatches_per_round : o.num_microbatches;
-  const int shift = (partition.num_stages() * (o.num_microbatches / std::max(1, M_R))) % o.num_workers;
-  const int cycle = o.num_workers / std::gcd(shift, o.num_workers);
-  const int k = (std::max(1, o.iterations) + cycle - 1) / cycle * cycle;
+  const int k =
+      SteadyStateIterations(partition, o.num_workers, o.num_microbatches, o.microbatches_per_round, o.iterations);
   return Finish(std::move(row), build, k);
 }
 
@@ -118,25 +119,46 @@ absl::StatusOr<ComparisonRow> RunLooped(const CostModel& costs, const Comparison
 
 }  // namespace
 
+int SteadyStateIterations(const Partition& p, int num_workers, int microbatches, int microbatches_per_round,
+                          int iterations) {
+  const int M_R = microbatches_per_round > 0 ? microbatches_per_round : microbatches;
+  const int shift = (p.num_stages() * (microbatches / std::max(1, M_R))) % num_workers;
+  const int cycle = num_workers / std::gcd(shift, num_workers);
+  return (std::max(1, iterations) + cycle - 1) / cycle * cycle;
+}
+
 absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& pr, int microbatches_per_round,
                                                        OptimizerMode mode, int max_candidates) {
-  std::vector<PartitionResult> cands = CandidatePartitions(pr, max_candidates);
+  SimulatedChoice c;
+  c.microbatches_per_round = microbatches_per_round;
+  c.mode = mode;
+  c.max_candidates = max_candidates;
+  c.per_stage_count = 0;
+  return SimulatedBestPartition(pr, c);
+}
+
+absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& pr, const SimulatedChoice& choice) {
+  std::vector<PartitionResult> cands = CandidatePartitions(pr, choice.max_candidates, choice.per_stage_count);
   if (cands.empty()) return AutoPartition(pr);  // for its error message
+  const OptimizerMode mode = choice.mode;
   std::optional<PartitionResult> best;
   double best_period = 0;
   for (const PartitionResult& c : cands) {
-    ScheduleBuilder build = [&](int iterations, bool with_opt) -> absl::StatusOr<SimSchedule> {
+    ScheduleBuilder build = [&](int iterations, bool) -> absl::StatusOr<SimSchedule> {
       DispatchOptions d;
       d.num_workers = pr.num_workers;
       d.microbatches_per_iteration = pr.num_microbatches;
-      d.microbatches_per_round = microbatches_per_round;
+      d.microbatches_per_round = choice.microbatches_per_round;
       d.iterations = iterations;
       d.mode = mode;
       auto plan = BuildDispatchPlan(c.partition, pr.costs->num_layers(), d);
       if (!plan.ok()) return plan.status();
-      return RoundPipeSchedule(*plan, *pr.costs, SimOptions{});
+      return RoundPipeSchedule(*plan, *pr.costs, choice.sim);
     };
-    auto st = MeasureSteadyState(build, mode == OptimizerMode::kAsync ? 2 * pr.num_workers : 1, false, false);
+    // Async iterations overlap: more of them before the marginal cost settles.
+    const int k = SteadyStateIterations(c.partition, pr.num_workers, pr.num_microbatches, choice.microbatches_per_round,
+                                        mode == OptimizerMode::kAsync ? 4 : 1);
+    auto st = MeasureSteadyState(build, k, false, false);
     if (!st.ok()) continue;
     if (!best || st->period_s < best_period * (1 - 1e-9)) {
       best = c;

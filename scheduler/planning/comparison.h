@@ -37,6 +37,9 @@ struct ComparisonOptions {
   int max_chunks_per_worker = 0;            // looped baselines try v = 2..max (0: as many as layers allow)
   std::optional<Partition> user_partition;  // RoundPipe: use this instead of AutoPartition
   int fixed_stage_count = 0;                // RoundPipe: exactly this many slots (0 = auto)
+  // RoundPipe's automatic partition: the candidate whose simulated steady state is best
+  // (SimulatedBestPartition, per optimizer mode); false = the paper's objective alone.
+  bool partition_by_simulation = true;
 };
 
 struct ComparisonRow {
@@ -51,11 +54,29 @@ struct ComparisonRow {
 
 absl::StatusOr<std::vector<ComparisonRow>> CompareSchedules(const CostModel& costs, const ComparisonOptions& options);
 
-// Beyond the paper: the paper's objective charges every slot t_max, so when one layer (an LM
-// head) dominates and N, M are small it can prefer few long slots that lengthen the critical
-// path. This simulates the `max_candidates` best candidates of CandidatePartitions (RoundPipe,
-// the given mode and round size, steady state) and returns the one with the shortest iteration.
+// Beyond the paper: the objective (M*max(S,N) + N(N-1)) * t_max is a proxy — it charges every
+// slot t_max and ignores how the round-robin actually packs unequal slots — so it can prefer a
+// partition that simulates worse (e.g. GPT-OSS-20B: 17 slots where 30 are better). This simulates
+// the candidates of the exact search (CandidatePartitions: the best `per_stage_count` of every
+// stage count, at most `max_candidates` in objective order) as RoundPipe with the given mode,
+// round size and simulator options, in steady state over whole dispatch cycles, and returns the
+// one with the shortest iteration (the first in objective order among equals).
+struct SimulatedChoice {
+  int microbatches_per_round = 0;
+  OptimizerMode mode = OptimizerMode::kSync;
+  SimOptions sim;  // recompute-ahead as the engine runs it; the optimizer time is left out
+  int max_candidates = 48;
+  int per_stage_count = 2;
+};
+absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& problem, const SimulatedChoice& choice);
+// The earlier signature: the objective's `max_candidates` best, default simulator options.
 absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& problem, int microbatches_per_round,
                                                        OptimizerMode mode, int max_candidates = 16);
+
+// Iterations to simulate for a RoundPipe steady state: at least `iterations`, rounded up to
+// whole cycles of the dispatch pattern (g0 advances by S*R per iteration, so the pattern repeats
+// every N / gcd(S*R mod N, N) iterations).
+int SteadyStateIterations(const Partition& p, int num_workers, int microbatches, int microbatches_per_round,
+                          int iterations);
 
 }  // namespace rp::planning

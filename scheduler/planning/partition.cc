@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -292,7 +293,7 @@ std::optional<Partition> GreedyAt(const LayerArrays& a, int L, double T, int64_t
 
 }  // namespace
 
-std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& pr, int max_candidates) {
+std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& pr, int max_candidates, int per_stage_count) {
   std::vector<PartitionResult> out;
   if (!CheckProblem(pr).ok()) return out;
   const int L = pr.costs->num_layers();
@@ -308,6 +309,14 @@ std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& pr, int
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const PartitionResult& x, const PartitionResult& y) { return x.objective < y.objective; });
+  if (per_stage_count > 0) {
+    std::map<int, int> kept;  // stage count -> candidates kept
+    std::vector<PartitionResult> thin;
+    for (PartitionResult& r : out) {
+      if (kept[r.partition.num_stages()]++ < per_stage_count) thin.push_back(std::move(r));
+    }
+    out = std::move(thin);
+  }
   if (max_candidates > 0 && static_cast<int>(out.size()) > max_candidates)
     out.resize(static_cast<size_t>(max_candidates));
   return out;

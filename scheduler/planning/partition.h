@@ -66,10 +66,13 @@ struct PartitionResult {
 // times, each checked by an O(L) greedy packing.
 absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& problem);
 
-// The distinct greedy partitions of every candidate t_max, best objective first (at most
-// `max_candidates`, 0 = all): the search space a simulation-guided choice ranks (see
-// SimulatedBestPartition in comparison.h).
-std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& problem, int max_candidates = 0);
+// The distinct greedy partitions of every candidate t_max, best objective first: the search space
+// a simulation-guided choice ranks (see SimulatedBestPartition in comparison.h). With
+// `per_stage_count` > 0 only the best that many of each stage count are kept (so every slot
+// count the exact search reaches is represented, not only the objective's favourites); then at
+// most `max_candidates` (0 = all).
+std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& problem, int max_candidates = 0,
+                                                 int per_stage_count = 0);
 
 // Minimal t_max with exactly `num_stages` stage slots (3 <= ... <= 2L-1, or 1 when L==1... see
 // errors); B_1 as large as allowed.

@@ -200,8 +200,14 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
       runtime::ProfileBaseCosts(*store_, last_microbatch_rows_, last_seq_len_, opt_.head_chunk_tokens);
   planning::CostModel measured = profile_->Apply(base);
   measured_ = measured;
-  auto r =
-      planning::AutoPartition({&measured, static_cast<int>(workers_.size()), opt_.microbatches, opt_.stage_memory_cap});
+  const planning::PartitionProblem problem{&measured, static_cast<int>(workers_.size()), opt_.microbatches,
+                                           opt_.stage_memory_cap};
+  planning::SimulatedChoice choice;
+  choice.microbatches_per_round = opt_.microbatches_per_round;
+  choice.mode = opt_.mode;
+  choice.sim.recompute_ahead = opt_.recompute_ahead;
+  auto r = opt_.partition_by_simulation ? planning::SimulatedBestPartition(problem, choice)
+                                        : planning::AutoPartition(problem);
   if (r.ok()) {
     planned_ = *r;
     plan_problem_.clear();

@@ -62,8 +62,9 @@ struct ControllerOptions {
   // gradients and the activations autograd keeps (estimated from the model's shape and the
   // profiled batches' micro-batch size and sequence length, planning::AnalyticCostModel).
   int64_t stage_memory_cap = 0;
-  // Choose among the paper objective's best candidates by simulating them on the measured
-  // times (planning::SimulatedBestPartition); false = the paper's objective alone.
+  // Choose among the exact search's candidates (the best few of every stage count) by
+  // simulating them on the measured times (planning::SimulatedBestPartition, this mode and round
+  // size, recompute-ahead as set below); false = the paper's objective alone.
   bool partition_by_simulation = true;
   // Backward stages recompute each micro-batch as soon as its checkpoint is on the device and
   // only the backward proper waits for the upstream gradient (the timeline shows "R B2 mb3"

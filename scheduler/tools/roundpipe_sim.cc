@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, trace, "",
           "Write a Chrome/Perfetto trace (trace-event JSON) of the --gantt_schedule schedule to this file");
 ABSL_FLAG(double, optimizer_ms, 0, "CPU optimizer time per layer per iteration, in ms (0 = free)");
 ABSL_FLAG(bool, transfers, false, "Model activation transfers and per-slot weight uploads over the host link");
+ABSL_FLAG(bool, partition_by_simulation, true,
+          "RoundPipe's automatic partition: the candidate of the exact search whose simulated steady state is "
+          "best (per optimizer mode); false = the paper's objective alone");
 ABSL_FLAG(bool, recompute_ahead, true,
           "RoundPipe backward stages start a micro-batch's recompute before its upstream gradient arrived, as "
           "the engine does; false = the whole stage waits for all its inputs (ablation)");
@@ -131,6 +134,7 @@ absl::StatusOr<Setup> MakeSetup() {
   o.sim.optimizer_s_per_layer = absl::GetFlag(FLAGS_optimizer_ms) / 1e3;
   o.sim.transfers = absl::GetFlag(FLAGS_transfers);
   o.sim.recompute_ahead = absl::GetFlag(FLAGS_recompute_ahead);
+  o.partition_by_simulation = absl::GetFlag(FLAGS_partition_by_simulation);
   o.sim.host_link_bandwidth = s.device.host_link_bandwidth;
   const std::string sched = absl::GetFlag(FLAGS_schedule);
   if (sched != "all") o.schedules = absl::StrSplit(sched, ',', absl::SkipEmpty());

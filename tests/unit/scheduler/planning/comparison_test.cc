@@ -25,12 +25,24 @@ TEST(Section581, RoundPipeBeatsEveryBaselineOnThePapersModels) {
     ASSERT_EQ(sync.schedule, "RoundPipe-sync");
     ASSERT_EQ(async.schedule, "RoundPipe-async");
     // Paper: RoundPipe-sync has fewer bubbles than every baseline; async removes the
-    // iteration-boundary (fill/drain) bubbles entirely.
+    // iteration-boundary (fill/drain) bubbles entirely — with at least N slots per round (the
+    // simulated choice may take fewer when that simulates better: then some workers idle in
+    // every round even with balanced stages, and the total is what it wins on).
     for (size_t i = 0; i < 4; ++i) {
       EXPECT_LT(sync.bubbles.total, (*rows)[i].bubbles.total) << name << " vs " << (*rows)[i].schedule;
     }
     EXPECT_LT(async.bubbles.total, sync.bubbles.total) << name;
-    EXPECT_NEAR(async.bubbles.fill_drain, 0, 1e-9) << name;
+    if (async.stages >= o.num_workers) {
+      EXPECT_NEAR(async.bubbles.fill_drain, 0, 1e-9) << name;
+    }
+    // The simulated choice is never worse than the paper's objective alone.
+    ComparisonOptions paper = o;
+    paper.partition_by_simulation = false;
+    paper.schedules = {"roundpipe-sync", "roundpipe-async"};
+    auto by_objective = CompareSchedules(*costs, paper);
+    ASSERT_TRUE(by_objective.ok());
+    EXPECT_LE(sync.bubbles.period_s, (*by_objective)[0].bubbles.period_s * (1 + 1e-9)) << name;
+    EXPECT_LE(async.bubbles.period_s, (*by_objective)[1].bubbles.period_s * (1 + 1e-9)) << name;
     EXPECT_LT(async.bubbles.period_s, sync.bubbles.period_s) << name;
     // The table renders every row.
     const std::string table = FormatComparisonTable(*rows);
