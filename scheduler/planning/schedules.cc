@@ -37,7 +37,9 @@ SimTask OptimizerTask(int resource, double duration_s, int iteration, int layer)
 
 // Device -> host -> device time of one micro-batch's stage-boundary activation (0 = not modelled).
 double ActivationLatency(const CostModel& costs, const SimOptions& o) {
-  if (!o.transfers || !(o.host_link_bandwidth > 0)) return 0.0;
+  if (!o.transfers) return 0.0;
+  if (o.activation_hop_s >= 0) return o.activation_hop_s;
+  if (!(o.host_link_bandwidth > 0)) return 0.0;
   return 2.0 * static_cast<double>(costs.boundary_bytes_per_token * costs.tokens_per_microbatch) /
          o.host_link_bandwidth;
 }

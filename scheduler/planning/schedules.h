@@ -24,6 +24,9 @@ struct SimOptions {
   // prefetched one stage ahead. Gradient downloads are not modelled.
   bool transfers = false;
   double host_link_bandwidth = 0;  // bytes/s, required with transfers
+  // A measured activation hop (one micro-batch's boundary activation device -> host -> device,
+  // e.g. from a profile); >= 0 replaces 2 x boundary bytes / bandwidth.
+  double activation_hop_s = -1;
   // RoundPipe backward stages recompute ahead of the upstream gradient: a micro-batch's
   // recompute (its layers' forward time) starts once the stage's weights and the checkpoint are
   // there, and only the backward proper waits for the gradient from the stage after it, as the

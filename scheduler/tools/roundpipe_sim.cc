@@ -25,6 +25,7 @@
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
+#include "scheduler/planning/profile_file.h"
 #include "scheduler/planning/report.h"
 
 ABSL_FLAG(std::string, model, "qwen3-1.7b",
@@ -48,6 +49,11 @@ ABSL_FLAG(std::string, trace, "",
           "Write a Chrome/Perfetto trace (trace-event JSON) of the --gantt_schedule schedule to this file");
 ABSL_FLAG(double, optimizer_ms, 0, "CPU optimizer time per layer per iteration, in ms (0 = free)");
 ABSL_FLAG(bool, transfers, false, "Model activation transfers and per-slot weight uploads over the host link");
+ABSL_FLAG(std::string, profile, "",
+          "A measured profile (JSON, scheduler/planning/profile_file.h: per-layer forward, recompute+backward and "
+          "fused times, bytes, the activation hop) to simulate instead of the analytic model; what a job's "
+          "auto-partitioned run writes as <output_dir>/profile.json. --model is then ignored; --device still "
+          "gives the host link bandwidth for weight uploads with --transfers");
 ABSL_FLAG(bool, partition_by_simulation, true,
           "RoundPipe's automatic partition: the candidate of the exact search whose simulated steady state is "
           "best (per optimizer mode); false = the paper's objective alone");
@@ -222,9 +228,24 @@ int Main() {
   if (!setup.ok()) return Fail(setup.status());
   if (absl::GetFlag(FLAGS_paper)) return RunPaper(*setup);
 
-  auto model = ModelPreset(absl::GetFlag(FLAGS_model));
-  if (!model.ok()) return Fail(model.status());
-  auto costs = AnalyticCostModel(*model, setup->device, setup->analytic);
+  absl::StatusOr<CostModel> costs;
+  std::string model_name;
+  if (const std::string file = absl::GetFlag(FLAGS_profile); !file.empty()) {
+    std::ifstream in(file);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("--profile: cannot read '", file, "'")));
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto prof = ParseProfile(text);
+    if (!prof.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--profile '", file, "': ", prof.status().message())));
+    costs = prof->costs;
+    model_name = absl::StrCat("profile '", file, "'", prof->name.empty() ? "" : " (" + prof->name + ")");
+    setup->options.sim.activation_hop_s = prof->activation_hop_s;
+  } else {
+    auto model = ModelPreset(absl::GetFlag(FLAGS_model));
+    if (!model.ok()) return Fail(model.status());
+    costs = AnalyticCostModel(*model, setup->device, setup->analytic);
+    model_name = model->name;
+  }
   if (!costs.ok()) return Fail(costs.status());
   auto rows = CompareSchedules(*costs, setup->options);
   if (!rows.ok()) return Fail(rows.status());
@@ -233,7 +254,7 @@ int Main() {
     std::printf("%s\n", ComparisonJson(*rows).c_str());
   } else if (absl::GetFlag(FLAGS_format) == "table") {
     std::printf("%s on %s: N=%d, M=%d micro-batches of %lld x %lld tokens, %d layers, per-stage memory cap %.1f GiB\n",
-                model->name.c_str(), setup->device.name.c_str(), setup->options.num_workers,
+                model_name.c_str(), setup->device.name.c_str(), setup->options.num_workers,
                 setup->options.num_microbatches, static_cast<long long>(setup->analytic.micro_batch_size),
                 static_cast<long long>(setup->analytic.sequence_length), costs->num_layers(),
                 static_cast<double>(setup->options.stage_memory_cap) / (1024.0 * 1024 * 1024));
@@ -277,6 +298,7 @@ int main(int argc, char** argv) {
       "plan and simulate RoundPipe against GPipe, 1F1B, Interleaved 1F1B and Looped BFS.\n"
       "  roundpipe-sim --model qwen3-1.7b --device rtx4090 --gpus 8 --microbatches 16 --schedule all\n"
       "  roundpipe-sim --paper\n"
+      "  roundpipe-sim --profile out/profile.json --gpus 4 --microbatches 8\n"
       "Exit codes: 0 ok, 2 bad arguments or impossible plan, 1 other errors.");
   absl::ParseCommandLine(argc, argv);
   return rp::planning::Main();
