@@ -59,6 +59,8 @@ const char kUsageText[] =
     "  checkpoint JOB                take a training checkpoint\n"
     "  export JOB [--out DIR]        write the job's weights as a Hugging Face model directory\n"
     "                                (LoRA jobs: a PEFT adapter dir; --merge_lora: merged weights)\n"
+    "  profile JOB                   where the job's measured per-layer profile is (roundpipe-sim --profile);\n"
+    "                                the file's content when this machine can read it\n"
     "  info                          devices, memory and versions of the daemon\n"
     "  drain                         stop admitting jobs and pause running ones\n"
     "  tokenize --out F.bin FILE...  (local) byte-level uint16 tokens of FILEs, for a token_file job\n"
@@ -332,6 +334,29 @@ int CmdDrain(rp::client::Client& c, const Args&) {
   return kOk;
 }
 
+// The measured profile: its path on the daemon's machine, and its JSON when readable from here
+// (the same machine, or a shared file system).
+int CmdProfile(rp::client::Client& c, const Args& args) {
+  if (args.size() != 2) return Usage("profile: one job id");
+  auto j = c.Get(args[1]);
+  if (!j.ok()) return Report(j.status());
+  if (j->profile().empty()) {
+    return Report(absl::FailedPreconditionError(
+        absl::StrCat("job ", j->id(), " has no measured profile (jobs with an automatic partition write one ",
+                     "once their profiling iterations ran)")));
+  }
+  std::ifstream in(j->profile());
+  if (!in) {
+    std::printf("%s\n", j->profile().c_str());
+    std::fprintf(stderr, "roundpipe: %s is on the daemon's machine (not readable here)\n", j->profile().c_str());
+    return kOk;
+  }
+  std::printf("%s", std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()).c_str());
+  std::fprintf(stderr, "roundpipe: %s; replay it: roundpipe-sim --profile %s\n", j->profile().c_str(),
+               j->profile().c_str());
+  return kOk;
+}
+
 int CmdWatch(rp::client::Client& c, const Args& args) {
   if (args.size() != 2) return Usage("watch: one job id");
   return WatchJob(c, args[1]);
@@ -348,9 +373,10 @@ int main(int argc, char** argv) {
 
   using Command = int (*)(rp::client::Client&, const Args&);
   static const std::map<std::string, Command> kCommands = {
-      {"submit", CmdSubmit}, {"stream", CmdStream},         {"watch", CmdWatch},   {"ls", CmdList},
-      {"get", CmdGet},       {"cancel", CmdControl},        {"pause", CmdControl}, {"resume", CmdControl},
-      {"export", CmdExport}, {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},     {"drain", CmdDrain}};
+      {"submit", CmdSubmit},  {"stream", CmdStream},         {"watch", CmdWatch},   {"ls", CmdList},
+      {"get", CmdGet},        {"cancel", CmdControl},        {"pause", CmdControl}, {"resume", CmdControl},
+      {"export", CmdExport},  {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},     {"drain", CmdDrain},
+      {"profile", CmdProfile}};
   auto command = kCommands.find(args[0]);
   if (command == kCommands.end()) return Usage(absl::StrCat("unknown command '", args[0], "'"));
   auto options = ClientOptionsFromFlags();

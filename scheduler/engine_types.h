@@ -148,6 +148,10 @@ struct JobSpec {
   // training ones when 0; never shuffled; its max_epochs is ignored: one pass per evaluation).
   std::optional<TokenFileSource> validation;
   EvalPolicy eval;
+  // Where the runner writes the per-layer costs it measured (planning/profile_file.h), once an
+  // automatic partition has been planned from them; empty = nowhere. `roundpipe-sim --profile`
+  // replays it.
+  std::string profile_path;
 };
 
 // Queued -> Running (loading first: kProgress events say how far) <-> Paused -> an end state.
@@ -195,7 +199,8 @@ struct JobEvent {
   // kCheckpointFailed: a checkpoint (policy or requested) could not be written; `message` says
   // why. After kMaxCheckpointFailures policy failures in a row the job pauses. kProgress: what
   // a loading job is doing ("loading weights 37 %"), in `message`.
-  // kEval: an evaluation on the validation source finished (`eval`).
+  // kEval: an evaluation on the validation source finished (`eval`). kProfile: the measured
+  // profile was written to the path in `message`.
   enum class Kind {
     kState,
     kIteration,
@@ -203,7 +208,8 @@ struct JobEvent {
     kCheckpoint,
     kCheckpointFailed,
     kProgress,
-    kEval
+    kEval,
+    kProfile
   } kind = Kind::kState;
   JobState state = JobState::kQueued;
   IterationStats stats;                        // kIteration
@@ -256,6 +262,7 @@ struct JobInfo {
   int64_t total_steps = 0;             // max_steps, or what the token file holds; 0 = open-ended
   std::optional<EvalStats> last_eval;  // the latest evaluation (its best_* fields: the best so far)
   std::string best_checkpoint;         // keep_best_checkpoint: the best evaluation's checkpoint
+  std::string profile;                 // the measured profile's file, once written
 };
 
 // Per device: bytes copied host<->device per kind, busy seconds per stream, memory.

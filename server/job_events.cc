@@ -173,6 +173,16 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
                        ev.is_best ? " (best)" : absl::StrCat(" (best ", ev.best_loss, " at step ", ev.best_step, ")"));
       break;
     }
+    case scheduler::JobEvent::Kind::kProfile: {
+      const bool written = e.message.rfind("could not", 0) != 0;
+      if (written) rec.set_profile(e.message);
+      stamp();
+      fx.persist = true;
+      out.set_profile(e.message);
+      fx.log = written ? EventEffect::Log::kInfo : EventEffect::Log::kWarn;
+      fx.log_line = written ? absl::StrCat("measured profile written to ", e.message) : e.message;
+      break;
+    }
     case scheduler::JobEvent::Kind::kBatchRejected:
       out.set_batch_rejected(e.message);
       fx.log = EventEffect::Log::kWarn;

@@ -441,6 +441,7 @@ absl::Status ResolveOutput(const v1::JobSpec& spec, const JobSpecContext& ctx, R
     r.output_dir = ctx.default_output_dir;
   }
   e.checkpoint_root = r.output_dir + "/checkpoints";
+  e.profile_path = r.output_dir + "/profile.json";
   return absl::OkStatus();
 }
 

@@ -143,6 +143,10 @@ class Controller {
   const planning::Partition& partition() const { return opt_.partition; }
   // Automatic partitioning: the smoothed measured per-layer costs, once complete.
   std::optional<planning::CostModel> measured_costs() const { return measured_; }
+  // The micro-batch shape and worker count they were measured with.
+  int64_t measured_microbatch_rows() const { return last_microbatch_rows_; }
+  int64_t measured_sequence_length() const { return last_seq_len_; }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
   int iterations_done() const { return iteration_; }
   // The optimizer's state; only between iterations after Flush (async) or any iteration (sync).
   OptimizerSnapshot Snapshot() const;

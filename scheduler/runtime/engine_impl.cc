@@ -326,6 +326,7 @@ absl::StatusOr<JobInfo> Engine::Impl::Info(JobId id) const {
   }
   info.last_eval = job->last_eval;
   info.best_checkpoint = job->best_checkpoint;
+  info.profile = job->profile_written;
   return info;
 }
 

@@ -74,6 +74,7 @@ struct EngineJob {
   std::optional<EvalStats> last_eval ABSL_GUARDED_BY(mu);
   int evals_without_improvement ABSL_GUARDED_BY(mu) = 0;
   std::string best_checkpoint ABSL_GUARDED_BY(mu);
+  std::string profile_written ABSL_GUARDED_BY(mu);  // spec.profile_path once the measured profile is there
   bool input_closed ABSL_GUARDED_BY(mu) = false;
   bool cancel ABSL_GUARDED_BY(mu) = false;
   bool pause ABSL_GUARDED_BY(mu) = false;               // requested; honoured between iterations

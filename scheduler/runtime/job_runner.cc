@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/planning/profile_file.h"
+#include "workers/io/confined_fs.h"
 
 namespace rp::scheduler::runtime {
 
@@ -31,6 +33,11 @@ bool JobRunner::FinishPending() {
   ++steps_;
   ++job_.steps_done;
   job_.Emit({JobEvent::Kind::kIteration, job_.state, *st, ""});
+  if (!profile_done_ && !job_.spec.profile_path.empty() && c_.measured_costs()) {
+    lock.Unlock();
+    MaybeWriteProfile();
+    lock.Lock();
+  }
   const int64_t step = job_.first_step + job_.steps_done;
   skipped_in_a_row_ = st->skipped_step ? skipped_in_a_row_ + 1 : 0;
   if (st->skipped_step && (st->loss_scale <= 1.0 || skipped_in_a_row_ >= kMaxConsecutiveSkippedSteps)) {
@@ -138,6 +145,29 @@ bool JobRunner::MaybePause() {
   }
   if (!job_.cancel) job_.SetState(JobState::kRunning);
   return true;
+}
+
+void JobRunner::MaybeWriteProfile() {
+  profile_done_ = true;
+  planning::Profile p;
+  p.costs = *c_.measured_costs();
+  p.name = absl::StrCat("job ", job_.id, ": ", job_.model.num_blocks, " blocks, hidden ", job_.model.hidden, ", ",
+                        c_.measured_microbatch_rows(), " x ", c_.measured_sequence_length(),
+                        " tokens per micro-batch, measured on ", c_.num_workers(), " worker(s)");
+  const std::string& path = job_.spec.profile_path;
+  const std::string tmp = absl::StrCat(path, ".tmp-", job_.id);
+  (void)workers::io::RemoveTree(tmp);
+  absl::Status st = workers::io::WriteNewFile(tmp, planning::ProfileJson(p));
+  if (st.ok() && workers::io::KindOf(path) == workers::io::FileKind::kFile) st = workers::io::RemoveTree(path);
+  if (st.ok()) st = workers::io::RenameNoReplace(tmp, path);
+  base::MutexLock lock(&job_.mu);
+  if (!st.ok()) {
+    (void)workers::io::RemoveTree(tmp);
+    job_.Emit({JobEvent::Kind::kProfile, job_.state, {}, absl::StrCat("could not write the profile: ", st.message())});
+    return;
+  }
+  job_.profile_written = path;
+  job_.Emit({JobEvent::Kind::kProfile, job_.state, {}, path});
 }
 
 bool JobRunner::MaybeEvaluate() {

@@ -44,6 +44,9 @@ class JobRunner {
   // optimizer flushed): reports it (kEval), keeps the best checkpoint, and unless `at_end` stops
   // the job when early stopping says so. False when the job ended.
   bool Evaluate(bool at_end);
+  // Writes the measured per-layer costs to spec.profile_path once the automatic partition has
+  // them (a failure is logged as an event, never fails the job).
+  void MaybeWriteProfile();
   enum class Next { kBatch, kAgain, kEnded };
   // The next batch: from the token file or the queue (admitting a waiting feed into the room).
   Next TakeBatch(TensorBatch* batch, int64_t* data_index);
@@ -55,6 +58,7 @@ class JobRunner {
   std::optional<int> pending_;    // async: the submitted iteration not yet awaited
   int64_t last_policy_step_;
   int64_t last_eval_step_ = -1;  // the step of the latest evaluation in this run
+  bool profile_done_ = false;
 };
 
 }  // namespace rp::scheduler::runtime

@@ -12,6 +12,9 @@ planning::CostModel ProfileBaseCosts(const workers::HostModelStore& store, int64
   planning::CostModel base;
   for (int l = 0; l < L; ++l) {
     planning::LayerCost c;
+    c.kind = l == 0       ? planning::LayerKind::kEmbedding
+             : l == L - 1 ? planning::LayerKind::kHead
+                          : planning::LayerKind::kBlock;
     for (int id : store.layer_params(l)) {
       const workers::HostParam& p = store.param(id);
       c.param_bytes += static_cast<int64_t>(p.master.nbytes());

@@ -223,6 +223,57 @@ TEST_F(DaemonTest, EarlyStoppingEndsTheJobAndKeepsTheBestCheckpoint) {
   EXPECT_FALSE(std::filesystem::exists(root_ + "/data/out/checkpoints/step-4"));
 }
 
+// A job with an automatic partition writes the per-layer times it measured to
+// <output_dir>/profile.json (Job.profile, a WatchJob event); `roundpipe profile` prints it and
+// `roundpipe-sim --profile` replays it with the job's own partition.
+TEST_F(DaemonTest, AnAutoPartitionedJobWritesAProfileThatTheSimulatorReplays) {
+  ASSERT_TRUE(StartDaemon({"--devices", "cpu:2"}));
+  v1::JobSpec spec = TinySpec();  // no partition: profiled, then planned
+  spec.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
+  spec.set_output_dir(root_ + "/data/out");
+  spec.set_max_steps(8);
+  auto c = daemon_.Connect();
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  auto got = c->Get(job->id());
+  ASSERT_TRUE(got.ok());
+  const std::string path = root_ + "/data/out/profile.json";
+  EXPECT_EQ(got->profile(), path);
+  bool announced = false;
+  for (const v1::JobEvent& e : w.Events()) announced = announced || e.profile() == path;
+  EXPECT_TRUE(announced);
+  const auto profile = nlohmann::json::parse(ReadWholeFile(path));
+  EXPECT_EQ(profile["format"], "roundpipe.profile.v1");
+  ASSERT_EQ(profile["layers"].size(), 4u);  // embedding, 2 blocks, head
+  EXPECT_EQ(profile["layers"][0]["kind"], "embedding");
+  EXPECT_EQ(profile["layers"][3]["kind"], "head");
+  for (const auto& l : profile["layers"]) EXPECT_GT(l["fused_s"].get<double>() + l["forward_s"].get<double>(), 0);
+  std::string out;
+  ASSERT_EQ(
+      RunCommand(std::string(RP_ROUNDPIPE_CLI) + " --address " + daemon_.address() + " profile " + job->id(), &out), 0)
+      << out;
+  EXPECT_NE(out.find("roundpipe.profile.v1"), std::string::npos) << out;
+  // Replayed with the job's partition: a RoundPipe-sync schedule on 2 workers, 4 micro-batches.
+  const std::string partition = got->partition();
+  ASSERT_FALSE(partition.empty());
+  std::string spec_arg;  // "F[2] B1=1 B[1,1]" -> "'F=2;B1=1;B=1,1'"
+  {
+    const std::regex shape(R"(F\[([0-9,]*)\] B1=([0-9]+) B\[([0-9,]*)\])");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(partition, m, shape)) << partition;
+    spec_arg = "'" + (m[1].str().empty() ? "" : "F=" + m[1].str() + ";") + "B1=" + m[2].str() +
+               (m[3].str().empty() ? "" : ";B=" + m[3].str()) + "'";
+  }
+  ASSERT_EQ(RunCommand(std::string(RP_ROUNDPIPE_SIM) + " --profile " + path +
+                           " --gpus 2 --microbatches 4 --schedule roundpipe-sync --format json --partition " + spec_arg,
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("RoundPipe-sync"), std::string::npos) << out;
+}
+
 TEST_F(DaemonTest, StreamedJobTrainsLikeThePlainReferenceAndExports) {
   ASSERT_TRUE(StartDaemon());
   auto c = daemon_.Connect();
