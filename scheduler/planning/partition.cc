@@ -105,22 +105,30 @@ void SplitTo(std::vector<int>& groups, const std::vector<double>& v, int target)
   }
 }
 
-std::vector<double> Candidates(const LayerArrays& a, int L) {
+// Every contiguous sum of forward or backward times (of layers below the head) and every fused
+// suffix sum: the t_max values a greedy partition can have, ascending, restricted to [lo, hi]
+// (sums grow along a run of non-negative times, so a run stops at hi).
+std::vector<double> Candidates(const LayerArrays& a, int L, double lo = 0,
+                               double hi = std::numeric_limits<double>::infinity()) {
   std::vector<double> cand;
-  cand.reserve(static_cast<size_t>(L) * static_cast<size_t>(L) + static_cast<size_t>(L));
+  auto keep = [&](double s) {
+    if (s >= lo * (1 - kRelEps)) cand.push_back(s);
+  };
   for (const auto* v : {&a.f, &a.b}) {
     for (int i = 0; i + 1 < L; ++i) {
       double s = 0;
       for (int j = i; j + 1 < L; ++j) {
         s += (*v)[static_cast<size_t>(j)];
-        cand.push_back(s);
+        if (s > hi * (1 + kRelEps)) break;
+        keep(s);
       }
     }
   }
   double s = 0;
   for (int j = L - 1; j >= 0; --j) {
     s += a.u[static_cast<size_t>(j)];
-    cand.push_back(s);
+    if (s > hi * (1 + kRelEps)) break;
+    keep(s);
   }
   std::sort(cand.begin(), cand.end());
   cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
@@ -291,6 +299,56 @@ std::optional<Partition> GreedyAt(const LayerArrays& a, int L, double T, int64_t
   return MakePartition(*fwd, fused, *bwd);
 }
 
+// What AutoPartition compares of a greedy partition, without building it: the same packing as
+// GreedyPack / GreedyAt, counting groups and the slowest one.
+bool PackCount(const std::vector<double>& v, const std::vector<int64_t>& mem, int n, double limit, int64_t cap,
+               bool from_end, int* groups, double* slowest) {
+  double sum = 0;
+  int64_t msum = 0;
+  int count = 0;
+  for (int k = 0; k < n; ++k) {
+    const int i = from_end ? n - 1 - k : k;
+    const double x = v[static_cast<size_t>(i)];
+    const int64_t m = mem[static_cast<size_t>(i)];
+    if (count > 0 && Fits(sum + x, limit) && FitsMem(msum + m, cap)) {
+      sum += x;
+      msum += m;
+      ++count;
+      continue;
+    }
+    if (!Fits(x, limit) || !FitsMem(m, cap)) return false;
+    if (count > 0) {
+      ++*groups;
+      *slowest = std::max(*slowest, sum);
+    }
+    sum = x;
+    msum = m;
+    count = 1;
+  }
+  if (count > 0) {
+    ++*groups;
+    *slowest = std::max(*slowest, sum);
+  }
+  return true;
+}
+
+struct GreedyShape {
+  int fused = 0;
+  int stages = 0;
+  double t_max = 0;
+};
+std::optional<GreedyShape> GreedyShapeAt(const LayerArrays& a, int L, double T, int64_t cap) {
+  GreedyShape g;
+  g.fused = MaxFused(a, L, T, cap);
+  if (g.fused == 0) return std::nullopt;
+  for (int j = L - g.fused; j < L; ++j) g.t_max += a.u[static_cast<size_t>(j)];
+  g.stages = 1;
+  const int n = L - g.fused;
+  if (!PackCount(a.f, a.fm, n, T, cap, /*from_end=*/true, &g.stages, &g.t_max)) return std::nullopt;
+  if (!PackCount(a.b, a.bm, n, T, cap, /*from_end=*/false, &g.stages, &g.t_max)) return std::nullopt;
+  return g;
+}
+
 }  // namespace
 
 std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& pr, int max_candidates, int per_stage_count) {
@@ -327,26 +385,49 @@ absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& pr) {
   const int L = pr.costs->num_layers();
   const LayerArrays a = Arrays(*pr.costs);
   const double M = pr.num_microbatches, N = pr.num_workers;
-  std::optional<PartitionResult> best;
-  for (double T : Candidates(a, L)) {
+  // The search needs only the candidates a greedy partition's own t_max can be (its t_max is a
+  // candidate whose greedy partition is the same one), within two bounds that leave the optimum
+  // and its ties in: t_max >= the head's fused time (B_1 always holds the head), and
+  // (M*N + N(N-1)) * t_max <= the objective of any feasible partition — here the first one found
+  // on a coarse geometric ladder from the lower bound. Most of the O(L^2) sums lie above that,
+  // so they are neither sorted nor packed; the rest are packed without building partitions
+  // (same optimum: the exhaustive tests hold; tests/bench/partitioner_bench for the times).
+  const double floor = M * N + N * (N - 1);
+  const double lo = a.u[static_cast<size_t>(L - 1)];
+  double hi = std::numeric_limits<double>::infinity();
+  double total = 0;
+  for (int l = 0; l < L; ++l)
+    total += a.f[static_cast<size_t>(l)] + a.b[static_cast<size_t>(l)] + a.u[static_cast<size_t>(l)];
+  auto objective = [&](const GreedyShape& g) { return (M * std::max<double>(g.stages, N) + N * (N - 1)) * g.t_max; };
+  for (double T = std::max(lo, total / (4.0 * L)); T <= total * (1 + kRelEps); T *= 1.25) {
+    if (auto g = GreedyShapeAt(a, L, T, pr.stage_memory_cap)) {
+      hi = objective(*g) / floor;
+      break;
+    }
+  }
+  // Candidates are compared by their shape alone (no partition is built); the winner is built
+  // and evaluated once at the end.
+  std::optional<GreedyShape> best;
+  double best_T = 0, best_obj = 0;
+  for (double T : Candidates(a, L, lo, hi)) {
     // Every partition counts at least N slots, so once (M*N + N(N-1)) * T exceeds the best value
     // no larger candidate can win (candidates ascend).
-    if (best && (M * N + N * (N - 1)) * T > best->objective * (1 + kRelEps)) break;
-    auto p = GreedyAt(a, L, T, pr.stage_memory_cap);
-    if (!p) continue;
-    auto r = EvaluatePartition(pr, *p);
-    if (!r.ok()) continue;
-    if (!best || r->objective < best->objective * (1 - kRelEps) ||
-        (r->objective <= best->objective * (1 + kRelEps) &&
-         (r->partition.fused > best->partition.fused ||
-          (r->partition.fused == best->partition.fused && r->t_max < best->t_max)))) {
-      best = *r;
+    if (best && floor * T > best_obj * (1 + kRelEps)) break;
+    auto g = GreedyShapeAt(a, L, T, pr.stage_memory_cap);
+    if (!g) continue;
+    const double obj = objective(*g);
+    if (!best || obj < best_obj * (1 - kRelEps) ||
+        (obj <= best_obj * (1 + kRelEps) &&
+         (g->fused > best->fused || (g->fused == best->fused && g->t_max < best->t_max)))) {
+      best = g;
+      best_T = T;
+      best_obj = obj;
     }
   }
   if (!best) {
     return absl::ResourceExhaustedError("partition: no partition satisfies the per-stage memory cap");
   }
-  return *best;
+  return EvaluatePartition(pr, *GreedyAt(a, L, best_T, pr.stage_memory_cap));
 }
 
 absl::StatusOr<PartitionResult> PartitionWithStageCount(const PartitionProblem& pr, int num_stages) {

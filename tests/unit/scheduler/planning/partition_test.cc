@@ -96,6 +96,43 @@ TEST(AutoPartition, EqualsExhaustiveSearchOnRandomInstances) {
   EXPECT_GT(with_cap, 150);
 }
 
+// Beyond exhaustive sizes: the pruned search (bounds on t_max, shapes compared without building
+// partitions) equals the unpruned one — every candidate t_max's greedy partition, evaluated in
+// full (CandidatePartitions) — on large random models with real-valued times, with and without a
+// memory cap: the same objective, and among equal objectives the same largest B_1.
+TEST(AutoPartition, EqualsTheUnprunedSearchOnLargeModels) {
+  std::mt19937 rng(777);
+  std::uniform_real_distribution<double> t(0.5, 3.0);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int L = 20 + static_cast<int>(rng() % 80);
+    CostModel c;
+    for (int l = 0; l < L; ++l) {
+      LayerCost x;
+      x.fwd_s = t(rng);
+      x.bwd_s = x.fwd_s * (2 + t(rng) / 3);
+      x.fused_s = x.bwd_s * (l == L - 1 ? 4 : 1);  // a heavy head
+      x.param_bytes = 1 + static_cast<int64_t>(rng() % 6);
+      x.trainable_bytes = x.param_bytes;
+      c.layers.push_back(x);
+    }
+    PartitionProblem pr{&c, 1 + static_cast<int>(rng() % 8), 1 + static_cast<int>(rng() % 32), 0};
+    if (trial % 2 == 1) pr.stage_memory_cap = 30 + static_cast<int64_t>(rng() % 60);
+    auto got = AutoPartition(pr);
+    const std::vector<PartitionResult> all = CandidatePartitions(pr);  // objective order
+    if (all.empty()) {
+      EXPECT_FALSE(got.ok()) << "trial " << trial;
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << "trial " << trial << ": " << got.status();
+    EXPECT_NEAR(got->objective, all.front().objective, 1e-9 * all.front().objective) << "trial " << trial;
+    int fused = 0;
+    for (const PartitionResult& r : all) {
+      if (r.objective <= all.front().objective * (1 + 1e-9)) fused = std::max(fused, r.partition.fused);
+    }
+    EXPECT_EQ(got->partition.fused, fused) << "trial " << trial;
+  }
+}
+
 TEST(PartitionWithStageCount, MinimizesTmaxForExactSlotCount) {
   std::mt19937 rng(777);
   for (int trial = 0; trial < 200; ++trial) {
