@@ -134,12 +134,32 @@ absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& p
   c.mode = mode;
   c.max_candidates = max_candidates;
   c.per_stage_count = 0;
+  c.balanced_twins = false;
   return SimulatedBestPartition(pr, c);
 }
 
 absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& pr, const SimulatedChoice& choice) {
   std::vector<PartitionResult> cands = CandidatePartitions(pr, choice.max_candidates, choice.per_stage_count);
   if (cands.empty()) return AutoPartition(pr);  // for its error message
+  if (choice.balanced_twins) {
+    auto add = [&](const absl::StatusOr<PartitionResult>& r) {
+      if (r.ok() && std::none_of(cands.begin(), cands.end(),
+                                 [&](const PartitionResult& c) { return c.partition == r->partition; })) {
+        cands.push_back(*r);
+      }
+    };
+    const size_t greedy = cands.size();
+    for (size_t i = 0; i < greedy; ++i) {
+      const Partition shape = cands[i].partition;
+      add(BalancedPartition(pr, shape));
+      if (static_cast<int>(i) >= choice.wider_forward) continue;
+      const int n = pr.costs->num_layers() - shape.fused;
+      for (int extra : {1, 2, 3, 4, 6, 8}) {
+        if (shape.num_forward_stages() + extra <= n)
+          add(BalancedPartition(pr, shape, shape.num_forward_stages() + extra));
+      }
+    }
+  }
   const OptimizerMode mode = choice.mode;
   std::optional<PartitionResult> best;
   double best_period = 0;

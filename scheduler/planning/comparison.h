@@ -58,7 +58,8 @@ absl::StatusOr<std::vector<ComparisonRow>> CompareSchedules(const CostModel& cos
 // slot t_max and ignores how the round-robin actually packs unequal slots — so it can prefer a
 // partition that simulates worse (e.g. GPT-OSS-20B: 17 slots where 30 are better). This simulates
 // the candidates of the exact search (CandidatePartitions: the best `per_stage_count` of every
-// stage count, at most `max_candidates` in objective order) as RoundPipe with the given mode,
+// stage count, at most `max_candidates` in objective order, each with its balanced twin) as
+// RoundPipe with the given mode,
 // round size and simulator options, in steady state over whole dispatch cycles, and returns the
 // one with the shortest iteration (the first in objective order among equals).
 struct SimulatedChoice {
@@ -67,6 +68,12 @@ struct SimulatedChoice {
   SimOptions sim;  // recompute-ahead as the engine runs it; the optimizer time is left out
   int max_candidates = 48;
   int per_stage_count = 2;
+  // Each candidate's balanced twin (BalancedPartition) is simulated too, and for the best
+  // `wider_forward` candidates balanced variants with 1, 2, 3, 4, 6 and 8 more forward slots
+  // (the authors' partitions use more forward slots than the minimum: e.g. Qwen3-32B 22, where
+  // 16 would do, and it simulates better).
+  bool balanced_twins = true;
+  int wider_forward = 8;
 };
 absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& problem, const SimulatedChoice& choice);
 // The earlier signature: the objective's `max_candidates` best, default simulator options.

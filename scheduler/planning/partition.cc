@@ -477,6 +477,26 @@ absl::StatusOr<PartitionResult> PartitionWithStageCount(const PartitionProblem& 
       absl::StrCat("partition: no ", num_stages, "-slot partition satisfies the per-stage memory cap"));
 }
 
+absl::StatusOr<PartitionResult> BalancedPartition(const PartitionProblem& pr, const Partition& shape,
+                                                  int forward_stages) {
+  if (absl::Status st = CheckProblem(pr); !st.ok()) return st;
+  const int L = pr.costs->num_layers();
+  const int n = L - shape.fused;
+  if (shape.fused < 1 || n < 0) return absl::InvalidArgumentError("partition: bad B_1 for balancing");
+  if (n == 0) return EvaluatePartition(pr, shape);
+  const LayerArrays a = Arrays(*pr.costs);
+  auto side = [&](const std::vector<double>& t, const std::vector<int64_t>& m,
+                  int k) -> absl::StatusOr<std::vector<int>> {
+    return MinMaxContiguousPartition(std::vector<double>(t.begin(), t.begin() + n),
+                                     std::vector<int64_t>(m.begin(), m.begin() + n), pr.stage_memory_cap, k);
+  };
+  auto fwd = side(a.f, a.fm, forward_stages > 0 ? forward_stages : shape.num_forward_stages());
+  if (!fwd.ok()) return fwd.status();
+  auto bwd = side(a.b, a.bm, shape.num_backward_stages() - 1);
+  if (!bwd.ok()) return bwd.status();
+  return EvaluatePartition(pr, MakePartition(*fwd, shape.fused, *bwd));
+}
+
 absl::StatusOr<std::vector<int>> MinMaxContiguousPartition(const std::vector<double>& w,
                                                            const std::vector<int64_t>& mem, int64_t cap,
                                                            int num_stages) {

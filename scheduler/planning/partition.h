@@ -74,6 +74,15 @@ absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& problem);
 std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& problem, int max_candidates = 0,
                                                  int per_stage_count = 0);
 
+// `shape`'s B_1 and stage counts with each side's layers spread to minimise its slowest stage
+// (MinMaxContiguousPartition per side): the greedy packs leave a small remainder stage, which
+// the balanced twin spreads out (e.g. F[2,9,9,9] -> F[8,7,7,7]); same slots, often a shorter
+// critical path.
+// `forward_stages` > 0 asks for that many forward stages instead of `shape`'s (more, smaller
+// forward slots: what the authors' minimum-slot rule produces; the backward side is unchanged).
+absl::StatusOr<PartitionResult> BalancedPartition(const PartitionProblem& problem, const Partition& shape,
+                                                  int forward_stages = 0);
+
 // Minimal t_max with exactly `num_stages` stage slots (3 <= ... <= 2L-1, or 1 when L==1... see
 // errors); B_1 as large as allowed.
 absl::StatusOr<PartitionResult> PartitionWithStageCount(const PartitionProblem& problem, int num_stages);
