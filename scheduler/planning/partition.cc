@@ -40,9 +40,11 @@ LayerArrays Arrays(const CostModel& c) {
 // Greedy is optimal because both constraints are additive over non-negative items. Packs from
 // item n-1 downwards when `from_end`. Returns group sizes in item order, or nullopt when a
 // single item violates a constraint.
-std::optional<std::vector<int>> GreedyPack(const std::vector<double>& v, const std::vector<int64_t>& mem, int n,
-                                           double limit, int64_t cap, bool from_end) {
-  std::vector<int> counts;
+// The packing itself: calls group(size, time) for every group in packing order; false when a
+// single item violates a constraint.
+template <typename OnGroup>
+bool Pack(const std::vector<double>& v, const std::vector<int64_t>& mem, int n, double limit, int64_t cap,
+          bool from_end, OnGroup&& group) {
   double sum = 0;
   int64_t msum = 0;
   int count = 0;
@@ -56,13 +58,20 @@ std::optional<std::vector<int>> GreedyPack(const std::vector<double>& v, const s
       ++count;
       continue;
     }
-    if (!Fits(x, limit) || !FitsMem(m, cap)) return std::nullopt;
-    if (count > 0) counts.push_back(count);
+    if (!Fits(x, limit) || !FitsMem(m, cap)) return false;
+    if (count > 0) group(count, sum);
     sum = x;
     msum = m;
     count = 1;
   }
-  if (count > 0) counts.push_back(count);
+  if (count > 0) group(count, sum);
+  return true;
+}
+
+std::optional<std::vector<int>> GreedyPack(const std::vector<double>& v, const std::vector<int64_t>& mem, int n,
+                                           double limit, int64_t cap, bool from_end) {
+  std::vector<int> counts;
+  if (!Pack(v, mem, n, limit, cap, from_end, [&](int c, double) { counts.push_back(c); })) return std::nullopt;
   if (from_end) std::reverse(counts.begin(), counts.end());
   return counts;
 }
@@ -300,36 +309,13 @@ std::optional<Partition> GreedyAt(const LayerArrays& a, int L, double T, int64_t
 }
 
 // What AutoPartition compares of a greedy partition, without building it: the same packing as
-// GreedyPack / GreedyAt, counting groups and the slowest one.
+// GreedyPack, counting groups and the slowest one.
 bool PackCount(const std::vector<double>& v, const std::vector<int64_t>& mem, int n, double limit, int64_t cap,
                bool from_end, int* groups, double* slowest) {
-  double sum = 0;
-  int64_t msum = 0;
-  int count = 0;
-  for (int k = 0; k < n; ++k) {
-    const int i = from_end ? n - 1 - k : k;
-    const double x = v[static_cast<size_t>(i)];
-    const int64_t m = mem[static_cast<size_t>(i)];
-    if (count > 0 && Fits(sum + x, limit) && FitsMem(msum + m, cap)) {
-      sum += x;
-      msum += m;
-      ++count;
-      continue;
-    }
-    if (!Fits(x, limit) || !FitsMem(m, cap)) return false;
-    if (count > 0) {
-      ++*groups;
-      *slowest = std::max(*slowest, sum);
-    }
-    sum = x;
-    msum = m;
-    count = 1;
-  }
-  if (count > 0) {
+  return Pack(v, mem, n, limit, cap, from_end, [&](int, double t) {
     ++*groups;
-    *slowest = std::max(*slowest, sum);
-  }
-  return true;
+    *slowest = std::max(*slowest, t);
+  });
 }
 
 struct GreedyShape {

@@ -24,6 +24,18 @@ namespace {
 namespace v1 = roundpipe::v1;
 using namespace std::chrono_literals;
 
+// make_jsonl_dataset.py's tokenizer and train/valid JSONL files in `dir`; its expected.json (the
+// streams PyPI `tokenizers` gives).
+nlohmann::json MakeJsonlDataset(const std::string& dir) {
+  std::string out;
+  EXPECT_EQ(RunCommand(std::string(RP_VENV_PYTHON) +
+                           " " RP_SOURCE_DIR "/tests/unit/scheduler/runtime/make_jsonl_dataset.py " + dir,
+                       &out),
+            0)
+      << out;
+  return nlohmann::json::parse(ReadWholeFile(dir + "/expected.json"), nullptr, /*allow_exceptions=*/false);
+}
+
 // A JSONL prompt/completion dataset named in the job spec (format from the extension, the
 // tokenizer dir inside an allowed root): the daemon tokenizes it and trains exactly like the plain
 // reference on the tokens and loss mask PyPI `tokenizers` gives (make_jsonl_dataset.py).
@@ -31,12 +43,8 @@ TEST_F(DaemonTest, JsonlJobTrainsLikeThePlainReferenceOnTheTokenizersMasks) {
   ASSERT_TRUE(StartDaemon());
   const std::string dir = root_ + "/data/jsonl";
   std::string out;
-  ASSERT_EQ(RunCommand(std::string(RP_VENV_PYTHON) +
-                           " " RP_SOURCE_DIR "/tests/unit/scheduler/runtime/make_jsonl_dataset.py " + dir,
-                       &out),
-            0)
-      << out;
-  const auto expected = nlohmann::json::parse(ReadWholeFile(dir + "/expected.json"));
+  const nlohmann::json expected = MakeJsonlDataset(dir);
+  ASSERT_TRUE(expected.is_object()) << "make_jsonl_dataset.py did not write expected.json";
   const auto tokens = expected["tokens"].get<std::vector<int64_t>>();
   const auto trained = expected["trained"].get<std::vector<int>>();
   v1::JobSpec spec = TinySpec();
@@ -80,12 +88,8 @@ TEST_F(DaemonTest, DocumentMaskedJsonlJobWithValidationMatchesTheReference) {
   ASSERT_TRUE(StartDaemon());
   const std::string dir = root_ + "/data/jsonl";
   std::string out;
-  ASSERT_EQ(RunCommand(std::string(RP_VENV_PYTHON) +
-                           " " RP_SOURCE_DIR "/tests/unit/scheduler/runtime/make_jsonl_dataset.py " + dir,
-                       &out),
-            0)
-      << out;
-  const auto expected = nlohmann::json::parse(ReadWholeFile(dir + "/expected.json"));
+  const nlohmann::json expected = MakeJsonlDataset(dir);
+  ASSERT_TRUE(expected.is_object()) << "make_jsonl_dataset.py did not write expected.json";
   const auto tokens = expected["tokens"].get<std::vector<int64_t>>();
   const auto trained = expected["trained"].get<std::vector<int>>();
   const auto starts = expected["starts"].get<std::vector<int64_t>>();

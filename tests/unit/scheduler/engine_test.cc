@@ -196,7 +196,7 @@ TEST(Engine, AsyncJobMatchesTheStaleness1Reference) {
   }
 }
 
-TEST(Engine, AutoPartitionedJobSwitchesPartitionAndReportsIt) {
+TEST(Engine, AutoPartitionedJobPlansFromMeasuredTimesAndReportsIt) {
   auto engine = *Engine::Create({"cpu:2"});
   JobSpec spec = TinyJob();
   spec.model.vocab = 2000;  // a heavy head
@@ -207,13 +207,17 @@ TEST(Engine, AutoPartitionedJobSwitchesPartitionAndReportsIt) {
   ASSERT_TRUE(id.ok()) << id.status();
   for (int it = 0; it < 6; ++it)
     ASSERT_TRUE(engine->FeedBatch(*id, rp::testing::ToBatch(RandomTokens(4, 8, spec.model.vocab, it))).ok());
-  std::vector<std::string> partitions;
+  std::vector<IterationStats> stats;
   for (const auto& e : DrainUntilEnded(*engine, *id)) {
-    if (e.kind == JobEvent::Kind::kIteration) partitions.push_back(e.stats.partition);
+    if (e.kind == JobEvent::Kind::kIteration) stats.push_back(e.stats);
   }
-  ASSERT_EQ(partitions.size(), 6u);
-  EXPECT_EQ(partitions[0], "F[1,1,1,1] B1=1 B[1,1,1,1]");  // profiling: one layer per slot
-  EXPECT_NE(partitions[5], partitions[0]);
+  ASSERT_EQ(stats.size(), 6u);
+  EXPECT_EQ(stats[0].partition, "F[1,1,1,1] B1=1 B[1,1,1,1]");  // profiling: one layer per slot
+  EXPECT_EQ(stats[0].predicted_bubble, 0);                      // nothing planned yet
+  // Planned from the measured times (the simulated choice may keep one layer per slot when that
+  // simulates best): the planner's partition and its predicted bubble are reported.
+  EXPECT_TRUE(stats[5].partition_problem.empty()) << stats[5].partition_problem;
+  EXPECT_GT(stats[5].predicted_bubble, 0) << stats[5].partition;
 }
 
 TEST(Engine, ShutdownWithARunningAsyncJobCancelsItCleanly) {

@@ -11,46 +11,16 @@
 #include "absl/strings/str_cat.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/rig.h"
+#include "tests/support/tiny_models.h"
 #include "tests/support/tokens.h"
 #include "workers/device/device.h"
 
 namespace rp::scheduler {
 namespace {
 
+using rp::testing::TinyLlama;
+using rp::testing::TinyQwen3;
 using workers::models::TransformerConfig;
-
-TransformerConfig TinyLlama() {
-  TransformerConfig c;
-  c.family = "llama";
-  c.vocab = 61;
-  c.hidden = 32;
-  c.intermediate = 48;
-  c.num_blocks = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 500000;
-  c.rms_eps = 1e-5;
-  c.rope_scaling.factor = 8;
-  c.rope_scaling.original_max_position = 4;  // short, so the scaling bands matter at length 8
-  return c;
-}
-
-TransformerConfig TinyQwen3() {
-  TransformerConfig c;
-  c.family = "qwen3";
-  c.vocab = 53;
-  c.hidden = 24;
-  c.intermediate = 40;
-  c.num_blocks = 3;
-  c.num_heads = 3;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.rope_theta = 1000000;
-  c.qk_norm = true;
-  c.tied_embeddings = true;
-  return c;
-}
 
 using rp::testing::RandomTokens;
 

@@ -13,30 +13,17 @@
 #include "scheduler/runtime/token_dataset.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/rig.h"
+#include "tests/support/tiny_models.h"
 #include "tests/support/tokens.h"
 #include "workers/models/layers.h"
 
 namespace rp::scheduler {
 namespace {
 
+using rp::testing::TinyLlama;
 using workers::models::TransformerConfig;
 
 at::Tensor Longs(std::vector<int64_t> v) { return at::tensor(v, at::kLong); }
-
-TransformerConfig TinyLlama() {
-  TransformerConfig c;
-  c.family = "llama";
-  c.vocab = 61;
-  c.hidden = 32;
-  c.intermediate = 48;
-  c.num_blocks = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 10000;
-  c.rms_eps = 1e-5;
-  return c;
-}
 
 // B rows of S tokens, each row the concatenation of documents of the given lengths; the
 // documents themselves (for the reference), positions and labels as a packer makes them.

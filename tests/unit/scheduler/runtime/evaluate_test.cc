@@ -13,29 +13,15 @@
 #include "scheduler/runtime/controller.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/rig.h"
+#include "tests/support/tiny_models.h"
 #include "tests/support/tokens.h"
 #include "workers/models/layers.h"
 
 namespace rp::scheduler {
 namespace {
 
+using rp::testing::TinyQwen3;
 using workers::models::TransformerConfig;
-
-TransformerConfig TinyQwen3() {
-  TransformerConfig c;
-  c.family = "qwen3";
-  c.vocab = 53;
-  c.hidden = 24;
-  c.intermediate = 40;
-  c.num_blocks = 3;
-  c.num_heads = 3;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.rope_theta = 1000000;
-  c.qk_norm = true;
-  c.tied_embeddings = true;
-  return c;
-}
 
 using rp::testing::RandomTokens;
 
