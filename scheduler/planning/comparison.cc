@@ -64,17 +64,23 @@ absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const Compari
   return Finish(std::move(row), build, k);
 }
 
+// The user's baseline partition when it has v*N stages, else none (min-max).
+std::vector<int> BlocksFor(const ComparisonOptions& o, int v) {
+  return static_cast<int>(o.baseline_blocks_per_stage.size()) == v * o.num_workers ? o.baseline_blocks_per_stage
+                                                                                   : std::vector<int>();
+}
+
 ScheduleBuilder BaselineBuilder(const CostModel& costs, const ComparisonOptions& o, Baseline kind, int v) {
   return [&costs, &o, kind, v](int iterations, bool with_opt) -> absl::StatusOr<SimSchedule> {
     // Baselines are planned without the memory cap, as in the paper's simulator (favours them).
-    BaselineOptions bo{o.num_workers, o.num_microbatches, iterations, v, 0};
+    BaselineOptions bo{o.num_workers, o.num_microbatches, iterations, v, 0, BlocksFor(o, v)};
     return BaselineSchedule(kind, costs, bo, WithOptimizer(o.sim, with_opt));
   };
 }
 
 absl::StatusOr<ComparisonRow> RunBaseline(const CostModel& costs, const ComparisonOptions& o, Baseline kind, int v) {
   std::vector<int> layers;
-  BaselineOptions bo{o.num_workers, o.num_microbatches, 1, v, 0};
+  BaselineOptions bo{o.num_workers, o.num_microbatches, 1, v, 0, BlocksFor(o, v)};
   auto probe = BaselineSchedule(kind, costs, bo, o.sim, &layers);
   if (!probe.ok()) return probe.status();
   ComparisonRow row;
@@ -95,6 +101,10 @@ absl::StatusOr<ComparisonRow> RunBaseline(const CostModel& costs, const Comparis
 
 // Looped baselines: the chunk count v that gives the shortest steady-state iteration.
 absl::StatusOr<ComparisonRow> RunLooped(const CostModel& costs, const ComparisonOptions& o, Baseline kind) {
+  const int given = static_cast<int>(o.baseline_blocks_per_stage.size());
+  if (given > o.num_workers && given % o.num_workers == 0) {  // the user's partition fixes v
+    return RunBaseline(costs, o, kind, given / o.num_workers);
+  }
   const int vmax_layers = costs.num_layers() / o.num_workers;
   const int vmax = o.max_chunks_per_worker > 0 ? std::min(o.max_chunks_per_worker, vmax_layers) : vmax_layers;
   int best_v = 0;

@@ -37,6 +37,10 @@ struct ComparisonOptions {
   int max_chunks_per_worker = 0;            // looped baselines try v = 2..max (0: as many as layers allow)
   std::optional<Partition> user_partition;  // RoundPipe: use this instead of AutoPartition
   int fixed_stage_count = 0;                // RoundPipe: exactly this many slots (0 = auto)
+  // Baselines: decoder blocks per stage, Megatron-style (BaselineOptions::blocks_per_stage),
+  // used by the baselines whose stage count it matches (GPipe and 1F1B: N entries; looped
+  // schedules: v*N, which fixes v); the others keep their min-max partition.
+  std::vector<int> baseline_blocks_per_stage;
   // RoundPipe's automatic partition: the candidate whose simulated steady state is best
   // (SimulatedBestPartition, per optimizer mode); false = the paper's objective alone.
   bool partition_by_simulation = true;

@@ -264,8 +264,31 @@ absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& cos
     w.push_back(costs.layers[static_cast<size_t>(l)].fwd_s + costs.layers[static_cast<size_t>(l)].bwd_s);
     mem.push_back(costs.BackwardMemory(l));
   }
-  auto parts = MinMaxContiguousPartition(w, mem, bo.stage_memory_cap, S);
-  if (!parts.ok()) return parts.status();
+  absl::StatusOr<std::vector<int>> parts = std::vector<int>();
+  if (bo.blocks_per_stage.empty()) {
+    parts = MinMaxContiguousPartition(w, mem, bo.stage_memory_cap, S);
+    if (!parts.ok()) return parts.status();
+  } else {
+    // Megatron-style block counts: the embedding joins the first stage, the head the last.
+    const std::vector<int>& b = bo.blocks_per_stage;
+    int blocks = 0;
+    for (size_t st = 0; st < b.size(); ++st) {
+      const bool end = st == 0 || st + 1 == b.size();
+      if (b[st] < 0 || (b[st] == 0 && !end)) {
+        return absl::InvalidArgumentError(absl::StrCat("baseline ", BaselineName(kind), ": stage ", st, " lists ",
+                                                       b[st], " blocks (only the first and the last may list 0)"));
+      }
+      blocks += b[st];
+    }
+    if (static_cast<int>(b.size()) != S || blocks != L - 2) {
+      return absl::InvalidArgumentError(absl::StrCat("baseline ", BaselineName(kind), ": the partition lists ",
+                                                     b.size(), " stages of ", blocks, " blocks; this schedule has ", S,
+                                                     " stages and the model ", L - 2, " blocks"));
+    }
+    parts = b;
+    (*parts)[0] += 1;
+    (*parts)[static_cast<size_t>(S - 1)] += 1;
+  }
   if (stage_layers) *stage_layers = *parts;
   std::vector<double> tf(static_cast<size_t>(S)), tb(static_cast<size_t>(S));
   {

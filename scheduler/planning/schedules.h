@@ -49,6 +49,10 @@ struct BaselineOptions {
   int iterations = 1;
   int chunks_per_worker = 1;     // v: S = v*N stages (GPipe and 1F1B use 1)
   int64_t stage_memory_cap = 0;  // per-stage device memory cap, 0 = unlimited
+  // An explicit partition as Megatron users write it: decoder blocks per stage (S entries); the
+  // first stage also holds the embedding and the last the head, so either may list 0 blocks.
+  // Empty: the min-max partition.
+  std::vector<int> blocks_per_stage;
 };
 
 // Weights bound to GPUs: stage s on worker s mod N, the symmetric min-max partition of the

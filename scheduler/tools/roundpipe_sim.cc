@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, profile, "",
           "fused times, bytes, the activation hop) to simulate instead of the analytic model; what a job's "
           "auto-partitioned run writes as <output_dir>/profile.json. --model is then ignored; --device still "
           "gives the host link bandwidth for weight uploads with --transfers");
+ABSL_FLAG(std::string, baseline_partition, "",
+          "Decoder blocks per stage for the baselines, Megatron-style (e.g. 0,2,2,...,2,0: the first stage also "
+          "holds the embedding, the last the head). Used by the baselines whose stage count it matches: GPipe "
+          "and 1F1B with N entries, the looped ones with v*N (which fixes v)");
 ABSL_FLAG(bool, partition_by_simulation, true,
           "RoundPipe's automatic partition: the candidate of the exact search whose simulated steady state is "
           "best (per optimizer mode); false = the paper's objective alone");
@@ -141,6 +145,17 @@ absl::StatusOr<Setup> MakeSetup() {
   o.sim.transfers = absl::GetFlag(FLAGS_transfers);
   o.sim.recompute_ahead = absl::GetFlag(FLAGS_recompute_ahead);
   o.partition_by_simulation = absl::GetFlag(FLAGS_partition_by_simulation);
+  if (const std::string bp = absl::GetFlag(FLAGS_baseline_partition); !bp.empty()) {
+    auto blocks = ParseInts(bp);
+    if (!blocks.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--baseline_partition: ", blocks.status().message()));
+    if (static_cast<int>(blocks->size()) % o.num_workers != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--baseline_partition: ", blocks->size(),
+                                                     " stages fit no baseline on ", o.num_workers,
+                                                     " GPUs (N for GPipe/1F1B, a multiple v*N for the looped ones)"));
+    }
+    o.baseline_blocks_per_stage = *blocks;
+  }
   o.sim.host_link_bandwidth = s.device.host_link_bandwidth;
   const std::string sched = absl::GetFlag(FLAGS_schedule);
   if (sched != "all") o.schedules = absl::StrSplit(sched, ',', absl::SkipEmpty());

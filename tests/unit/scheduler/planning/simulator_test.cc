@@ -280,6 +280,46 @@ TEST(Simulator, RecomputeAheadNeverLosesAndWinsWhereStagesWaitForGradients) {
   }
 }
 
+// Baselines with an explicit partition as Megatron users write it (blocks per stage; the first
+// stage holds the embedding, the last the head, so they may list 0): the min-max partition written
+// that way simulates identically; an empty first and last stage is accepted; bad lists are refused.
+TEST(Simulator, BaselinesTakeMegatronStylePartitions) {
+  CostModel c = Uniform(14, 1, 3);  // embedding, 12 blocks, head
+  for (Baseline b : {Baseline::k1F1B, Baseline::kInterleaved1F1B}) {
+    const int v = b == Baseline::k1F1B ? 1 : 2;
+    std::vector<int> layers;
+    auto auto_part = BaselineSchedule(b, c, {3, 6, 2, v, 0}, {}, &layers);
+    ASSERT_TRUE(auto_part.ok()) << auto_part.status();
+    std::vector<int> blocks = layers;
+    blocks.front() -= 1;
+    blocks.back() -= 1;
+    BaselineOptions given{3, 6, 2, v, 0, blocks};
+    std::vector<int> used;
+    auto explicit_part = BaselineSchedule(b, c, given, {}, &used);
+    ASSERT_TRUE(explicit_part.ok()) << explicit_part.status();
+    EXPECT_EQ(used, layers) << BaselineName(b);
+    EXPECT_EQ(Simulate(*explicit_part)->makespan, Simulate(*auto_part)->makespan) << BaselineName(b);
+    // Megatron's habit: nothing but the embedding on the first stage, the head alone on the last.
+    std::vector<int> megatron(static_cast<size_t>(3 * v), 0);
+    for (int k = 0; k < 12; ++k) megatron[1 + static_cast<size_t>(k % (3 * v - 2))] += 1;
+    given.blocks_per_stage = megatron;
+    auto m = BaselineSchedule(b, c, given, {}, &used);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(used.front(), 1);
+    EXPECT_EQ(used.back(), 1);
+    ExpectConsistent(*m, *Simulate(*m));
+  }
+  for (const auto& [blocks, needle] :
+       std::vector<std::pair<std::vector<int>, std::string>>{{{4, 4, 3}, "3 stages of 11 blocks"},
+                                                             {{4, 0, 8}, "only the first and the last may list 0"},
+                                                             {{4, 4}, "2 stages"}}) {
+    auto bad = BaselineSchedule(Baseline::k1F1B, c, {3, 6, 1, 1, 0, blocks}, {});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find(needle), std::string::npos) << bad.status();
+  }
+}
+
 TEST(Simulator, DetectsDeadlock) {
   SimSchedule s;
   s.name = "cycle";
