@@ -132,6 +132,9 @@ struct JobSpec {
   // Per-stage device memory for the automatic partition; 0 = derived from the GPUs, none on
   // the CPU backend.
   int64_t stage_memory_cap = 0;
+  // The automatic partition's knobs (planning::PartitionProblem::min_stages, ::t_max_window); 0 = off.
+  int partition_min_stages = 0;
+  double partition_t_max_window = 0;
   int microbatches = 0;  // 0 = number of devices
   int microbatches_per_round = 0;
   OptimizerSpec optimizer;

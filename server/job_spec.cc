@@ -307,6 +307,25 @@ absl::Status ResolvePartition(const v1::JobSpec& spec, const JobSpecContext& ctx
   } else {
     e.auto_partition = true;
   }
+  if (p.min_stages() != 0 || p.t_max_window() != 0) {
+    if (!e.auto_partition) {
+      return absl::InvalidArgumentError(
+          "partition: min_stages and t_max_window steer the automatic partition; leave them out with layer counts");
+    }
+    const int L = e.model.num_layers();
+    if (p.min_stages() < 0 || p.min_stages() > 2 * L - 1) {
+      return absl::InvalidArgumentError(absl::StrCat("partition.min_stages: ", p.min_stages(), " is outside 0..",
+                                                     2 * L - 1, " (", L, " layers make at most ", 2 * L - 1,
+                                                     " stage slots)"));
+    }
+    if (p.t_max_window() != 0 && !(p.t_max_window() >= 1 && std::isfinite(p.t_max_window()))) {
+      return absl::InvalidArgumentError(absl::StrCat("partition.t_max_window: ", p.t_max_window(),
+                                                     " must be >= 1 (slowest slot within that factor of the "
+                                                     "least possible) or 0 (no window)"));
+    }
+    e.partition_min_stages = p.min_stages();
+    e.partition_t_max_window = p.t_max_window();
+  }
   return absl::OkStatus();
 }
 

@@ -33,6 +33,8 @@ SimOptions WithOptimizer(const SimOptions& o, bool with_optimizer) {
 
 absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const ComparisonOptions& o, OptimizerMode mode) {
   PartitionProblem pr{&costs, o.num_workers, o.num_microbatches, o.stage_memory_cap};
+  pr.min_stages = o.min_stages;
+  pr.t_max_window = o.t_max_window;
   SimulatedChoice choice;
   choice.microbatches_per_round = o.microbatches_per_round;
   choice.mode = mode;
@@ -151,23 +153,40 @@ absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& p
 absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& pr, const SimulatedChoice& choice) {
   std::vector<PartitionResult> cands = CandidatePartitions(pr, choice.max_candidates, choice.per_stage_count);
   if (cands.empty()) return AutoPartition(pr);  // for its error message
+  auto add = [&](const absl::StatusOr<PartitionResult>& r) {
+    if (r.ok() && PartitionAllowed(pr, *r) && std::none_of(cands.begin(), cands.end(), [&](const PartitionResult& c) {
+          return c.partition == r->partition;
+        })) {
+      cands.push_back(*r);
+    }
+  };
+  auto wider = [&](const Partition& shape) {
+    const int n = pr.costs->num_layers() - shape.fused;
+    for (int extra : {1, 2, 3, 4, 6, 8}) {
+      if (shape.num_forward_stages() + extra <= n)
+        add(BalancedPartition(pr, shape, shape.num_forward_stages() + extra));
+    }
+  };
   if (choice.balanced_twins) {
-    auto add = [&](const absl::StatusOr<PartitionResult>& r) {
-      if (r.ok() && std::none_of(cands.begin(), cands.end(),
-                                 [&](const PartitionResult& c) { return c.partition == r->partition; })) {
-        cands.push_back(*r);
-      }
-    };
     const size_t greedy = cands.size();
     for (size_t i = 0; i < greedy; ++i) {
       const Partition shape = cands[i].partition;
       add(BalancedPartition(pr, shape));
-      if (static_cast<int>(i) >= choice.wider_forward) continue;
-      const int n = pr.costs->num_layers() - shape.fused;
-      for (int extra : {1, 2, 3, 4, 6, 8}) {
-        if (shape.num_forward_stages() + extra <= n)
-          add(BalancedPartition(pr, shape, shape.num_forward_stages() + extra));
-      }
+      if (static_cast<int>(i) < choice.wider_forward) wider(shape);
+    }
+  }
+  if (choice.near_minimum_window > 0) {
+    // Every candidate with t_max close to the least possible (the favourites of each stage count
+    // above sit at large t_max and can miss these), balanced, and the best few widened.
+    PartitionProblem near = pr;
+    near.t_max_window =
+        pr.t_max_window > 0 ? std::min(pr.t_max_window, choice.near_minimum_window) : choice.near_minimum_window;
+    const std::vector<PartitionResult> close = CandidatePartitions(near);  // objective order
+    for (size_t i = 0; i < close.size(); ++i) {
+      add(close[i]);
+      if (!choice.balanced_twins) continue;
+      add(BalancedPartition(pr, close[i].partition));
+      if (static_cast<int>(i) < choice.wider_forward) wider(close[i].partition);
     }
   }
   const OptimizerMode mode = choice.mode;

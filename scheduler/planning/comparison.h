@@ -37,6 +37,10 @@ struct ComparisonOptions {
   int max_chunks_per_worker = 0;            // looped baselines try v = 2..max (0: as many as layers allow)
   std::optional<Partition> user_partition;  // RoundPipe: use this instead of AutoPartition
   int fixed_stage_count = 0;                // RoundPipe: exactly this many slots (0 = auto)
+  // RoundPipe's automatic partition: the authors' knobs (PartitionProblem::min_stages,
+  // ::t_max_window); 0 = off.
+  int min_stages = 0;
+  double t_max_window = 0;
   // Baselines: decoder blocks per stage, Megatron-style (BaselineOptions::blocks_per_stage),
   // used by the baselines whose stage count it matches (GPipe and 1F1B: N entries; looped
   // schedules: v*N, which fixes v); the others keep their min-max partition.
@@ -58,14 +62,15 @@ struct ComparisonRow {
 
 absl::StatusOr<std::vector<ComparisonRow>> CompareSchedules(const CostModel& costs, const ComparisonOptions& options);
 
-// Beyond the paper: the objective (M*max(S,N) + N(N-1)) * t_max is a proxy — it charges every
+// Beyond the paper: the objective (M*max(S,N,K) + N(N-1)) * t_max is a proxy — it charges every
 // slot t_max and ignores how the round-robin actually packs unequal slots — so it can prefer a
 // partition that simulates worse (e.g. GPT-OSS-20B: 17 slots where 30 are better). This simulates
 // the candidates of the exact search (CandidatePartitions: the best `per_stage_count` of every
 // stage count, at most `max_candidates` in objective order, each with its balanced twin) as
 // RoundPipe with the given mode,
 // round size and simulator options, in steady state over whole dispatch cycles, and returns the
-// one with the shortest iteration (the first in objective order among equals).
+// one with the shortest iteration (the first in objective order among equals). Every candidate
+// respects the problem's min_stages and t_max window.
 struct SimulatedChoice {
   int microbatches_per_round = 0;
   OptimizerMode mode = OptimizerMode::kSync;
@@ -78,6 +83,11 @@ struct SimulatedChoice {
   // 16 would do, and it simulates better).
   bool balanced_twins = true;
   int wider_forward = 8;
+  // Also every candidate whose t_max is within this factor of the least possible t_max W
+  // (MinimumTmax), with its balanced twin, and for the best `wider_forward` of them the wider
+  // variants: the authors search only [W, 1.1 W], and their best partitions lie there, while the
+  // favourites of each stage count above sit at larger t_max. 0 = off.
+  double near_minimum_window = 1.1;
 };
 absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& problem, const SimulatedChoice& choice);
 // The earlier signature: the objective's `max_candidates` best, default simulator options.

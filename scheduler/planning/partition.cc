@@ -178,7 +178,17 @@ absl::Status CheckProblem(const PartitionProblem& pr) {
     return absl::InvalidArgumentError(
         absl::StrCat("partition: need at least one micro-batch, got ", pr.num_microbatches));
   }
-  for (int l = 0; l < pr.costs->num_layers(); ++l) {
+  const int L = pr.costs->num_layers();
+  if (pr.min_stages < 0 || pr.min_stages > 2 * L - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("partition: min_stages ", pr.min_stages, " is outside 0..",
+                                                   2 * L - 1, " (", L, " layers make at most ", 2 * L - 1,
+                                                   " stage slots)"));
+  }
+  if (pr.t_max_window != 0 && !(pr.t_max_window >= 1 && std::isfinite(pr.t_max_window))) {
+    return absl::InvalidArgumentError(absl::StrCat("partition: t_max_window ", pr.t_max_window,
+                                                   " must be >= 1 (t_max in [W, window*W]) or 0 (no window)"));
+  }
+  for (int l = 0; l < L; ++l) {
     const LayerCost& c = pr.costs->layers[static_cast<size_t>(l)];
     if (!(c.fwd_s >= 0) || !(c.bwd_s >= 0) || !(c.fused_s >= 0) || !std::isfinite(c.fwd_s + c.bwd_s + c.fused_s)) {
       return absl::InvalidArgumentError(absl::StrCat("partition: layer ", l, " has a negative or non-finite time"));
@@ -285,8 +295,9 @@ absl::StatusOr<PartitionResult> EvaluatePartition(const PartitionProblem& pr, co
   }
   const double M = pr.num_microbatches, N = pr.num_workers;
   // With fewer stage slots than workers some workers get no slot at all: count S as at least N
-  // (the reference implementation's min_stages), or the formula would reward S < N.
-  const double S = std::max<double>(p.num_stages(), N);
+  // (the reference implementation's min_stages), or the formula would reward S < N; and at least
+  // the problem's own min_stages.
+  const double S = std::max<double>({static_cast<double>(p.num_stages()), N, static_cast<double>(pr.min_stages)});
   const double span = (M * S + N * (N - 1)) * r.t_max;
   r.objective = span;
   r.predicted_bubble = span > 0 ? 1 - M * work / span : 0;
@@ -335,22 +346,82 @@ std::optional<GreedyShape> GreedyShapeAt(const LayerArrays& a, int L, double T, 
   return g;
 }
 
+// The slot count a partition must reach: min_stages, where 2 means 3 (no partition has 2).
+int RequiredStages(const PartitionProblem& pr) { return pr.min_stages == 2 ? 3 : pr.min_stages; }
+
+// W (see MinimumTmax) for a checked problem. Every partition's B_1 holds the head and every
+// layer below it sits in some stage, so W >= the head's fused time; the partition of one layer per
+// slot has t_max = max(head's fused, every other layer's forward and backward) =: Wf and fits the
+// cap (CheckProblem), so W <= Wf. W is a candidate sum in [head, Wf], and feasibility of the
+// greedy packing grows with t_max: the first feasible one is W.
+double MinimumTmaxOf(const LayerArrays& a, int L, int64_t cap) {
+  const double head = a.u[static_cast<size_t>(L - 1)];
+  double wf = head;
+  for (int l = 0; l + 1 < L; ++l) wf = std::max({wf, a.f[static_cast<size_t>(l)], a.b[static_cast<size_t>(l)]});
+  for (double T : Candidates(a, L, head, wf)) {
+    if (auto g = GreedyShapeAt(a, L, T, cap)) return g->t_max;
+  }
+  return wf;
+}
+
+// The t_max range the problem allows: [W, window*W], or [0, inf) without a window.
+struct TmaxRange {
+  double lo = 0;
+  double hi = std::numeric_limits<double>::infinity();
+  bool Holds(double t) const { return t >= lo * (1 - kRelEps) && t <= hi * (1 + kRelEps); }
+};
+TmaxRange AllowedTmax(const PartitionProblem& pr, const LayerArrays& a, int L) {
+  TmaxRange r;
+  if (pr.t_max_window > 0) {
+    r.lo = MinimumTmaxOf(a, L, pr.stage_memory_cap);
+    r.hi = r.lo * pr.t_max_window;
+  }
+  return r;
+}
+
+// The best partition with exactly the required number of slots when min_stages asks for more than
+// a greedy packing may give (PartitionWithStageCount: the smallest t_max with exactly K slots, so
+// the best objective among them), if it exists inside the t_max range.
+std::optional<PartitionResult> RequiredStagesPartition(const PartitionProblem& pr, const TmaxRange& range) {
+  if (RequiredStages(pr) <= 1) return std::nullopt;
+  auto r = PartitionWithStageCount(pr, RequiredStages(pr));
+  if (!r.ok() || !range.Holds(r->t_max)) return std::nullopt;
+  return *r;
+}
+
 }  // namespace
+
+absl::StatusOr<double> MinimumTmax(const PartitionProblem& pr) {
+  if (absl::Status st = CheckProblem(pr); !st.ok()) return st;
+  const int L = pr.costs->num_layers();
+  return MinimumTmaxOf(Arrays(*pr.costs), L, pr.stage_memory_cap);
+}
+
+bool PartitionAllowed(const PartitionProblem& pr, const PartitionResult& r) {
+  if (r.partition.num_stages() < RequiredStages(pr)) return false;
+  if (pr.t_max_window <= 0) return true;
+  auto w = MinimumTmax(pr);
+  return w.ok() && r.t_max >= *w * (1 - kRelEps) && r.t_max <= *w * pr.t_max_window * (1 + kRelEps);
+}
 
 std::vector<PartitionResult> CandidatePartitions(const PartitionProblem& pr, int max_candidates, int per_stage_count) {
   std::vector<PartitionResult> out;
   if (!CheckProblem(pr).ok()) return out;
   const int L = pr.costs->num_layers();
   const LayerArrays a = Arrays(*pr.costs);
-  for (double T : Candidates(a, L)) {
-    auto p = GreedyAt(a, L, T, pr.stage_memory_cap);
-    if (!p) continue;
-    auto r = EvaluatePartition(pr, *p);
-    if (!r.ok()) continue;
-    if (std::none_of(out.begin(), out.end(), [&](const PartitionResult& x) { return x.partition == r->partition; })) {
-      out.push_back(*r);
+  const TmaxRange range = AllowedTmax(pr, a, L);
+  auto add = [&](const PartitionResult& r) {
+    if (std::none_of(out.begin(), out.end(), [&](const PartitionResult& x) { return x.partition == r.partition; })) {
+      out.push_back(r);
     }
+  };
+  for (double T : Candidates(a, L, range.lo, range.hi)) {
+    auto p = GreedyAt(a, L, T, pr.stage_memory_cap);
+    if (!p || p->num_stages() < RequiredStages(pr)) continue;
+    auto r = EvaluatePartition(pr, *p);
+    if (r.ok()) add(*r);
   }
+  if (auto k = RequiredStagesPartition(pr, range)) add(*k);
   std::stable_sort(out.begin(), out.end(),
                    [](const PartitionResult& x, const PartitionResult& y) { return x.objective < y.objective; });
   if (per_stage_count > 0) {
@@ -378,19 +449,31 @@ absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& pr) {
   // on a coarse geometric ladder from the lower bound. Most of the O(L^2) sums lie above that,
   // so they are neither sorted nor packed; the rest are packed without building partitions
   // (same optimum: the exhaustive tests hold; tests/bench/partitioner_bench for the times).
-  const double floor = M * N + N * (N - 1);
-  const double lo = a.u[static_cast<size_t>(L - 1)];
-  double hi = std::numeric_limits<double>::infinity();
+  // min_stages K: greedy shapes with fewer slots are skipped; the best partition with exactly K
+  // slots (RequiredStagesPartition) stands in for them. That is exact: an optimum with more than K
+  // slots has a greedy twin at its own t_max with no more slots and no larger t_max — one with at
+  // least K slots is searched here, one with fewer can be split to K slots without raising t_max
+  // — and an optimum with K slots has the least t_max of those. The window bounds T itself.
+  const double K = pr.min_stages;
+  const int need = RequiredStages(pr);
+  const TmaxRange range = AllowedTmax(pr, a, L);
+  const std::optional<PartitionResult> with_k = RequiredStagesPartition(pr, range);
+  const double floor = M * std::max(N, K) + N * (N - 1);
+  const double lo = std::max(a.u[static_cast<size_t>(L - 1)], range.lo);
+  double best_bound = with_k ? with_k->objective : std::numeric_limits<double>::infinity();
   double total = 0;
   for (int l = 0; l < L; ++l)
     total += a.f[static_cast<size_t>(l)] + a.b[static_cast<size_t>(l)] + a.u[static_cast<size_t>(l)];
-  auto objective = [&](const GreedyShape& g) { return (M * std::max<double>(g.stages, N) + N * (N - 1)) * g.t_max; };
-  for (double T = std::max(lo, total / (4.0 * L)); T <= total * (1 + kRelEps); T *= 1.25) {
+  auto objective = [&](const GreedyShape& g) {
+    return (M * std::max({static_cast<double>(g.stages), N, K}) + N * (N - 1)) * g.t_max;
+  };
+  for (double T = std::max(lo, total / (4.0 * L)); T <= std::min(total, range.hi) * (1 + kRelEps); T *= 1.25) {
     if (auto g = GreedyShapeAt(a, L, T, pr.stage_memory_cap)) {
-      hi = objective(*g) / floor;
+      if (g->stages >= need) best_bound = std::min(best_bound, objective(*g));
       break;
     }
   }
+  const double hi = std::min(best_bound / floor, range.hi);
   // Candidates are compared by their shape alone (no partition is built); the winner is built
   // and evaluated once at the end.
   std::optional<GreedyShape> best;
@@ -400,7 +483,7 @@ absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& pr) {
     // no larger candidate can win (candidates ascend).
     if (best && floor * T > best_obj * (1 + kRelEps)) break;
     auto g = GreedyShapeAt(a, L, T, pr.stage_memory_cap);
-    if (!g) continue;
+    if (!g || g->stages < need) continue;
     const double obj = objective(*g);
     if (!best || obj < best_obj * (1 - kRelEps) ||
         (obj <= best_obj * (1 + kRelEps) &&
@@ -410,10 +493,16 @@ absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& pr) {
       best_obj = obj;
     }
   }
-  if (!best) {
+  if (!best && !with_k) {
     return absl::ResourceExhaustedError("partition: no partition satisfies the per-stage memory cap");
   }
-  return EvaluatePartition(pr, *GreedyAt(a, L, best_T, pr.stage_memory_cap));
+  if (!best) return *with_k;
+  auto greedy = EvaluatePartition(pr, *GreedyAt(a, L, best_T, pr.stage_memory_cap));
+  if (!greedy.ok() || !with_k) return greedy;
+  const bool k_wins =
+      with_k->objective < greedy->objective * (1 - kRelEps) ||
+      (with_k->objective <= greedy->objective * (1 + kRelEps) && with_k->partition.fused > greedy->partition.fused);
+  return k_wins ? *with_k : *greedy;
 }
 
 absl::StatusOr<PartitionResult> PartitionWithStageCount(const PartitionProblem& pr, int num_stages) {

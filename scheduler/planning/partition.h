@@ -47,24 +47,41 @@ struct PartitionProblem {
   // Per-stage device memory cap in bytes (one stage runs while the next is prefetched, so pass
   // about half the usable device memory); 0 = unlimited.
   int64_t stage_memory_cap = 0;
+  // The authors' two knobs (their library's `min_stages` and t_max window), both off at 0:
+  // min_stages K: partitions have at least K stage slots, and the objective counts S as at least
+  //   max(N, K). 1 <= K <= 2L-1 (more is refused).
+  int min_stages = 0;
+  // t_max_window X >= 1: only partitions whose t_max lies in [W, X*W], W the smallest t_max any
+  //   partition of this problem has (MinimumTmax). The authors search X = 1.1 only.
+  double t_max_window = 0;
 };
 
 struct PartitionResult {
   Partition partition;
   double t_max = 0;  // slowest stage time per micro-batch
-  // (M*max(S, N) + N(N-1)) * t_max: the paper's objective, with S counted as at least N (with
+  // (M*max(S, N, K) + N(N-1)) * t_max: the paper's objective, with S counted as at least N (with
   // fewer slots than workers some workers idle every round; the reference implementation's
-  // min_stages does the same).
+  // min_stages does the same) and at least the problem's min_stages K.
   double objective = 0;
   // Model-predicted bubble ratio when every slot is paced by t_max:
   // 1 - M*sum(stage times) / objective.
   double predicted_bubble = 0;
 };
 
-// Optimal partition for the objective (M*max(S,N) + N(N-1)) * t_max under the memory cap; among optima
-// the one with the largest B_1. O(L^3): candidate t_max values are contiguous sums of the layer
-// times, each checked by an O(L) greedy packing.
+// Optimal partition for the objective (M*max(S,N,K) + N(N-1)) * t_max under the memory cap, with
+// at least min_stages slots and t_max inside the window when those are set; among optima the one
+// with the largest B_1. O(L^3) at worst: candidate t_max values are contiguous sums of the layer
+// times, each checked by an O(L) greedy packing (bounds prune most of them).
+// Errors: INVALID_ARGUMENT for a bad problem (no layers, N or M < 1, negative times, min_stages
+// above 2L-1, a window below 1); RESOURCE_EXHAUSTED when no partition fits the memory cap.
 absl::StatusOr<PartitionResult> AutoPartition(const PartitionProblem& problem);
+
+// W: the smallest t_max any partition of the problem can have (its memory cap respected). The
+// lower end of the t_max window. Errors as AutoPartition.
+absl::StatusOr<double> MinimumTmax(const PartitionProblem& problem);
+
+// Whether `r` respects the problem's min_stages and t_max window (true when neither is set).
+bool PartitionAllowed(const PartitionProblem& problem, const PartitionResult& r);
 
 // The distinct greedy partitions of every candidate t_max, best objective first: the search space
 // a simulation-guided choice ranks (see SimulatedBestPartition in comparison.h). With

@@ -8,6 +8,11 @@
 
 namespace rp::planning {
 
+double TablePercent(double fraction) {
+  const double p = 100 * fraction;
+  return p > -0.005 && p < 0.005 ? 0.0 : p;
+}
+
 std::string FormatComparisonTable(const std::vector<ComparisonRow>& rows) {
   std::string out = absl::StrFormat("%-22s %6s %9s %10s %8s %10s %10s %10s %8s\n", "schedule", "stages", "t_max ms",
                                     "iter ms", "bubble%", "filldrain%", "imbalance%", "optimizer%", "speed");
@@ -15,8 +20,9 @@ std::string FormatComparisonTable(const std::vector<ComparisonRow>& rows) {
   for (const ComparisonRow& r : rows) {
     const BubbleBreakdown& b = r.bubbles;
     absl::StrAppendFormat(&out, "%-22s %6d %9.3f %10.2f %8.2f %10.2f %10.2f %10.2f %7.2fx\n", r.schedule, r.stages,
-                          r.t_max_s * 1e3, b.period_s * 1e3, 100 * b.total, 100 * b.fill_drain, 100 * b.imbalance,
-                          100 * b.optimizer, b.period_s > 0 ? ref / b.period_s : 0.0);
+                          r.t_max_s * 1e3, b.period_s * 1e3, TablePercent(b.total), TablePercent(b.fill_drain),
+                          TablePercent(b.imbalance), TablePercent(b.optimizer),
+                          b.period_s > 0 ? ref / b.period_s : 0.0);
   }
   return out;
 }

@@ -13,6 +13,9 @@
 namespace rp::planning {
 
 std::string FormatComparisonTable(const std::vector<ComparisonRow>& rows);
+// A fraction as the percentage the tables print with two decimals: steady-state differences of
+// -1e-17 and the like come out as 0.00, never "-0.00".
+double TablePercent(double fraction);
 std::string ComparisonJson(const std::vector<ComparisonRow>& rows);
 
 // One line per GPU worker, `width` cells over [0, makespan]. Cell glyphs: forward slot/stage

@@ -69,6 +69,17 @@ absl::Status Controller::ValidateOptions(const ControllerOptions& options,
       return absl::InvalidArgumentError("controller: automatic partitioning needs profile_iterations >= 2");
     }
   }
+  if (options.min_stages < 0 || options.min_stages > 2 * L - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("controller: min_stages ", options.min_stages, " is outside 0..",
+                                                   2 * L - 1, " (", L, " layers make at most ", 2 * L - 1,
+                                                   " stage slots)"));
+  }
+  if (options.t_max_window != 0 && !(options.t_max_window >= 1 && std::isfinite(options.t_max_window))) {
+    return absl::InvalidArgumentError("controller: t_max_window must be >= 1 (or 0: no window)");
+  }
+  if ((options.min_stages > 0 || options.t_max_window > 0) && !options.auto_partition) {
+    return absl::InvalidArgumentError("controller: min_stages and t_max_window steer the automatic partition only");
+  }
   auto plan = planning::BuildDispatchPlan(check, L, d);
   if (!plan.ok()) return plan.status();
   if (options.head_chunk_tokens < 1) return absl::InvalidArgumentError("controller: head chunk must be >= 1 token");
@@ -200,8 +211,10 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
       runtime::ProfileBaseCosts(*store_, last_microbatch_rows_, last_seq_len_, opt_.head_chunk_tokens);
   planning::CostModel measured = profile_->Apply(base);
   measured_ = measured;
-  const planning::PartitionProblem problem{&measured, static_cast<int>(workers_.size()), opt_.microbatches,
-                                           opt_.stage_memory_cap};
+  planning::PartitionProblem problem{&measured, static_cast<int>(workers_.size()), opt_.microbatches,
+                                     opt_.stage_memory_cap};
+  problem.min_stages = opt_.min_stages;
+  problem.t_max_window = opt_.t_max_window;
   planning::SimulatedChoice choice;
   choice.microbatches_per_round = opt_.microbatches_per_round;
   choice.mode = opt_.mode;

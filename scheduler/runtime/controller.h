@@ -62,6 +62,11 @@ struct ControllerOptions {
   // gradients and the activations autograd keeps (estimated from the model's shape and the
   // profiled batches' micro-batch size and sequence length, planning::AnalyticCostModel).
   int64_t stage_memory_cap = 0;
+  // The authors' knobs for that partition (planning::PartitionProblem::min_stages and
+  // ::t_max_window): at least this many stage slots; t_max within this factor of the least
+  // possible. 0 = off.
+  int min_stages = 0;
+  double t_max_window = 0;
   // Choose among the exact search's candidates (the best few of every stage count) by
   // simulating them on the measured times (planning::SimulatedBestPartition, this mode and round
   // size, recompute-ahead as set below); false = the paper's objective alone.

@@ -185,6 +185,9 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     if (meta->fused > 0) {
       spec.partition = planning::Partition{meta->forward, meta->fused, meta->backward};
       spec.auto_partition = false;
+      // The checkpoint's partition was planned with these already; nothing is planned again.
+      spec.partition_min_stages = 0;
+      spec.partition_t_max_window = 0;
     }
   }
   if (spec.token_file) {
@@ -224,6 +227,8 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   o.mode = spec.optimizer_mode;
   o.auto_partition = spec.auto_partition;
   o.stage_memory_cap = spec.stage_memory_cap > 0 ? spec.stage_memory_cap : DefaultStageMemoryCap(devices);
+  o.min_stages = spec.partition_min_stages;
+  o.t_max_window = spec.partition_t_max_window;
   if (absl::Status st = Controller::ValidateOptions(o, job->model, N); !st.ok()) return st;
   job->spec = spec;
   return absl::OkStatus();

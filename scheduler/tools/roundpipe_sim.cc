@@ -70,6 +70,12 @@ ABSL_FLAG(double, memory_cap_gib, -1,
 ABSL_FLAG(std::string, partition, "",
           "User RoundPipe partition, e.g. 'F=4,4,3;B1=3;B=2,2,2,2,2,1' (F_1..F_Sf; B_1; B_2..B_Sb layer counts)");
 ABSL_FLAG(int, stages, 0, "RoundPipe with exactly this many stage slots (0 = automatic)");
+ABSL_FLAG(int, min_stages, 0,
+          "The authors' min_stages K for RoundPipe's automatic partition: at least K stage slots, the objective "
+          "counting S as at least max(N, K) (0 = off; at most 2L-1)");
+ABSL_FLAG(double, t_max_window, 0,
+          "The authors' t_max window X >= 1 for RoundPipe's automatic partition: only partitions whose slowest slot "
+          "lies in [W, X*W], W the least t_max any partition has (they use 1.1; 0 = off)");
 ABSL_FLAG(bool, explain, false,
           "Also print the per-layer costs (embedding, first block, head) and every RoundPipe stage slot with its "
           "time per micro-batch and device memory");
@@ -165,6 +171,16 @@ absl::StatusOr<Setup> MakeSetup() {
     o.user_partition = *p;
   }
   o.fixed_stage_count = absl::GetFlag(FLAGS_stages);
+  o.min_stages = absl::GetFlag(FLAGS_min_stages);
+  o.t_max_window = absl::GetFlag(FLAGS_t_max_window);
+  if (o.min_stages < 0) return absl::InvalidArgumentError("--min_stages must be >= 0");
+  if (o.t_max_window != 0 && !(o.t_max_window >= 1)) {
+    return absl::InvalidArgumentError("--t_max_window must be >= 1 (or 0: no window)");
+  }
+  if ((o.min_stages > 0 || o.t_max_window > 0) && (o.user_partition || o.fixed_stage_count > 0)) {
+    return absl::InvalidArgumentError(
+        "--min_stages/--t_max_window steer the automatic partition; leave them out with --partition or --stages");
+  }
   return s;
 }
 
@@ -188,6 +204,8 @@ void Explain(const CostModel& costs, const Setup& setup) {
   }
   PartitionProblem pr{&costs, setup.options.num_workers, setup.options.num_microbatches,
                       setup.options.stage_memory_cap};
+  pr.min_stages = setup.options.min_stages;
+  pr.t_max_window = setup.options.t_max_window;
   auto part = AutoPartition(pr);
   if (!part.ok()) return;
   std::printf("\nRoundPipe stage slots (automatic partition %s, objective %.3f s, model bubble %.2f%%):\n",
@@ -229,7 +247,7 @@ int RunPaper(const Setup& setup) {
     }
     out += absl::StrFormat("%-17s", name);
     for (const auto& r : *rows) {
-      out += absl::StrFormat(" %15.2f (%4d)", 100 * r.bubbles.total, r.stages);
+      out += absl::StrFormat(" %15.2f (%4d)", TablePercent(r.bubbles.total), r.stages);
     }
     out += "\n";
   }

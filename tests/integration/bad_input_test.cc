@@ -133,6 +133,18 @@ TEST_F(DaemonTest, BadInputMatrixGetsClearErrorsAndTheDaemonAndOtherJobsCarryOn)
       {"validation smaller than a batch",
        [this](auto& s) { s.mutable_data()->mutable_validation()->set_path(TokenFile(40)); },
        StatusCode::kInvalidArgument, "data.validation: token file"},
+      {"more minimum slots than the layers make", [](auto& s) { s.mutable_partition()->set_min_stages(8); },
+       StatusCode::kInvalidArgument, "partition.min_stages: 8 is outside 0..7"},
+      {"t_max window below 1", [](auto& s) { s.mutable_partition()->set_t_max_window(0.5); },
+       StatusCode::kInvalidArgument, "partition.t_max_window: 0.5 must be >= 1"},
+      {"partition knobs next to layer counts",
+       [](auto& s) {
+         s.mutable_partition()->add_forward(2);
+         s.mutable_partition()->set_fused(2);
+         s.mutable_partition()->add_backward(2);
+         s.mutable_partition()->set_min_stages(3);
+       },
+       StatusCode::kInvalidArgument, "steer the automatic partition"},
   };
   for (const auto& sc : specs) {
     v1::JobSpec s = TinySpec();

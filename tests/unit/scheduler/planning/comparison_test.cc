@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "scheduler/planning/model_config.h"
+#include "scheduler/planning/profile_file.h"
 #include "scheduler/planning/report.h"
 
 namespace rp::planning {
@@ -44,9 +49,84 @@ TEST(Section581, RoundPipeBeatsEveryBaselineOnThePapersModels) {
     EXPECT_LE(sync.bubbles.period_s, (*by_objective)[0].bubbles.period_s * (1 + 1e-9)) << name;
     EXPECT_LE(async.bubbles.period_s, (*by_objective)[1].bubbles.period_s * (1 + 1e-9)) << name;
     EXPECT_LT(async.bubbles.period_s, sync.bubbles.period_s) << name;
-    // The table renders every row.
+    // The table renders every row, and steady-state zeros as 0.00, never -0.00.
     const std::string table = FormatComparisonTable(*rows);
     for (const auto& r : *rows) EXPECT_NE(table.find(r.schedule), std::string::npos);
+    EXPECT_EQ(table.find("-0.00"), std::string::npos) << table;
+  }
+}
+
+// The authors' knobs reach RoundPipe's automatic partition through CompareSchedules (and so
+// roundpipe-sim): min_stages is a floor on the slots of both modes' choice, the window an upper
+// bound on their t_max, and the baselines do not change.
+TEST(CompareSchedules, MinStagesAndTmaxWindowSteerTheAutomaticPartition) {
+  const DeviceProfile dev = *DevicePreset("rtx4090");
+  auto costs = AnalyticCostModel(*ModelPreset("qwen3-1.7b"), dev, {});
+  ASSERT_TRUE(costs.ok());
+  ComparisonOptions o;
+  o.stage_memory_cap = (dev.memory_bytes - (int64_t{2} << 30)) / 2;
+  o.schedules = {"1f1b", "roundpipe-sync", "roundpipe-async"};
+  auto free = *CompareSchedules(*costs, o);
+  o.min_stages = 24;
+  auto floor = *CompareSchedules(*costs, o);
+  EXPECT_LT(free[1].stages, 24);  // else the knob would show nothing
+  EXPECT_GE(floor[1].stages, 24);
+  EXPECT_GE(floor[2].stages, 24);
+  EXPECT_EQ(floor[0].partition, free[0].partition);
+  o.min_stages = 0;
+  o.t_max_window = 1.0;
+  PartitionProblem pr{&*costs, o.num_workers, o.num_microbatches, o.stage_memory_cap};
+  const double w = *MinimumTmax(pr);
+  auto tight = *CompareSchedules(*costs, o);
+  EXPECT_GT(free[2].t_max_s, w * 1.2);  // unconstrained, the async choice sits well above W
+  EXPECT_NEAR(tight[1].t_max_s, w, 1e-12);
+  EXPECT_NEAR(tight[2].t_max_s, w, 1e-12);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// On the paper's five models (the authors' per-layer figures, tests/bench/profiles), the
+// automatic choice is never slower than the authors' rule — the t_max window [W, 1.1 W] — nor than
+// the paper's objective, nor than its own simulated choice confined to that window, in either
+// mode; RoundPipe-sync is below every baseline and RoundPipe-async below 4.5 %.
+TEST(Section581, TheAutomaticChoiceIsNeverSlowerThanTheAuthorsWindowOnTheirFigures) {
+  for (const char* model : {"qwen3-1.7b", "llama-3.1-8b", "gpt-oss-20b", "qwen3-32b", "qwen3-235b-a22b"}) {
+    auto prof = ParseProfile(ReadFile(std::string(RP_PROFILES_DIR) + "/" + model + ".json"));
+    ASSERT_TRUE(prof.ok()) << model << ": " << prof.status();
+    ComparisonOptions o;
+    o.schedules = {"roundpipe-sync", "roundpipe-async"};
+    auto ours = CompareSchedules(prof->costs, o);
+    ASSERT_TRUE(ours.ok()) << ours.status();
+    ComparisonOptions theirs = o;
+    theirs.t_max_window = 1.1;
+    theirs.partition_by_simulation = false;
+    ComparisonOptions objective = o;
+    objective.partition_by_simulation = false;
+    // Our simulated choice confined to their window: the near-minimum candidates make the
+    // unconfined choice at least as good (Qwen3-1.7B sync: 18.30 % without them, 15.70 % with).
+    ComparisonOptions windowed = o;
+    windowed.t_max_window = 1.1;
+    for (const ComparisonOptions* other : {&theirs, &objective, &windowed}) {
+      auto rows = CompareSchedules(prof->costs, *other);
+      ASSERT_TRUE(rows.ok()) << rows.status();
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_LE((*ours)[i].bubbles.period_s, (*rows)[i].bubbles.period_s * (1 + 1e-9))
+            << model << " " << (*ours)[i].schedule << ": ours " << (*ours)[i].partition << ", other "
+            << (*rows)[i].partition;
+      }
+    }
+    EXPECT_LT((*ours)[1].bubbles.total, 0.045) << model;
+    EXPECT_EQ(FormatComparisonTable(*ours).find("-0.00"), std::string::npos) << FormatComparisonTable(*ours);
+    ComparisonOptions baselines = o;
+    baselines.schedules = {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"};
+    auto base = CompareSchedules(prof->costs, baselines);
+    ASSERT_TRUE(base.ok()) << base.status();
+    for (const ComparisonRow& b : *base) {
+      EXPECT_LT((*ours)[0].bubbles.total, b.bubbles.total) << model << " vs " << b.schedule;
+    }
   }
 }
 

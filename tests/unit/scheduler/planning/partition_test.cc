@@ -6,6 +6,8 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <string>
+#include <vector>
 
 namespace rp::planning {
 namespace {
@@ -133,6 +135,121 @@ TEST(AutoPartition, EqualsTheUnprunedSearchOnLargeModels) {
   }
 }
 
+// The brute force under the authors' knobs: every partition with at least `min_stages` slots
+// whose t_max lies in [W, window*W], W the least t_max of all partitions (brute-forced too).
+struct KnobsReference {
+  std::optional<PartitionResult> best;
+  double w = 0;
+};
+KnobsReference BruteForceWithKnobs(const PartitionProblem& pr) {
+  KnobsReference ref;
+  const int L = pr.costs->num_layers();
+  const int need = pr.min_stages == 2 ? 3 : pr.min_stages;
+  std::vector<PartitionResult> all;
+  for (int b = 1; b <= L; ++b) {
+    Compositions(L - b, [&](const std::vector<int>& f) {
+      Compositions(L - b, [&](const std::vector<int>& bw) {
+        auto r = EvaluatePartition(pr, Partition{f, b, bw});
+        if (r.ok()) all.push_back(*r);
+      });
+    });
+  }
+  if (all.empty()) return ref;
+  ref.w = std::numeric_limits<double>::infinity();
+  for (const PartitionResult& r : all) ref.w = std::min(ref.w, r.t_max);
+  for (const PartitionResult& r : all) {
+    if (r.partition.num_stages() < need) continue;
+    if (pr.t_max_window > 0 && r.t_max > ref.w * pr.t_max_window) continue;
+    if (!ref.best || r.objective < ref.best->objective ||
+        (r.objective == ref.best->objective && r.partition.fused > ref.best->partition.fused)) {
+      ref.best = r;
+    }
+  }
+  return ref;
+}
+
+// min_stages and the t_max window: exact against exhaustive search (objective and B_1), with and
+// without a memory cap, on costs where the fused time is sometimes below the forward time (so the
+// least t_max W is not simply the largest single layer).
+TEST(AutoPartition, MinStagesAndTmaxWindowEqualExhaustiveSearch) {
+  std::mt19937 rng(4242);
+  int compared = 0, raised = 0, windowed = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int L = 1 + static_cast<int>(rng() % 7);
+    CostModel c = RandomCosts(rng, L);
+    if (trial % 3 == 2) {
+      for (LayerCost& x : c.layers) x.fused_s = 1 + static_cast<double>(rng() % 12);
+    }
+    PartitionProblem pr{&c, 1 + static_cast<int>(rng() % 6), 1 + static_cast<int>(rng() % 24), 0};
+    if (trial % 2 == 1) pr.stage_memory_cap = 12 + static_cast<int64_t>(rng() % 20);
+    pr.min_stages = static_cast<int>(rng() % (2 * L));  // 0..2L-1
+    if (trial % 4 != 0) pr.t_max_window = std::vector<double>{1.0, 1.1, 1.5, 2.0}[rng() % 4];
+    const KnobsReference want = BruteForceWithKnobs(pr);
+    auto got = AutoPartition(pr);
+    if (want.w > 0) {
+      auto w = MinimumTmax(pr);
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_DOUBLE_EQ(*w, want.w) << "trial " << trial;
+    }
+    if (!want.best) {
+      EXPECT_FALSE(got.ok()) << "trial " << trial;
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << "trial " << trial << ": " << got.status();
+    EXPECT_DOUBLE_EQ(got->objective, want.best->objective)
+        << "trial " << trial << " K=" << pr.min_stages << " X=" << pr.t_max_window << " got "
+        << got->partition.ToString() << " want " << want.best->partition.ToString();
+    EXPECT_EQ(got->partition.fused, want.best->partition.fused) << "trial " << trial;
+    EXPECT_TRUE(PartitionAllowed(pr, *got)) << "trial " << trial;
+    ++compared;
+    PartitionProblem plain = pr;
+    plain.min_stages = 0;
+    plain.t_max_window = 0;
+    auto free = AutoPartition(plain);
+    if (free.ok() && free->partition.num_stages() < pr.min_stages) ++raised;
+    if (free.ok() && pr.t_max_window > 0 && free->t_max > want.w * pr.t_max_window) ++windowed;
+  }
+  EXPECT_GT(compared, 200);
+  EXPECT_GT(raised, 40);    // the knob changed the answer that often
+  EXPECT_GT(windowed, 10);  // and so did the window
+}
+
+// The window keeps exactly the candidates inside it: the windowed candidate set equals the
+// unwindowed one filtered to [W, X*W], on large models with real-valued times.
+TEST(AutoPartition, TmaxWindowKeepsExactlyTheCandidatesInsideIt) {
+  std::mt19937 rng(31337);
+  std::uniform_real_distribution<double> t(0.5, 3.0);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int L = 20 + static_cast<int>(rng() % 80);
+    CostModel c;
+    for (int l = 0; l < L; ++l) {
+      LayerCost x;
+      x.fwd_s = t(rng);
+      x.bwd_s = x.fwd_s * (2 + t(rng) / 3);
+      x.fused_s = x.bwd_s * (l == L - 1 ? 4 : 1);
+      x.param_bytes = 1;
+      x.trainable_bytes = 1;
+      c.layers.push_back(x);
+    }
+    PartitionProblem pr{&c, 8, 16, 0};
+    const auto all = CandidatePartitions(pr);
+    pr.t_max_window = 1.1 + 0.1 * (trial % 5);
+    const auto inside = CandidatePartitions(pr);
+    const double w = *MinimumTmax(pr);
+    std::vector<std::string> want, got;
+    for (const PartitionResult& r : all) {
+      if (r.t_max <= w * pr.t_max_window * (1 + 1e-9)) want.push_back(r.partition.ToString());
+    }
+    for (const PartitionResult& r : inside) got.push_back(r.partition.ToString());
+    EXPECT_EQ(got, want) << "trial " << trial;
+    EXPECT_FALSE(got.empty());
+    auto best = AutoPartition(pr);
+    ASSERT_TRUE(best.ok());
+    ASSERT_FALSE(inside.empty());
+    EXPECT_NEAR(best->objective, inside.front().objective, 1e-9 * best->objective) << "trial " << trial;
+  }
+}
+
 TEST(PartitionWithStageCount, MinimizesTmaxForExactSlotCount) {
   std::mt19937 rng(777);
   for (int trial = 0; trial < 200; ++trial) {
@@ -195,6 +312,25 @@ TEST(AutoPartition, ClearErrorsForBadProblems) {
   auto big = AutoPartition({&c, 2, 4, int64_t{1} << 30});
   ASSERT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(big.status().message().find("layer 0 alone needs"), std::string::npos) << big.status();
+  // The knobs: min_stages beyond 2L-1 = 9 slots, a window below 1 or not a number.
+  PartitionProblem knobs{&c, 2, 4, 0};
+  knobs.min_stages = 10;
+  auto many = AutoPartition(knobs);
+  ASSERT_EQ(many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(many.status().message().find("min_stages 10 is outside 0..9"), std::string::npos) << many.status();
+  knobs.min_stages = -1;
+  EXPECT_EQ(AutoPartition(knobs).status().code(), absl::StatusCode::kInvalidArgument);
+  knobs.min_stages = 9;
+  auto nine = AutoPartition(knobs);
+  ASSERT_TRUE(nine.ok()) << nine.status();
+  EXPECT_EQ(nine->partition.num_stages(), 9);
+  knobs.min_stages = 0;
+  for (double bad : {0.5, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    knobs.t_max_window = bad;
+    auto r = AutoPartition(knobs);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("t_max_window"), std::string::npos) << r.status();
+  }
   c.layers[2].fwd_s = std::numeric_limits<double>::quiet_NaN();
   EXPECT_FALSE(AutoPartition({&c, 2, 4, 0}).ok());
 }

@@ -348,6 +348,53 @@ TEST(ControllerAutoPartition, MemoryCapCountsActivationsAtTheBatchShape) {
   EXPECT_GE(fused_or_backward, 2) << p.ToString();
 }
 
+// The authors' knobs in the engine: the partition planned from the measured times has at least
+// min_stages slots (the free choice has fewer), and with a window of 1 its slowest slot is the
+// least possible one of the measured costs. Bad values are refused before anything runs.
+TEST(ControllerAutoPartition, MinStagesIsAFloorForThePlannedPartition) {
+  const TransformerConfig cfg = TinyLlama();
+  auto planned = [&](int min_stages, double window) {
+    ControllerOptions o;
+    o.auto_partition = true;
+    o.profile_iterations = 2;
+    o.microbatches = 2;
+    o.min_stages = min_stages;
+    o.t_max_window = window;
+    auto e = rp::testing::MakeRig(cfg, 1, o);
+    EXPECT_TRUE(e->controller);
+    for (int it = 0; it < 4; ++it) {
+      auto st = e->controller->RunIteration(RandomTokens(4, 32, cfg.vocab, 80 + it));
+      EXPECT_TRUE(st.ok()) << st.status();
+    }
+    EXPECT_TRUE(e->controller->measured_costs().has_value());
+    return std::make_pair(e->controller->partition(), *e->controller->measured_costs());
+  };
+  const auto [free, free_costs] = planned(0, 0);
+  ASSERT_LT(free.num_stages(), 9) << free.ToString();
+  const auto [floor, floor_costs] = planned(9, 0);
+  EXPECT_GE(floor.num_stages(), 9) << floor.ToString();
+  const auto [tight, tight_costs] = planned(0, 1.0);
+  planning::PartitionProblem pr{&tight_costs, 1, 2, 0};
+  const double w = *planning::MinimumTmax(pr);
+  auto eval = planning::EvaluatePartition(pr, tight);
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_NEAR(eval->t_max, w, 1e-12 * w) << tight.ToString();
+
+  ControllerOptions bad;
+  bad.auto_partition = true;
+  bad.microbatches = 2;
+  bad.min_stages = 12;  // 6 layers make at most 11 slots
+  auto st = Controller::ValidateOptions(bad, cfg, 1);
+  EXPECT_NE(st.message().find("min_stages 12 is outside 0..11"), std::string::npos) << st;
+  bad.min_stages = 0;
+  bad.t_max_window = 0.9;
+  EXPECT_NE(Controller::ValidateOptions(bad, cfg, 1).message().find("t_max_window"), std::string::npos);
+  bad.t_max_window = 1.1;
+  bad.auto_partition = false;
+  bad.partition = {{3}, 3, {3}};
+  EXPECT_NE(Controller::ValidateOptions(bad, cfg, 1).message().find("automatic partition only"), std::string::npos);
+}
+
 // A cap no single layer fits: the job goes on with the smallest stages there are (one layer per
 // slot) and every iteration says why.
 TEST(ControllerAutoPartition, AnImpossibleCapKeepsOneLayerPerSlotAndSaysWhy) {
