@@ -14,4 +14,4 @@ cmake -S "$RP_ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRP_WITH
 cmake --build "$B" --target controller_test -j "${RP_JOBS:-$(nproc)}"
 OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
   "$B/tests/unit/scheduler/controller_test" \
-  --gtest_filter='Async*:Engine.*:ControllerSchedule*:AutoPartition*:ControllerErrors*:EngineCheckpoint.Lora*:EngineCheckpoint.SgdAndLion*'
+  --gtest_filter='Async*:Engine.*:ControllerSchedule*:AutoPartition*:ControllerErrors*:EngineCheckpoint.Lora*:EngineCheckpoint.SgdLionAndAdafactor*'

@@ -31,7 +31,7 @@ const char* PrecisionName(Precision p);  // "fp32", "bf16", "fp16"
 
 // AdamW (decoupled weight decay) with optional global-norm clipping.
 struct OptimizerSpec {
-  enum class Algorithm { kAdamW, kSgd, kLion };
+  enum class Algorithm { kAdamW, kSgd, kLion, kAdafactor };
   Algorithm algorithm = Algorithm::kAdamW;
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -43,6 +43,11 @@ struct OptimizerSpec {
   double momentum = 0;        // SGD
   double dampening = 0;       // SGD
   bool nesterov = false;      // SGD
+  // Adafactor (workers::AdamWOptions's fields of the same names)
+  double beta2_decay = -0.8;
+  double eps1 = 0;
+  double eps2 = 1e-3;
+  double clip_threshold = 1.0;
 };
 
 // Constant, or linear warm-up then cosine decay to lr * min_lr_ratio at total_steps.

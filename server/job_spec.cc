@@ -194,6 +194,9 @@ absl::Status ResolveOptimizer(const v1::JobSpec& spec, const JobSpecContext& ctx
     case v1::OPTIMIZER_ALGORITHM_LION:
       e.optimizer.algorithm = Algorithm::kLion;
       break;
+    case v1::OPTIMIZER_ALGORITHM_ADAFACTOR:
+      e.optimizer.algorithm = Algorithm::kAdafactor;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("optimizer.algorithm: unknown value ", o.algorithm()));
   }
@@ -209,10 +212,35 @@ absl::Status ResolveOptimizer(const v1::JobSpec& spec, const JobSpecContext& ctx
   if (o.nesterov() && (o.momentum() == 0 || o.dampening() != 0)) {
     return absl::InvalidArgumentError("optimizer.nesterov: needs momentum > 0 and dampening 0");
   }
+  const bool adafactor = e.optimizer.algorithm == Algorithm::kAdafactor;
+  if (!adafactor && (o.beta2_decay() != 0 || o.eps1() != 0 || o.eps2() != 0 || o.clip_threshold() != 0)) {
+    return absl::InvalidArgumentError(
+        "optimizer: beta2_decay, eps1, eps2 and clip_threshold are Adafactor's (set algorithm ADAFACTOR)");
+  }
+  if (adafactor) {
+    if (o.beta1() != 0 || o.beta2() != 0 || o.eps() != 0) {
+      return absl::InvalidArgumentError(
+          "optimizer: Adafactor has no beta1, beta2 or eps (its second-moment decay is beta2_decay, its floors "
+          "eps1 and eps2)");
+    }
+    if (!(o.beta2_decay() <= 0) || o.beta2_decay() < -1e3) {
+      return absl::InvalidArgumentError("optimizer.beta2_decay: must lie in [-1000, 0] (default -0.8)");
+    }
+    if (!(o.eps1() >= 0 && o.eps1() < 1) || !(o.eps2() >= 0 && o.eps2() < 1)) {
+      return absl::InvalidArgumentError("optimizer: eps1 and eps2 must lie in [0, 1)");
+    }
+    if (o.clip_threshold() != 0 && !(o.clip_threshold() >= 1 && o.clip_threshold() <= 1e6)) {
+      return absl::InvalidArgumentError("optimizer.clip_threshold: must lie in [1, 1e6] (default 1)");
+    }
+    e.optimizer.beta2_decay = o.beta2_decay() != 0 ? o.beta2_decay() : -0.8;
+    e.optimizer.eps1 = o.eps1();
+    e.optimizer.eps2 = o.eps2() > 0 ? o.eps2() : 1e-3;
+    e.optimizer.clip_threshold = o.clip_threshold() > 0 ? o.clip_threshold() : 1.0;
+  }
   e.optimizer.momentum = o.momentum();
   e.optimizer.dampening = o.dampening();
   e.optimizer.nesterov = o.nesterov();
-  e.optimizer.lr = o.lr() > 0 ? o.lr() : 1e-4;
+  e.optimizer.lr = o.lr() > 0 ? o.lr() : adafactor ? 1e-2 : 1e-4;
   e.optimizer.beta1 = o.beta1() > 0 ? o.beta1() : 0.9;
   e.optimizer.beta2 = o.beta2() > 0 ? o.beta2() : e.optimizer.algorithm == Algorithm::kLion ? 0.99 : 0.999;
   e.optimizer.eps = o.eps() > 0 ? o.eps() : 1e-8;

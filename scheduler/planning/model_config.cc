@@ -181,12 +181,41 @@ int64_t ModelConfig::LayerParams(int l) const {
   return BlockParams() + BlockLoraParams();
 }
 
+int64_t AdafactorStateElements(const ModelConfig& m) {
+  const int64_t h = m.hidden;
+  const int64_t q = static_cast<int64_t>(m.num_heads) * m.head_dim;
+  const int64_t kv = static_cast<int64_t>(m.num_kv_heads) * m.head_dim;
+  int64_t block = 0;
+  if (m.lora.rank <= 0) {
+    block = (q + h) + 2 * (kv + h) + (h + q) + (m.qk_norm ? 2 * m.head_dim : 0) + 2 * h /*norms*/;
+    block +=
+        m.is_moe() ? m.num_experts * 3 * (m.expert_intermediate + h) + (m.num_experts + h) : 3 * (m.intermediate + h);
+  } else {
+    const int64_t inter = m.is_moe() ? m.expert_intermediate : m.intermediate;
+    const int64_t r = m.lora.rank;
+    for (const std::string& t : m.lora.targets) {  // A [r, in], B [out, r]
+      const int64_t in = t == "o_proj" ? q : t == "down_proj" ? inter : h;
+      const int64_t out = t == "q_proj"                          ? q
+                          : (t == "k_proj" || t == "v_proj")     ? kv
+                          : (t == "gate_proj" || t == "up_proj") ? inter
+                                                                 : h;
+      block += (r + in) + (out + r);
+    }
+    return static_cast<int64_t>(m.num_blocks) * block;
+  }
+  const int64_t embedding = m.vocab + h;
+  const int64_t head = (m.tied_embeddings ? 0 : m.vocab + h) + h;
+  return embedding + static_cast<int64_t>(m.num_blocks) * block + head;
+}
+
 int64_t HostStateBytes(const ModelConfig& m, const HostStateOptions& o) {
   const double base = static_cast<double>(m.EmbeddingParams()) +
                       static_cast<double>(m.num_blocks) * static_cast<double>(m.BlockParams()) +
                       static_cast<double>(m.HeadParams());
-  // A trained parameter: fp32 copy, master, fp32 gradient, moments, the async gradient copy.
-  const double trained = 4.0 + o.master_bytes + 4 + o.moment_bytes + (o.async_grad_copy ? 4 : 0);
+  // A trained parameter: fp32 copy, master, fp32 gradient, moments, the async gradient copy;
+  // factored moments (Adafactor) are counted apart.
+  const double moments = o.factored_moments ? 0 : o.moment_bytes;
+  const double trained = 4.0 + o.master_bytes + 4 + moments + (o.async_grad_copy ? 4 : 0);
   double bytes;
   if (m.lora.rank <= 0) {
     bytes = base * trained;
@@ -194,6 +223,7 @@ int64_t HostStateBytes(const ModelConfig& m, const HostStateOptions& o) {
     const double adapters = static_cast<double>(m.num_blocks) * static_cast<double>(m.BlockLoraParams());
     bytes = (o.mapped_base ? 0.0 : base * o.master_bytes) + adapters * trained;
   }
+  if (o.factored_moments) bytes += 4.0 * static_cast<double>(AdafactorStateElements(m));
   constexpr double kMax = 9.0e18;  // below INT64_MAX (9.22e18)
   return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
 }

@@ -77,7 +77,15 @@ struct HostStateOptions {
   int moment_bytes = 8;  // optimizer state per trained parameter: AdamW 8 (4 with bf16 moments), SGD 4 or 0, Lion 4
   bool async_grad_copy = false;  // async optimizer: G_cp's own gradient copy, 4 B per trained parameter
   bool mapped_base = false;      // LoRA: the frozen base's masters alias the model files (allocated: none)
+  // Adafactor: the optimizer state is factored (AdafactorStateElements fp32 values in all, not
+  // moment_bytes per trained parameter).
+  bool factored_moments = false;
 };
+
+// Elements of Adafactor's state over the trained parameters (torch.optim.Adafactor's layout):
+// rows + columns per matrix (leading dimensions of stacked experts count as a batch), every
+// element of a vector.
+int64_t AdafactorStateElements(const ModelConfig& m);
 
 // Host bytes the engine allocates for a model's state (fp32 copy, master copy, gradient,
 // moments, the async gradient copy; with LoRA the frozen base keeps only its master copy, or

@@ -79,9 +79,14 @@ workers::AdamWOptions ToAdamW(const OptimizerSpec& o) {
   a.weight_decay = o.weight_decay;
   a.max_grad_norm = o.max_grad_norm;
   a.bf16_moments = o.bf16_moments;
-  a.algorithm = o.algorithm == OptimizerSpec::Algorithm::kSgd    ? workers::OptimizerAlgorithm::kSgd
-                : o.algorithm == OptimizerSpec::Algorithm::kLion ? workers::OptimizerAlgorithm::kLion
-                                                                 : workers::OptimizerAlgorithm::kAdamW;
+  a.algorithm = o.algorithm == OptimizerSpec::Algorithm::kSgd         ? workers::OptimizerAlgorithm::kSgd
+                : o.algorithm == OptimizerSpec::Algorithm::kLion      ? workers::OptimizerAlgorithm::kLion
+                : o.algorithm == OptimizerSpec::Algorithm::kAdafactor ? workers::OptimizerAlgorithm::kAdafactor
+                                                                      : workers::OptimizerAlgorithm::kAdamW;
+  a.beta2_decay = o.beta2_decay;
+  a.eps1 = o.eps1;
+  a.eps2 = o.eps2;
+  a.clip_threshold = o.clip_threshold;
   a.momentum = o.momentum;
   a.dampening = o.dampening;
   a.nesterov = o.nesterov;
@@ -94,6 +99,8 @@ std::string OptimizerName(OptimizerSpec::Algorithm a) {
       return "sgd";
     case OptimizerSpec::Algorithm::kLion:
       return "lion";
+    case OptimizerSpec::Algorithm::kAdafactor:
+      return "adafactor";
     case OptimizerSpec::Algorithm::kAdamW:
       break;
   }
@@ -122,6 +129,10 @@ planning::HostStateOptions HostStateOptionsFor(const JobSpec& spec, bool base_ma
       break;
     case OptimizerSpec::Algorithm::kLion:
       o.moment_bytes = 4;
+      break;
+    case OptimizerSpec::Algorithm::kAdafactor:
+      o.moment_bytes = 0;
+      o.factored_moments = true;
       break;
   }
   o.async_grad_copy = spec.optimizer_mode == planning::OptimizerMode::kAsync;

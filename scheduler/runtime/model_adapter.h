@@ -21,7 +21,7 @@ planning::ModelConfig FromTransformerConfig(const workers::models::TransformerCo
 
 at::ScalarType ToScalarType(Precision p);
 workers::AdamWOptions ToAdamW(const OptimizerSpec& o);
-// The update rule's name as checkpoints record it: "adamw", "sgd", "lion".
+// The update rule's name as checkpoints record it: "adamw", "sgd", "lion", "adafactor".
 std::string OptimizerName(OptimizerSpec::Algorithm a);
 // The host-state layout of a job (planning::HostStateBytes): `base_mapped` when its LoRA base
 // comes from model files already in the job's dtype (workers::io::HfBaseIsStoredAs).

@@ -14,6 +14,10 @@
 //   torch loop  torch::optim::AdamW, the per-tensor reference (sizes up to 16 Mi only)
 //   ours SGD / Lion  the one-buffer kernels (cpu_momentum.h): p, g, buffer read; p, buffer and
 //               the bf16 master written (22 B/param); torch fused SGD: _fused_sgd_, 20 B/param
+//   ours Adafactor  cpu_adafactor.h on the parameter as a [n/4096, 4096] matrix: three passes
+//               (p, g read; g read; p, g read, p and the bf16 master written: 26 B/param), state
+//               of rows + columns only; torch Adafactor: torch.optim.Adafactor's per-tensor op
+//               sequence (_single_tensor_adafactor) on the same matrix, no master
 //   triad       a = b + s*c on the same pool, streaming stores, 12 B/element
 //   in place    p, m, v = x * 0.5 + g: the optimizer's own streams without its arithmetic, 28 B
 // The measured bandwidth is the better of the last two, at the same thread count. "GB/s" counts
@@ -35,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "workers/optim/cpu_adafactor.h"
 #include "workers/optim/cpu_adamw.h"
 #include "workers/optim/cpu_momentum.h"
 #include "workers/optim/optimizer_threads.h"
@@ -190,6 +195,41 @@ void RunSize(int64_t n, int threads, int rounds) {
                     rp::workers::LionHyper h;
                     h.weight_decay = 0.01f;
                     rp::workers::FusedLion(b, n, h, &pool);
+                  }});
+  // Adafactor on the same values as a matrix (the factored case every weight matrix takes).
+  const int64_t af_cols = 4096, af_rows = n / af_cols;
+  at::Tensor afp = p.clone(), af_row = at::zeros({af_rows, 1}), af_col = at::zeros({1, af_cols});
+  int64_t af_step = 0;
+  rows.push_back({"ours Adafactor (+ bf16 master)", 26, [&] {
+                    rp::workers::AdafactorBuffers b;
+                    b.param = afp.data_ptr<float>();
+                    b.grad = g.data_ptr<float>();
+                    b.row_var = af_row.data_ptr<float>();
+                    b.col_var = af_col.data_ptr<float>();
+                    b.master = master.data_ptr();
+                    b.master_dtype = rp::workers::MasterDtype::kBFloat16;
+                    rp::workers::AdafactorShape s;
+                    s.rows = af_rows;
+                    s.cols = af_cols;
+                    rp::workers::AdafactorHyper h;
+                    h.step = ++af_step;
+                    rp::workers::FusedAdafactor(b, s, h, &pool);
+                  }});
+  at::Tensor tafp = p.clone().view({af_rows, af_cols}), tafg = tg.view({af_rows, af_cols});
+  at::Tensor taf_row = at::zeros({af_rows, 1}), taf_col = at::zeros({1, af_cols});
+  int64_t taf_step = 0;
+  rows.push_back({"torch Adafactor (its op sequence)", 26, [&] {
+                    const double t = static_cast<double>(++taf_step), lr = 1e-2;
+                    const double beta = std::pow(t, -0.8), rho = std::min(lr, 1 / std::sqrt(t));
+                    const double eps1 = 1.1920928955078125e-07;
+                    const double alpha = std::max(1e-3, tafp.norm().item<double>() / std::sqrt(double(n))) * rho;
+                    taf_row.lerp_(at::linalg_vector_norm(tafg, 2, {-1}, true).square_().div_(af_cols), beta);
+                    taf_col.lerp_(at::linalg_vector_norm(tafg, 2, {-2}, true).square_().div_(af_rows), beta);
+                    at::Tensor var = at::matmul(taf_row, taf_col);
+                    var.div_(taf_row.mean({-2}, true).clamp_(eps1));
+                    at::Tensor update = var.clamp_(eps1 * eps1).rsqrt_().mul_(tafg);
+                    const double denom = std::max(1.0, update.norm().item<double>() / std::sqrt(double(n)));
+                    tafp.add_(update, -alpha / denom);
                   }});
   const bool avx512 = rp::workers::SimdPathSupported(rp::workers::SimdPath::kAvx512);
   rows.push_back({"triad a = b + s*c (bandwidth, same pool)", 12, [&] {

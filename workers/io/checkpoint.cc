@@ -157,7 +157,8 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
     // AdamW's two moments, SGD's momentum buffer or Lion's exp_avg alone ("m."), or nothing yet.
     for (auto [prefix, state] : {std::pair{"m.", &adamw.m}, std::pair{"v.", &adamw.v}}) {
       if (k < state->size() && (*state)[k].defined()) {
-        odecl.push_back({prefix + p.name, (*state)[k].scalar_type(), p.shape});
+        // The state's own shape: the parameter's, or Adafactor's factored row/column vectors.
+        odecl.push_back({prefix + p.name, (*state)[k].scalar_type(), (*state)[k].sizes().vec()});
         ot.push_back((*state)[k]);
       }
     }
@@ -271,6 +272,7 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
   if (!opt.ok()) return absl::DataLossError(std::string(opt.status().message()));
   AdamWState st;
   st.step = IntField(j, "adamw_step", 0);
+  const bool factored = StringField(j, "optimizer") == "adafactor";
   st.m.resize(static_cast<size_t>(store->num_params()));
   st.v.resize(static_cast<size_t>(store->num_params()));
   bool reloaded_base = false;
@@ -288,7 +290,9 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
     for (auto [prefix, state] : {std::pair{"m.", &st.m}, std::pair{"v.", &st.v}}) {
       const TensorInfo* t = (*opt)->Find(prefix + p.name);
       if (!t) continue;
-      if (t->shape != p.shape) {
+      const std::optional<std::vector<int64_t>> want =
+          factored ? AdafactorStateShape(prefix[0], p.shape) : std::optional<std::vector<int64_t>>(p.shape);
+      if (!want || t->shape != *want) {
         return absl::DataLossError(
             absl::StrCat("checkpoint ", dir.string(), ": ", prefix, p.name, " has the wrong shape"));
       }

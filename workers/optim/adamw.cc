@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "workers/base/check.h"
+#include "workers/optim/cpu_adafactor.h"
 #include "workers/optim/cpu_adamw.h"
 #include "workers/optim/cpu_momentum.h"
 #include "workers/optim/step_policy.h"
@@ -32,6 +33,20 @@ double AdamW::GradNorm(const HostModelStore& store) {
   return std::sqrt(sq);
 }
 
+std::optional<std::vector<int64_t>> AdafactorStateShape(char which, const std::vector<int64_t>& shape) {
+  if (shape.size() < 2) {
+    if (which == 'v') return shape;
+    return std::nullopt;
+  }
+  std::vector<int64_t> s = shape;
+  if (which == 'm') {
+    s.back() = 1;
+  } else {
+    s[s.size() - 2] = 1;
+  }
+  return s;
+}
+
 OptimizerThreads* AdamW::Pool() {
   if (!pool_) pool_ = std::make_shared<OptimizerThreads>(threads());
   return pool_.get();
@@ -55,6 +70,47 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
     master_dtype = p.master.scalar_type() == at::kBFloat16 ? MasterDtype::kBFloat16
                    : p.master.scalar_type() == at::kHalf   ? MasterDtype::kFloat16
                                                            : MasterDtype::kFloat32;
+  }
+  if (opt_.algorithm == OptimizerAlgorithm::kAdafactor) {
+    RP_CHECK(!opt_.bf16_moments && !opt_.amsgrad) << "bf16 moments and amsgrad are AdamW's";
+    const std::vector<int64_t>& shape = p.shape;
+    for (auto [which, state] : {std::pair{'m', &m}, std::pair{'v', &v}}) {
+      const auto want = AdafactorStateShape(which, shape);
+      if (!want) continue;
+      if (!state->defined()) *state = at::zeros(*want, at::kFloat);
+      if (state->scalar_type() != at::kFloat || !state->is_contiguous()) *state = state->to(at::kFloat).contiguous();
+      RP_CHECK(state->sizes().vec() == *want) << "Adafactor state of " << p.name << " has the wrong shape";
+    }
+    AdafactorBuffers b;
+    b.param = p.fp32.data_ptr<float>();
+    b.grad = g.data_ptr<float>();
+    AdafactorShape s;
+    if (shape.size() >= 2) {
+      s.rows = shape[shape.size() - 2];
+      s.cols = shape.back();
+      for (size_t k = 0; k + 2 < shape.size(); ++k) s.batch *= shape[k];
+      b.row_var = m.data_ptr<float>();
+      b.col_var = v.data_ptr<float>();
+    } else {
+      s.cols = p.fp32.numel();
+      b.variance = v.data_ptr<float>();
+    }
+    if (write_master) {
+      b.master = p.master.data_ptr();
+      b.master_dtype = master_dtype;
+    }
+    AdafactorHyper h;
+    h.lr = lr;
+    h.beta2_decay = opt_.beta2_decay;
+    h.eps1 = opt_.eps1;
+    h.eps2 = opt_.eps2;
+    h.d = opt_.clip_threshold;
+    h.weight_decay = opt_.weight_decay;
+    h.maximize = opt_.maximize;
+    h.step = step_;
+    h.grad_scale = static_cast<float>(grad_multiplier);
+    FusedAdafactor(b, s, h, Pool());
+    return;
   }
   if (opt_.algorithm != OptimizerAlgorithm::kAdamW) {
     RP_CHECK(!opt_.bf16_moments && !opt_.amsgrad) << "bf16 moments and amsgrad are AdamW's";

@@ -6,12 +6,14 @@
 // torch.optim.AdamW (decoupled weight decay; bias-corrected moments; eps added after the
 // bias-corrected square root; amsgrad, maximize) so a plain LibTorch run is an exact reference.
 // The arithmetic is the fused SIMD kernel of cpu_adamw.h. The same class steps SGD and Lion
-// (options.algorithm; cpu_momentum.h): one state buffer per parameter in `m`, none in `v`.
+// (options.algorithm; cpu_momentum.h): one state buffer per parameter in `m`, none in `v`; and
+// Adafactor (cpu_adafactor.h): factored row/column variances in `m`/`v` (AdafactorStateShape).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,7 +27,16 @@ enum class OptimizerAlgorithm {
   kAdamW,  // torch.optim.AdamW
   kSgd,    // torch.optim.SGD: momentum, dampening, nesterov, L2 weight decay
   kLion,   // Chen et al. 2023: sign of beta1-interpolated momentum, decoupled weight decay
+  // torch.optim.Adafactor: factored second moments (a row and a column vector per matrix, a
+  // full buffer for vectors), relative step size, RMS-clipped updates (cpu_adafactor.h).
+  kAdafactor,
 };
+
+// The shapes of Adafactor's state for a parameter of `shape` (torch.optim.Adafactor's): "m" the
+// row variances (shape with its last dimension 1), "v" the column variances (shape with its
+// second-to-last dimension 1) for 2+ dimensions; for fewer, no "m" and "v" the full variance.
+// Empty optional: no such buffer.
+std::optional<std::vector<int64_t>> AdafactorStateShape(char which, const std::vector<int64_t>& shape);
 
 struct AdamWOptions {
   OptimizerAlgorithm algorithm = OptimizerAlgorithm::kAdamW;
@@ -47,6 +58,13 @@ struct AdamWOptions {
   double momentum = 0;
   double dampening = 0;
   bool nesterov = false;
+  // Adafactor only (torch.optim.Adafactor's meaning and defaults; `weight_decay` is decoupled,
+  // times lr): beta2_t = 1 - t^beta2_decay; eps1 (<= 0: float32's epsilon) floors the variance
+  // estimate, eps2 the parameter RMS of the relative step; d clips the update's RMS.
+  double beta2_decay = -0.8;
+  double eps1 = 0;
+  double eps2 = 1e-3;
+  double clip_threshold = 1.0;
 };
 
 // Learning-rate schedules: constant, or linear warm-up then cosine decay to min_lr.

@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler/job_files.h"
 #include "scheduler/runtime/engine_impl.h"
+#include "scheduler/runtime/model_adapter.h"
 #include "tests/support/engine_values.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/run_command.h"
@@ -506,10 +507,12 @@ TEST(EngineCheckpoint, Bf16MomentsResumeBitIdenticallyAndHalveTheOptimizerState)
   std::filesystem::remove_all(root);
 }
 
-// SGD (momentum, Nesterov) and Lion through the engine: each trains differently from AdamW, its
-// checkpoint holds its one state buffer per parameter, and a resumed run ends bit-identical to
-// the straight run, sync and async; a checkpoint of another optimizer's state is refused.
-TEST(EngineCheckpoint, SgdAndLionResumeBitIdentically) {
+// SGD (momentum, Nesterov), Lion and Adafactor through the engine: each trains differently from
+// AdamW, its checkpoint holds its state (SGD and Lion one buffer per parameter; Adafactor the
+// factored row and column variances of each matrix, the full variance of each vector), and a
+// resumed run ends bit-identical to the straight run, sync and async; a checkpoint of another
+// optimizer's state is refused.
+TEST(EngineCheckpoint, SgdLionAndAdafactorResumeBitIdentically) {
   const std::string root =
       (std::filesystem::temp_directory_path() / ("rp_sgd_lion_" + std::to_string(getpid()))).string();
   std::filesystem::remove_all(root);
@@ -518,10 +521,11 @@ TEST(EngineCheckpoint, SgdAndLionResumeBitIdentically) {
   JobSpec adamw = TinyJob();
   adamw.checkpoint_root = root + "/adamw";
   const auto reference = Train(adamw, data);
-  for (auto algorithm : {OptimizerSpec::Algorithm::kSgd, OptimizerSpec::Algorithm::kLion}) {
+  for (auto algorithm :
+       {OptimizerSpec::Algorithm::kSgd, OptimizerSpec::Algorithm::kLion, OptimizerSpec::Algorithm::kAdafactor}) {
     for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
-      const std::string tag = std::string(algorithm == OptimizerSpec::Algorithm::kSgd ? "sgd" : "lion") +
-                              (mode == planning::OptimizerMode::kSync ? "-sync" : "-async");
+      const std::string tag =
+          runtime::OptimizerName(algorithm) + (mode == planning::OptimizerMode::kSync ? "-sync" : "-async");
       SCOPED_TRACE(tag);
       JobSpec spec = TinyJob();
       spec.optimizer.algorithm = algorithm;
@@ -530,8 +534,11 @@ TEST(EngineCheckpoint, SgdAndLionResumeBitIdentically) {
         spec.optimizer.lr = 0.05;
         spec.optimizer.momentum = 0.9;
         spec.optimizer.nesterov = true;
-      } else {
+      } else if (algorithm == OptimizerSpec::Algorithm::kLion) {
         spec.optimizer.beta2 = 0.99;
+      } else {
+        spec.optimizer.lr = 1e-2;
+        spec.optimizer.weight_decay = 0.01;
       }
       spec.checkpoint_root = root + "/" + tag;
       auto straight = Train(spec, data, 2);
@@ -540,7 +547,29 @@ TEST(EngineCheckpoint, SgdAndLionResumeBitIdentically) {
       EXPECT_TRUE(differs) << "trains like AdamW";
       auto state = workers::io::SafetensorsFile::Open(spec.checkpoint_root + "/step-2/optimizer.safetensors");
       ASSERT_TRUE(state.ok()) << state.status();
-      for (const auto& t : (*state)->tensors()) EXPECT_EQ(t.name.rfind("m.", 0), 0u) << t.name;  // one buffer
+      if (algorithm != OptimizerSpec::Algorithm::kAdafactor) {
+        for (const auto& t : (*state)->tensors()) EXPECT_EQ(t.name.rfind("m.", 0), 0u) << t.name;  // one buffer
+      } else {
+        // A matrix [r, c] keeps m [r, 1] and v [1, c]; a vector its full variance in v.
+        auto weights = workers::io::SafetensorsFile::Open(spec.checkpoint_root + "/step-2/weights.safetensors");
+        ASSERT_TRUE(weights.ok());
+        int matrices = 0;
+        for (const auto& w : (*weights)->tensors()) {
+          const auto* m = (*state)->Find("m." + w.name);
+          const auto* v = (*state)->Find("v." + w.name);
+          ASSERT_NE(v, nullptr) << w.name;
+          if (w.shape.size() >= 2) {
+            ++matrices;
+            ASSERT_NE(m, nullptr) << w.name;
+            EXPECT_EQ(m->shape, (std::vector<int64_t>{w.shape[0], 1})) << w.name;
+            EXPECT_EQ(v->shape, (std::vector<int64_t>{1, w.shape[1]})) << w.name;
+          } else {
+            EXPECT_EQ(m, nullptr) << w.name;
+            EXPECT_EQ(v->shape, w.shape) << w.name;
+          }
+        }
+        EXPECT_GT(matrices, 5);
+      }
       EXPECT_FALSE((*state)->tensors().empty());
       JobSpec resumed = spec;
       resumed.resume_from = spec.checkpoint_root + "/step-2";

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <functional>
+#include <limits>
 
 #include <filesystem>
 #include <fstream>
@@ -110,6 +111,44 @@ TEST(JobSpec, PresetsDefaultsAndOverrides) {
       {[](v1::OptimizerSpec* o) { o->set_algorithm(static_cast<v1::OptimizerAlgorithm>(9)); }, "unknown value 9"}};
   for (const auto& [mutate, want] : bad) {
     v1::JobSpec b = opt;
+    mutate(b.mutable_optimizer());
+    auto st = ResolveJobSpec(b, Ctx(d)).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st;
+  }
+  // Adafactor: torch's defaults (lr 1e-2 when unset, beta2_decay -0.8, eps2 1e-3, clip 1), its own
+  // options refused elsewhere and AdamW's refused with it; its numbers go through the same
+  // finiteness check as every other field.
+  v1::JobSpec af = s;
+  af.mutable_optimizer()->Clear();
+  af.mutable_optimizer()->set_algorithm(v1::OPTIMIZER_ALGORITHM_ADAFACTOR);
+  auto ada = ResolveJobSpec(af, Ctx(d));
+  ASSERT_TRUE(ada.ok()) << ada.status();
+  EXPECT_EQ(ada->engine.optimizer.algorithm, Algorithm::kAdafactor);
+  EXPECT_EQ(ada->engine.optimizer.lr, 1e-2);
+  EXPECT_EQ(ada->engine.optimizer.beta2_decay, -0.8);
+  EXPECT_EQ(ada->engine.optimizer.eps1, 0);
+  EXPECT_EQ(ada->engine.optimizer.eps2, 1e-3);
+  EXPECT_EQ(ada->engine.optimizer.clip_threshold, 1.0);
+  af.mutable_optimizer()->set_beta2_decay(-0.5);
+  af.mutable_optimizer()->set_clip_threshold(2);
+  EXPECT_EQ(ResolveJobSpec(af, Ctx(d)).value().engine.optimizer.beta2_decay, -0.5);
+  const std::vector<std::pair<std::function<void(v1::OptimizerSpec*)>, std::string>> bad_adafactor = {
+      {[](v1::OptimizerSpec* o) { o->set_beta1(0.9); }, "Adafactor has no beta1"},
+      {[](v1::OptimizerSpec* o) { o->set_eps(1e-8); }, "Adafactor has no beta1, beta2 or eps"},
+      {[](v1::OptimizerSpec* o) { o->set_beta2_decay(0.5); }, "optimizer.beta2_decay"},
+      {[](v1::OptimizerSpec* o) { o->set_clip_threshold(0.5); }, "optimizer.clip_threshold"},
+      {[](v1::OptimizerSpec* o) { o->set_eps2(2); }, "eps1 and eps2"},
+      {[](v1::OptimizerSpec* o) { o->set_eps1(std::numeric_limits<double>::quiet_NaN()); },
+       "optimizer.eps1: nan is not a finite number"},
+      {[](v1::OptimizerSpec* o) { o->set_bf16_moments(true); }, "only AdamW"},
+      {[](v1::OptimizerSpec* o) {
+         o->set_algorithm(v1::OPTIMIZER_ALGORITHM_LION);
+         o->set_eps2(0.01);
+       },
+       "are Adafactor's"}};
+  for (const auto& [mutate, want] : bad_adafactor) {
+    v1::JobSpec b = af;
     mutate(b.mutable_optimizer());
     auto st = ResolveJobSpec(b, Ctx(d)).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << want;

@@ -78,12 +78,13 @@ TEST(ModelAdapter, HostStateBytesIsWhatAStoreAndItsMomentsTake) {
 // Admission's arithmetic is what a job really holds once it stepped: the store (fp32 copies,
 // masters, gradients, the async optimizer's gradient copies) plus the optimizer's moments, for
 // full fine-tuning and LoRA, sync and async, AdamW with fp32 and bf16 moments, SGD with
-// momentum and Lion (one buffer), and a LoRA base that is
+// momentum and Lion (one buffer), Adafactor (factored row and column variances), and a LoRA base that is
 // mapped (the store adopts views: stand-ins for a model file's tensors) rather than allocated.
 TEST(ModelAdapter, HostStateBytesIsWhatAJobHoldsAfterAStep) {
   for (int rank : {0, 2}) {
     for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
-      for (int optimizer = 0; optimizer < 4; ++optimizer) {  // AdamW, AdamW bf16 moments, SGD momentum, Lion
+      // AdamW, AdamW bf16 moments, SGD momentum, Lion, Adafactor (factored: rows + columns per matrix)
+      for (int optimizer = 0; optimizer < 5; ++optimizer) {
         const bool bf16_moments = optimizer == 1;
         for (bool mapped : {false, true}) {
           if (mapped && rank == 0) continue;
@@ -100,6 +101,7 @@ TEST(ModelAdapter, HostStateBytesIsWhatAJobHoldsAfterAStep) {
             spec.optimizer.momentum = 0.9;
           }
           if (optimizer == 3) spec.optimizer.algorithm = OptimizerSpec::Algorithm::kLion;
+          if (optimizer == 4) spec.optimizer.algorithm = OptimizerSpec::Algorithm::kAdafactor;
           spec.hf_dir = mapped ? "model-dir" : "";
           auto cfg = ToTransformerConfig(spec.model);
           ASSERT_TRUE(cfg.ok());
