@@ -213,7 +213,7 @@ void RunSize(int64_t n, int threads, int rounds) {
                     s.cols = af_cols;
                     rp::workers::AdafactorHyper h;
                     h.step = ++af_step;
-                    rp::workers::FusedAdafactor(b, s, h, &pool);
+                    rp::workers::FusedAdafactor(b, s, h, rp::workers::SimdPath::kAuto, &pool);
                   }});
   at::Tensor tafp = p.clone().view({af_rows, af_cols}), tafg = tg.view({af_rows, af_cols});
   at::Tensor taf_row = at::zeros({af_rows, 1}), taf_col = at::zeros({1, af_cols});

@@ -109,7 +109,7 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
     h.maximize = opt_.maximize;
     h.step = step_;
     h.grad_scale = static_cast<float>(grad_multiplier);
-    FusedAdafactor(b, s, h, Pool());
+    FusedAdafactor(b, s, h, SimdPath::kAuto, Pool());
     return;
   }
   if (opt_.algorithm != OptimizerAlgorithm::kAdamW) {

@@ -1,5 +1,7 @@
 #include "workers/optim/cpu_adafactor.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -7,11 +9,14 @@
 #include <vector>
 
 #include "workers/base/mutex.h"
+#include "workers/optim/simd_master.h"
 
 namespace rp::workers {
 namespace {
 
 constexpr int64_t kMinElementsPerSlice = 1 << 14;
+// Column sums of squares are gathered in float over this many rows, then added in double.
+constexpr int64_t kColumnFlushRows = 256;
 
 // fn(begin, end) over [0, units) (each unit `unit_elements` long) in slices on the pool; the
 // slices' results come back in unit order, so combining them is deterministic.
@@ -42,17 +47,184 @@ struct Sums {
   std::vector<double> col_sq;  // factored: [batch, cols], this slice's rows only
 };
 
+// A factored parameter's update g * rsqrt(max(r_u * c_j / mean(r), eps1^2)), from per-row and
+// per-column factors: cs_j = c_j / mean(r) of its batch, and where the product clears the floor
+// the inverse square root as (1/sqrt(r_u)) (1/sqrt(cs_j)) — within an ulp or two of torch's
+// rsqrt of the product — else 1/eps1.
+struct Factors {
+  std::vector<float> inv_sqrt_row;  // [units]
+  std::vector<float> col_scaled;    // [batch, cols]
+  std::vector<float> inv_sqrt_col;  // [batch, cols]
+  float eps_sq = 0, inv_eps = 0;
+};
+
+inline float UpdateScale(float row, float inv_row, float col, float inv_col, const Factors& f) {
+  return row * col >= f.eps_sq ? inv_row * inv_col : f.inv_eps;
+}
+
+// ---- the factored passes over rows [u0, u1), scalar
+void SumsRowsScalar(const AdafactorBuffers& b, const AdafactorShape& s, float gscale, float beta, int64_t u0,
+                    int64_t u1, Sums& out, float* colf) {
+  for (int64_t u = u0; u < u1; ++u) {
+    const float* p = b.param + u * s.cols;
+    const float* g = b.grad + u * s.cols;
+    float* col = colf + (u / s.rows) * s.cols;
+    double psq = 0, rsq = 0;
+    for (int64_t c = 0; c < s.cols; ++c) {
+      const float gv = g[c] * gscale;
+      psq += static_cast<double>(p[c]) * p[c];
+      rsq += static_cast<double>(gv) * gv;
+      col[c] += gv * gv;
+    }
+    out.param_sq += psq;
+    b.row_var[u] = Lerp(b.row_var[u], static_cast<float>(rsq / static_cast<double>(s.cols)), beta);
+  }
+}
+
+double UpdateSquaresScalar(const AdafactorBuffers& b, const AdafactorShape& s, float gscale, const Factors& f,
+                           int64_t u, int64_t c0) {
+  const float* g = b.grad + u * s.cols;
+  const int64_t k = u / s.rows;
+  const float* cs = f.col_scaled.data() + k * s.cols;
+  const float* ics = f.inv_sqrt_col.data() + k * s.cols;
+  double sum = 0;
+  for (int64_t c = c0; c < s.cols; ++c) {
+    const float x = g[c] * gscale * UpdateScale(b.row_var[u], f.inv_sqrt_row[static_cast<size_t>(u)], cs[c], ics[c], f);
+    sum += static_cast<double>(x) * x;
+  }
+  return sum;
+}
+
+void ApplyScalar(const AdafactorBuffers& b, const AdafactorShape& s, float gscale, const Factors& f, float decay,
+                 bool decays, float step, int64_t u, int64_t c0) {
+  float* p = b.param + u * s.cols;
+  const float* g = b.grad + u * s.cols;
+  const int64_t k = u / s.rows;
+  const float* cs = f.col_scaled.data() + k * s.cols;
+  const float* ics = f.inv_sqrt_col.data() + k * s.cols;
+  for (int64_t c = c0; c < s.cols; ++c) {
+    const float x = g[c] * gscale * UpdateScale(b.row_var[u], f.inv_sqrt_row[static_cast<size_t>(u)], cs[c], ics[c], f);
+    float v = decays ? p[c] * decay : p[c];
+    v = v + step * x;
+    p[c] = v;
+    StoreMaster(b.master, b.master_dtype, u * s.cols + c, v);
+  }
+}
+
+// ---- the same passes 16 columns at a time (AVX-512), the scalar loop for each row's tail
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void SumsRowsAvx512(const AdafactorBuffers& b,
+                                                                              const AdafactorShape& s, float gscale,
+                                                                              float beta, int64_t u0, int64_t u1,
+                                                                              Sums& out, float* colf) {
+  const __m512 gs = _mm512_set1_ps(gscale);
+  for (int64_t u = u0; u < u1; ++u) {
+    const float* p = b.param + u * s.cols;
+    const float* g = b.grad + u * s.cols;
+    float* col = colf + (u / s.rows) * s.cols;
+    __m512 ap = _mm512_setzero_ps(), ag = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= s.cols; c += 16) {
+      const __m512 pv = _mm512_loadu_ps(p + c);
+      const __m512 gv = _mm512_mul_ps(_mm512_loadu_ps(g + c), gs);
+      const __m512 g2 = _mm512_mul_ps(gv, gv);
+      ap = _mm512_fmadd_ps(pv, pv, ap);
+      ag = _mm512_add_ps(ag, g2);
+      _mm512_storeu_ps(col + c, _mm512_add_ps(_mm512_loadu_ps(col + c), g2));
+    }
+    double psq = _mm512_reduce_add_ps(ap), rsq = _mm512_reduce_add_ps(ag);
+    for (; c < s.cols; ++c) {
+      const float gv = g[c] * gscale;
+      psq += static_cast<double>(p[c]) * p[c];
+      rsq += static_cast<double>(gv) * gv;
+      col[c] += gv * gv;
+    }
+    out.param_sq += psq;
+    b.row_var[u] = Lerp(b.row_var[u], static_cast<float>(rsq / static_cast<double>(s.cols)), beta);
+  }
+}
+
+// The update's 16 values at column c of row u.
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline __m512 Update16(const float* g, const float* cs,
+                                                                                 const float* ics, int64_t c, __m512 gs,
+                                                                                 __m512 row, __m512 inv_row,
+                                                                                 __m512 eps_sq, __m512 inv_eps) {
+  const __m512 prod = _mm512_mul_ps(row, _mm512_loadu_ps(cs + c));
+  const __mmask16 above = _mm512_cmp_ps_mask(prod, eps_sq, _CMP_GE_OQ);
+  const __m512 scale = _mm512_mask_blend_ps(above, inv_eps, _mm512_mul_ps(inv_row, _mm512_loadu_ps(ics + c)));
+  return _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(g + c), gs), scale);
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) double UpdateSquaresRowsAvx512(const AdafactorBuffers& b,
+                                                                                         const AdafactorShape& s,
+                                                                                         float gscale, const Factors& f,
+                                                                                         int64_t u0, int64_t u1) {
+  const __m512 gs = _mm512_set1_ps(gscale), eps_sq = _mm512_set1_ps(f.eps_sq), inv_eps = _mm512_set1_ps(f.inv_eps);
+  double sum = 0;
+  for (int64_t u = u0; u < u1; ++u) {
+    const float* g = b.grad + u * s.cols;
+    const int64_t k = u / s.rows;
+    const float* cs = f.col_scaled.data() + k * s.cols;
+    const float* ics = f.inv_sqrt_col.data() + k * s.cols;
+    const __m512 row = _mm512_set1_ps(b.row_var[u]), inv_row = _mm512_set1_ps(f.inv_sqrt_row[static_cast<size_t>(u)]);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= s.cols; c += 16) {
+      const __m512 x = Update16(g, cs, ics, c, gs, row, inv_row, eps_sq, inv_eps);
+      acc = _mm512_fmadd_ps(x, x, acc);
+    }
+    sum += _mm512_reduce_add_ps(acc);
+    sum += UpdateSquaresScalar(b, s, gscale, f, u, c);
+  }
+  return sum;
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void ApplyRowsAvx512(const AdafactorBuffers& b,
+                                                                               const AdafactorShape& s, float gscale,
+                                                                               const Factors& f, float decay,
+                                                                               bool decays, float step, int64_t u0,
+                                                                               int64_t u1) {
+  const __m512 gs = _mm512_set1_ps(gscale), eps_sq = _mm512_set1_ps(f.eps_sq), inv_eps = _mm512_set1_ps(f.inv_eps);
+  const __m512 dv = _mm512_set1_ps(decay), sv = _mm512_set1_ps(step);
+  for (int64_t u = u0; u < u1; ++u) {
+    float* p = b.param + u * s.cols;
+    const float* g = b.grad + u * s.cols;
+    const int64_t k = u / s.rows;
+    const float* cs = f.col_scaled.data() + k * s.cols;
+    const float* ics = f.inv_sqrt_col.data() + k * s.cols;
+    const __m512 row = _mm512_set1_ps(b.row_var[u]), inv_row = _mm512_set1_ps(f.inv_sqrt_row[static_cast<size_t>(u)]);
+    int64_t c = 0;
+    for (; c + 16 <= s.cols; c += 16) {
+      const __m512 x = Update16(g, cs, ics, c, gs, row, inv_row, eps_sq, inv_eps);
+      __m512 v = _mm512_loadu_ps(p + c);
+      if (decays) v = _mm512_mul_ps(v, dv);
+      v = _mm512_add_ps(v, _mm512_mul_ps(sv, x));  // not fused: the scalar loop's rounding
+      _mm512_storeu_ps(p + c, v);
+      StoreMaster16(b.master, b.master_dtype, u * s.cols + c, v, /*stream=*/false);
+    }
+    ApplyScalar(b, s, gscale, f, decay, decays, step, u, c);
+  }
+}
+
+bool UseAvx512(SimdPath path) {
+  if (path == SimdPath::kScalar || path == SimdPath::kAvx2) return false;
+  return SimdPathSupported(SimdPath::kAvx512);
+}
+
 }  // namespace
 
-void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& s, const AdafactorHyper& h,
+void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& s, const AdafactorHyper& h, SimdPath path,
                     OptimizerThreads* pool) {
   const int64_t n = s.numel();
   if (n <= 0) return;
   const bool factored = s.rows > 0;
+  const bool avx512 = UseAvx512(path);
   const double t = static_cast<double>(h.step);
   const float eps1 = h.eps1 > 0 ? static_cast<float>(h.eps1) : std::numeric_limits<float>::epsilon();
   const float beta = static_cast<float>(std::pow(t, h.beta2_decay));  // 1 - beta2_t
   const float gscale = h.maximize ? -h.grad_scale : h.grad_scale;
+  Factors f;
+  f.eps_sq = eps1 * eps1;
+  f.inv_eps = 1.0f / std::sqrt(f.eps_sq);
   // Factored: a unit is one row of `cols` elements; unfactored: one element.
   const int64_t units = factored ? s.batch * s.rows : n;
   const int64_t unit_len = factored ? s.cols : 1;
@@ -60,67 +232,70 @@ void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& s, const Ad
   // (1) The parameter's sum of squares; the gradient's row means (into row_var) and column sums.
   std::vector<Sums> parts = SlicedInOrder<Sums>(units, unit_len, pool, [&](int64_t u0, int64_t u1) {
     Sums out;
-    if (factored) out.col_sq.assign(static_cast<size_t>(s.batch * s.cols), 0.0);
-    for (int64_t u = u0; u < u1; ++u) {
-      const float* p = b.param + u * unit_len;
-      const float* g = b.grad + u * unit_len;
-      double psq = 0, rsq = 0;
-      if (factored) {
-        double* col = out.col_sq.data() + (u / s.rows) * s.cols;
-        for (int64_t c = 0; c < unit_len; ++c) {
-          const double gv = static_cast<double>(g[c] * gscale);
-          psq += static_cast<double>(p[c]) * p[c];
-          rsq += gv * gv;
-          col[c] += gv * gv;
-        }
-        const float row_mean = static_cast<float>(rsq / static_cast<double>(s.cols));
-        b.row_var[u] = Lerp(b.row_var[u], row_mean, beta);
-      } else {
-        psq = static_cast<double>(p[0]) * p[0];
-        const float gv = g[0] * gscale;
+    if (!factored) {
+      for (int64_t u = u0; u < u1; ++u) {
+        out.param_sq += static_cast<double>(b.param[u]) * b.param[u];
+        const float gv = b.grad[u] * gscale;
         b.variance[u] = Lerp(b.variance[u], gv * gv, beta);
       }
-      out.param_sq += psq;
+      return out;
+    }
+    const size_t width = static_cast<size_t>(s.batch * s.cols);
+    out.col_sq.assign(width, 0.0);
+    std::vector<float> colf(width, 0.0f);
+    auto flush = [&] {
+      for (size_t j = 0; j < width; ++j) {
+        out.col_sq[j] += colf[j];
+        colf[j] = 0;
+      }
+    };
+    for (int64_t r0 = u0; r0 < u1; r0 += kColumnFlushRows) {
+      const int64_t r1 = std::min(u1, r0 + kColumnFlushRows);
+      if (avx512) {
+        SumsRowsAvx512(b, s, gscale, beta, r0, r1, out, colf.data());
+      } else {
+        SumsRowsScalar(b, s, gscale, beta, r0, r1, out, colf.data());
+      }
+      flush();
     }
     return out;
   });
   double param_sq = 0;
   for (const Sums& part : parts) param_sq += part.param_sq;
-  std::vector<float> row_mean_of_var;  // factored: per batch, mean over rows of row_var, clamped at eps1
   if (factored) {
-    for (int64_t i = 0; i < s.batch * s.cols; ++i) {
-      double sq = 0;
-      for (const Sums& part : parts) sq += part.col_sq[static_cast<size_t>(i)];
-      b.col_var[i] = Lerp(b.col_var[i], static_cast<float>(sq / static_cast<double>(s.rows)), beta);
-    }
+    f.col_scaled.resize(static_cast<size_t>(s.batch * s.cols));
+    f.inv_sqrt_col.resize(f.col_scaled.size());
     for (int64_t k = 0; k < s.batch; ++k) {
       double sum = 0;
       for (int64_t r = 0; r < s.rows; ++r) sum += b.row_var[k * s.rows + r];
-      row_mean_of_var.push_back(std::max(static_cast<float>(sum / static_cast<double>(s.rows)), eps1));
+      const float mean = std::max(static_cast<float>(sum / static_cast<double>(s.rows)), eps1);
+      for (int64_t c = 0; c < s.cols; ++c) {
+        const int64_t i = k * s.cols + c;
+        double sq = 0;
+        for (const Sums& part : parts) sq += part.col_sq[static_cast<size_t>(i)];
+        b.col_var[i] = Lerp(b.col_var[i], static_cast<float>(sq / static_cast<double>(s.rows)), beta);
+        f.col_scaled[static_cast<size_t>(i)] = b.col_var[i] / mean;
+        f.inv_sqrt_col[static_cast<size_t>(i)] = 1.0f / std::sqrt(f.col_scaled[static_cast<size_t>(i)]);
+      }
     }
+    f.inv_sqrt_row.resize(static_cast<size_t>(units));
+    for (int64_t u = 0; u < units; ++u) f.inv_sqrt_row[static_cast<size_t>(u)] = 1.0f / std::sqrt(b.row_var[u]);
   }
-  const float eps1_sq = eps1 * eps1;
-  // The update's element: g * rsqrt(max(variance estimate, eps1^2)).
-  auto update_at = [&](int64_t u, int64_t c, float g) {
-    float var;
-    if (factored) {
-      const int64_t k = u / s.rows;
-      var = b.row_var[u] * b.col_var[k * s.cols + c] / row_mean_of_var[static_cast<size_t>(k)];
-    } else {
-      var = b.variance[u];
-    }
-    return g / std::sqrt(std::max(var, eps1_sq));
-  };
+  const float eps_sq = f.eps_sq;
+  auto unfactored_update = [&](int64_t u) { return b.grad[u] * gscale / std::sqrt(std::max(b.variance[u], eps_sq)); };
 
   // (2) The update's sum of squares (its RMS clipping).
   std::vector<double> usq = SlicedInOrder<double>(units, unit_len, pool, [&](int64_t u0, int64_t u1) {
     double sum = 0;
-    for (int64_t u = u0; u < u1; ++u) {
-      const float* g = b.grad + u * unit_len;
-      for (int64_t c = 0; c < unit_len; ++c) {
-        const double x = update_at(u, c, g[c] * gscale);
+    if (!factored) {
+      for (int64_t u = u0; u < u1; ++u) {
+        const double x = unfactored_update(u);
         sum += x * x;
       }
+    } else if (avx512) {
+      sum = UpdateSquaresRowsAvx512(b, s, gscale, f, u0, u1);
+    } else {
+      for (int64_t u = u0; u < u1; ++u) sum += UpdateSquaresScalar(b, s, gscale, f, u, 0);
     }
     return sum;
   });
@@ -131,20 +306,22 @@ void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& s, const Ad
   const double alpha = std::max(h.eps2, std::sqrt(param_sq) / std::sqrt(static_cast<double>(n))) * rho;
   const double denom = std::max(1.0, std::sqrt(update_sq) / (std::sqrt(static_cast<double>(n)) * h.d));
   const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  const bool decays = h.weight_decay != 0;
   const float step = static_cast<float>(-alpha / denom);
 
   // (3) Decay, step, master.
   SlicedInOrder<int>(units, unit_len, pool, [&](int64_t u0, int64_t u1) {
-    for (int64_t u = u0; u < u1; ++u) {
-      float* p = b.param + u * unit_len;
-      const float* g = b.grad + u * unit_len;
-      for (int64_t c = 0; c < unit_len; ++c) {
-        float v = p[c];
-        if (h.weight_decay != 0) v = v * decay;
-        v = v + step * update_at(u, c, g[c] * gscale);
-        p[c] = v;
-        StoreMaster(b.master, b.master_dtype, u * unit_len + c, v);
+    if (!factored) {
+      for (int64_t u = u0; u < u1; ++u) {
+        float v = decays ? b.param[u] * decay : b.param[u];
+        v = v + step * unfactored_update(u);
+        b.param[u] = v;
+        StoreMaster(b.master, b.master_dtype, u, v);
       }
+    } else if (avx512) {
+      ApplyRowsAvx512(b, s, gscale, f, decay, decays, step, u0, u1);
+    } else {
+      for (int64_t u = u0; u < u1; ++u) ApplyScalar(b, s, gscale, f, decay, decays, step, u, 0);
     }
     return 0;
   });

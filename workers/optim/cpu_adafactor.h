@@ -7,8 +7,10 @@
 // Three passes over the parameter, each sliced by rows on the optimizer's threads: (1) the
 // parameter's sum of squares and the gradient's row and column sums of squares; (2) the update's
 // sum of squares; (3) the step itself, which also writes the master copy. Partial sums are
-// combined in slice order, so a step is deterministic for a given thread count (a resumed job
-// continues bit-identically).
+// combined in slice order, so a step is deterministic for a given thread count and SIMD path (a
+// resumed job continues bit-identically). The update's inverse square root is taken apart per
+// row and per column (1/sqrt(r) * 1/sqrt(c/mean), within an ulp or two of torch's rsqrt of the
+// product), so the element passes are multiplies only.
 //
 // Contract: pure function over raw buffers the caller owns (not overlapping); thread-safe for
 // distinct buffers. Factored (`rows` > 0): `row_var` holds batch*rows floats, `col_var`
@@ -18,6 +20,7 @@
 
 #include <cstdint>
 
+#include "workers/optim/cpu_adamw.h"
 #include "workers/optim/fused_pass.h"
 #include "workers/optim/optimizer_threads.h"
 
@@ -54,7 +57,9 @@ struct AdafactorHyper {
   float grad_scale = 1.0f;  // multiplies the gradient first (loss-scale removal x clipping)
 };
 
+// `path`: AVX-512 for the factored passes where the CPU has it (kAuto), or the scalar loops
+// (kScalar; kAvx2 means scalar here). Vectors (unfactored) always take the scalar loops.
 void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& shape, const AdafactorHyper& h,
-                    OptimizerThreads* pool = nullptr);
+                    SimdPath path = SimdPath::kAuto, OptimizerThreads* pool = nullptr);
 
 }  // namespace rp::workers

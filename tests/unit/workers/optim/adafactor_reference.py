@@ -13,7 +13,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-SHAPES = [(37, 53), (53,), (2, 5, 7), (1, 300), (300, 1), (4096, 20)]
+SHAPES = [(37, 53), (53,), (2, 5, 7), (1, 300), (300, 1), (4096, 20), (600, 77)]
 CASES = {
     # torch's defaults (lr 1e-2, beta2_decay -0.8, eps (None, 1e-3), d 1, no weight decay)
     "defaults": dict(lr=1e-2),
@@ -40,6 +40,11 @@ def main():
             g = torch.randn(p.shape, generator=gen) * (10.0 ** ((step % 5) - 2))
             if g.dim() >= 2 and step % 7 == 3:
                 g[..., 0, :] = 0
+            if k == 6:
+                # the eps1 floor: a column of tiny gradients (its variance estimate below eps1^2
+                # while the gradient is not zero) and a row that never sees a gradient
+                g[:, 0] *= 1e-8
+                g[-1, :] = 0
             tensors[f"g.{k}.{step}"] = g.clone()
             p.grad = g
         opt.step()

@@ -1,7 +1,8 @@
 // Adafactor (cpu_adafactor.h, and through AdamWOptions::algorithm) against torch.optim.Adafactor
-// itself: adafactor_reference.py runs torch's optimizer from the venv for 40 steps on six shapes
+// itself: adafactor_reference.py runs torch's optimizer from the venv for 40 steps on seven shapes
 // (matrices, a vector, a 3-d batch of matrices, one-row and one-column matrices, a tall one that
-// the optimizer's threads slice) and the kernel repeats it from the same start with the same
+// the optimizer's threads slice, one with more rows than a column flush and a 16-wide tail) and
+// the kernel (scalar and AVX-512) repeats it from the same start with the same
 // gradients.
 #include "workers/optim/cpu_adafactor.h"
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "workers/io/safetensors_reader.h"
@@ -22,7 +24,7 @@ namespace {
 
 using io::SafetensorsFile;
 
-constexpr int kShapes = 6;
+constexpr int kShapes = 7;
 constexpr int kSteps = 40;
 
 struct Reference {
@@ -36,8 +38,9 @@ Reference MakeReference(const std::string& dir, const std::string& which) {
   Reference r;
   const std::string out = dir + "/" + which + ".safetensors";
   std::string log;
-  if (rp::testing::RunCommand(
-          std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/adafactor_reference.py " + out + " " + which, &log) != 0) {
+  const std::string command =
+      absl::StrCat(RP_VENV_PYTHON, " ", RP_TEST_DIR, "/adafactor_reference.py ", out, " ", which);
+  if (rp::testing::RunCommand(command, &log) != 0) {
     r.error = log;
     return r;
   }
@@ -66,7 +69,7 @@ AdafactorShape ShapeOf(const at::Tensor& p) {
 struct Ours {
   std::vector<at::Tensor> param, row_var, col_var, variance, master;
 };
-Ours RunKernel(const Reference& ref, const AdafactorHyper& base, OptimizerThreads* pool,
+Ours RunKernel(const Reference& ref, const AdafactorHyper& base, OptimizerThreads* pool, SimdPath path,
                bool drop_rms_scaling = false) {
   Ours o;
   for (int k = 0; k < kShapes; ++k) {
@@ -97,7 +100,7 @@ Ours RunKernel(const Reference& ref, const AdafactorHyper& base, OptimizerThread
       h.step = step;
       h.grad_scale = 0.25f;
       if (drop_rms_scaling) h.eps2 = 1.0;  // the relative step's parameter-RMS term made constant
-      FusedAdafactor(b, s, h, pool);
+      FusedAdafactor(b, s, h, path, pool);
     }
     o.param.push_back(p);
     o.row_var.push_back(row);
@@ -142,11 +145,15 @@ TEST_F(AdafactorVsTorch, EqualsTorchOverFortyStepsWithDefaultsAndWithEveryTerm) 
   for (const std::string which : {"defaults", "every_term"}) {
     const Reference ref = MakeReference(Dir(), which);
     if (!ref.error.empty()) GTEST_SKIP() << "torch.optim.Adafactor is not available: " << ref.error;
-    for (OptimizerThreads* p : {static_cast<OptimizerThreads*>(nullptr), &pool}) {
-      const Ours ours = RunKernel(ref, HyperOf(which), p);
+    for (int variant = 0; variant < 4; ++variant) {
+      OptimizerThreads* p = variant % 2 ? &pool : nullptr;
+      const SimdPath path = variant < 2 ? SimdPath::kScalar : SimdPath::kAvx512;
+      if (path == SimdPath::kAvx512 && !SimdPathSupported(path)) continue;
+      const Ours ours = RunKernel(ref, HyperOf(which), p, path);
       for (int k = 0; k < kShapes; ++k) {
         const std::string K = std::to_string(k);
-        const std::string what = which + (p ? " threaded" : "") + " shape " + K;
+        const std::string what =
+            which + (p ? " threaded" : "") + (path == SimdPath::kScalar ? " scalar" : " avx512") + " shape " + K;
         ExpectClose(ours.param[static_cast<size_t>(k)], ref.Get("p." + K), what + " param");
         EXPECT_TRUE(
             at::equal(ours.master[static_cast<size_t>(k)], ours.param[static_cast<size_t>(k)].to(at::kBFloat16)))
@@ -168,13 +175,13 @@ TEST_F(AdafactorVsTorch, DeterministicPerThreadCountAndEveryTermMatters) {
   const Reference ref = MakeReference(Dir(), "defaults");
   if (!ref.error.empty()) GTEST_SKIP() << "torch.optim.Adafactor is not available: " << ref.error;
   OptimizerThreads pool(3);
-  const Ours a = RunKernel(ref, HyperOf("defaults"), &pool);
-  const Ours b = RunKernel(ref, HyperOf("defaults"), &pool);
+  const Ours a = RunKernel(ref, HyperOf("defaults"), &pool, SimdPath::kAuto);
+  const Ours b = RunKernel(ref, HyperOf("defaults"), &pool, SimdPath::kAuto);
   for (int k = 0; k < kShapes; ++k)
     EXPECT_TRUE(at::equal(a.param[static_cast<size_t>(k)], b.param[static_cast<size_t>(k)]));
   // Without the parameter-RMS scaling of the step (eps2 raised above the small parameters' RMS
   // of 0.02), those end far from torch's.
-  const Ours wrong = RunKernel(ref, HyperOf("defaults"), &pool, /*drop_rms_scaling=*/true);
+  const Ours wrong = RunKernel(ref, HyperOf("defaults"), &pool, SimdPath::kAuto, /*drop_rms_scaling=*/true);
   for (int k : {1, 3}) {
     const double err =
         (wrong.param[static_cast<size_t>(k)] - ref.Get("p." + std::to_string(k))).abs().max().item<double>();
