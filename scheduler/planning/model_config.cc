@@ -155,7 +155,35 @@ int64_t ModelConfig::BlockParams() const {
   return attn + mlp + 2 * hidden /*norms*/;
 }
 
-int64_t ModelConfig::TotalParams() const { return EmbeddingParams() + num_blocks * BlockParams() + HeadParams(); }
+bool ModelConfig::SparseBlock(int block) const {
+  if (!is_moe()) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), block) != mlp_only_layers.end()) return false;
+  return (block + 1) % std::max(1, decoder_sparse_step) == 0;
+}
+
+int ModelConfig::SparseBlockCount() const {
+  if (!is_moe() || num_blocks <= 0) return 0;
+  const int step = std::max(1, decoder_sparse_step);
+  int count = num_blocks / step;
+  std::vector<int> dense = mlp_only_layers;
+  std::sort(dense.begin(), dense.end());
+  dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
+  for (int b : dense) count -= b >= 0 && b < num_blocks && (b + 1) % step == 0;
+  return count;
+}
+
+int64_t ModelConfig::DenseBlockParams() const {
+  ModelConfig dense = *this;
+  dense.num_experts = 0;
+  return dense.BlockParams();
+}
+
+int64_t ModelConfig::BlockParams(int block) const { return SparseBlock(block) ? BlockParams() : DenseBlockParams(); }
+
+int64_t ModelConfig::TotalParams() const {
+  const int64_t sparse = SparseBlockCount();
+  return EmbeddingParams() + sparse * BlockParams() + (num_blocks - sparse) * DenseBlockParams() + HeadParams();
+}
 
 int64_t ModelConfig::BlockLoraParams() const {
   if (lora.rank <= 0) return 0;
@@ -178,7 +206,7 @@ int64_t ModelConfig::BlockLoraParams() const {
 int64_t ModelConfig::LayerParams(int l) const {
   if (l == 0) return EmbeddingParams();
   if (l == num_layers() - 1) return HeadParams();
-  return BlockParams() + BlockLoraParams();
+  return BlockParams(l - 1) + BlockLoraParams();
 }
 
 int64_t AdafactorStateElements(const ModelConfig& m) {
@@ -187,9 +215,14 @@ int64_t AdafactorStateElements(const ModelConfig& m) {
   const int64_t kv = static_cast<int64_t>(m.num_kv_heads) * m.head_dim;
   int64_t block = 0;
   if (m.lora.rank <= 0) {
-    block = (q + h) + 2 * (kv + h) + (h + q) + (m.qk_norm ? 2 * m.head_dim : 0) + 2 * h /*norms*/;
-    block +=
-        m.is_moe() ? m.num_experts * 3 * (m.expert_intermediate + h) + (m.num_experts + h) : 3 * (m.intermediate + h);
+    const int64_t attention = (q + h) + 2 * (kv + h) + (h + q) + (m.qk_norm ? 2 * m.head_dim : 0) + 2 * h /*norms*/;
+    // A sparse block: the router [E, h] and the stacked experts [E, 2I, h], [E, h, I] (E a batch).
+    const int64_t i = m.expert_intermediate, e = m.num_experts, sparse = m.SparseBlockCount();
+    const int64_t blocks = m.num_blocks * attention + sparse * ((e + h) + e * (2 * i + h) + e * (h + i)) +
+                           (m.num_blocks - sparse) * 3 * (m.intermediate + h);
+    const int64_t embedding = m.vocab + h;
+    const int64_t head = (m.tied_embeddings ? 0 : m.vocab + h) + h;
+    return embedding + blocks + head;
   } else {
     const int64_t inter = m.is_moe() ? m.expert_intermediate : m.intermediate;
     const int64_t r = m.lora.rank;
@@ -203,14 +236,13 @@ int64_t AdafactorStateElements(const ModelConfig& m) {
     }
     return static_cast<int64_t>(m.num_blocks) * block;
   }
-  const int64_t embedding = m.vocab + h;
-  const int64_t head = (m.tied_embeddings ? 0 : m.vocab + h) + h;
-  return embedding + static_cast<int64_t>(m.num_blocks) * block + head;
 }
 
 int64_t HostStateBytes(const ModelConfig& m, const HostStateOptions& o) {
-  const double base = static_cast<double>(m.EmbeddingParams()) +
-                      static_cast<double>(m.num_blocks) * static_cast<double>(m.BlockParams()) +
+  // In double: sizes come from clients and files.
+  const double sparse = m.SparseBlockCount();
+  const double base = static_cast<double>(m.EmbeddingParams()) + sparse * static_cast<double>(m.BlockParams()) +
+                      (m.num_blocks - sparse) * static_cast<double>(m.DenseBlockParams()) +
                       static_cast<double>(m.HeadParams());
   // A trained parameter: fp32 copy, master, fp32 gradient, moments, the async gradient copy;
   // factored moments (Adafactor) are counted apart.

@@ -50,9 +50,12 @@ struct ModelConfig {
   int active_experts = 0;  // experts per token (top-k)
   int64_t expert_intermediate = 0;
   bool tied_embeddings = false;
-  int64_t sliding_window = 0;  // 0 = full causal attention in every block
-  int sliding_every = 0;       // every k-th block (k>0) uses the sliding window (GPT-OSS: 2)
-  bool qk_norm = false;        // Qwen3: RMSNorm over each head's q and k
+  bool norm_topk_prob = true;        // MoE: top-k weights renormalised (Qwen3-MoE)
+  int decoder_sparse_step = 1;       // MoE: block i sparse when (i + 1) % step == 0 ...
+  std::vector<int> mlp_only_layers;  // ... and i not listed here (those are dense, `intermediate` wide)
+  int64_t sliding_window = 0;        // 0 = full causal attention in every block
+  int sliding_every = 0;             // every k-th block (k>0) uses the sliding window (GPT-OSS: 2)
+  bool qk_norm = false;              // Qwen3: RMSNorm over each head's q and k
   double rope_theta = 10000;
   double rms_eps = 1e-6;
   RopeScalingSpec rope_scaling;
@@ -60,8 +63,13 @@ struct ModelConfig {
 
   bool is_moe() const { return num_experts > 0; }
   int num_layers() const { return num_blocks + 2; }  // embedding, blocks, head
-  // Base parameters of one decoder block / of the embedding / of the LM head (+ final norm).
+  // Base parameters of one decoder block (a sparse one in an MoE model) / of block `block`
+  // (0-based: dense or sparse) / of the embedding / of the LM head (+ final norm).
   int64_t BlockParams() const;
+  int64_t BlockParams(int block) const;
+  int64_t DenseBlockParams() const;  // a block with the dense MLP (`intermediate` wide)
+  bool SparseBlock(int block) const;
+  int SparseBlockCount() const;  // without visiting every block (sizes come from clients)
   int64_t EmbeddingParams() const { return vocab * hidden; }
   int64_t HeadParams() const { return (tied_embeddings ? 0 : vocab * hidden) + hidden; }
   int64_t TotalParams() const;  // base parameters (tied embedding once), adapters excluded

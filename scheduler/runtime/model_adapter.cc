@@ -5,16 +5,25 @@
 namespace rp::scheduler::runtime {
 
 absl::StatusOr<workers::models::TransformerConfig> ToTransformerConfig(const planning::ModelConfig& m) {
-  if (m.family != "llama" && m.family != "qwen3") {
+  if (m.family != "llama" && m.family != "qwen3" && m.family != "qwen3_moe") {
     return absl::InvalidArgumentError(absl::StrCat("model family '", m.family,
-                                                   "': the engine trains the dense llama and qwen3 families "
-                                                   "(mixture-of-experts models are not supported yet)"));
+                                                   "': the engine trains the llama, qwen3 and qwen3_moe families "
+                                                   "(GPT-OSS is not supported yet)"));
   }
-  if (m.is_moe() || m.sliding_window > 0) {
-    return absl::InvalidArgumentError("model: experts and sliding-window attention are not supported yet");
+  if (m.sliding_window > 0) {
+    return absl::InvalidArgumentError("model: sliding-window attention is not supported yet");
+  }
+  if (m.family == "qwen3_moe" && !m.is_moe()) {
+    return absl::InvalidArgumentError("model: the qwen3_moe family needs experts (num_experts > 0)");
   }
   workers::models::TransformerConfig c;
-  c.family = m.family;
+  c.family = m.family == "qwen3_moe" ? "qwen3" : m.family;
+  c.num_experts = m.num_experts;
+  c.experts_per_token = m.active_experts;
+  c.expert_intermediate = m.expert_intermediate;
+  c.norm_topk_prob = m.norm_topk_prob;
+  c.decoder_sparse_step = m.decoder_sparse_step;
+  c.mlp_only_layers = m.mlp_only_layers;
   c.vocab = m.vocab;
   c.hidden = m.hidden;
   c.intermediate = m.intermediate;
@@ -38,7 +47,13 @@ absl::StatusOr<workers::models::TransformerConfig> ToTransformerConfig(const pla
 planning::ModelConfig FromTransformerConfig(const workers::models::TransformerConfig& c) {
   planning::ModelConfig m;
   m.name = c.family;
-  m.family = c.family;
+  m.family = c.is_moe() ? "qwen3_moe" : c.family;
+  m.num_experts = c.num_experts;
+  m.active_experts = c.experts_per_token;
+  m.expert_intermediate = c.expert_intermediate;
+  m.norm_topk_prob = c.norm_topk_prob;
+  m.decoder_sparse_step = c.decoder_sparse_step;
+  m.mlp_only_layers = c.mlp_only_layers;
   m.vocab = c.vocab;
   m.hidden = c.hidden;
   m.intermediate = c.intermediate;

@@ -88,6 +88,69 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Locate(const HfWeightFile
   return sf;
 }
 
+// Where a store parameter is read from: the tensor itself, or — for the stacked experts of a
+// sparse block, which transformers >= 5 holds stacked and the hub stores per expert
+// (mlp.experts.N.{gate,up,down}_proj.weight) — each expert's projections, concatenated along
+// dim 0 per expert (gate rows, then up rows) and stacked.
+struct Piece {
+  std::shared_ptr<const SafetensorsFile> file;
+  std::string name;
+};
+struct ParamSource {
+  std::shared_ptr<const SafetensorsFile> whole;  // set: the tensor itself
+  std::vector<std::vector<Piece>> per_expert;
+};
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+absl::StatusOr<ParamSource> LocateParam(const HfWeightFiles& w, const std::string& dir, const std::string& name,
+                                        const std::vector<int64_t>& shape) {
+  static const std::string kGateUp = "mlp.experts.gate_up_proj", kDown = "mlp.experts.down_proj";
+  auto sf = Locate(w, dir, name, shape);
+  const bool gate_up = EndsWith(name, kGateUp), down = EndsWith(name, kDown);
+  if (sf.ok() || sf.status().code() != absl::StatusCode::kNotFound || shape.size() != 3 || !(gate_up || down)) {
+    if (!sf.ok()) return sf.status();
+    return ParamSource{*sf, {}};
+  }
+  const std::string prefix = name.substr(0, name.size() - (gate_up ? kGateUp.size() : kDown.size())) + "mlp.experts.";
+  ParamSource src;
+  for (int64_t e = 0; e < shape[0]; ++e) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> want;
+    if (gate_up) {
+      want = {{absl::StrCat(prefix, e, ".gate_proj.weight"), {shape[1] / 2, shape[2]}},
+              {absl::StrCat(prefix, e, ".up_proj.weight"), {shape[1] / 2, shape[2]}}};
+    } else {
+      want = {{absl::StrCat(prefix, e, ".down_proj.weight"), {shape[1], shape[2]}}};
+    }
+    std::vector<Piece> pieces;
+    for (const auto& [n, s] : want) {
+      auto f = Locate(w, dir, n, s);
+      // A missing expert tensor is a broken model directory, as a misshapen one is.
+      if (!f.ok()) return absl::InvalidArgumentError(f.status().message());
+      pieces.push_back({*f, n});
+    }
+    src.per_expert.push_back(std::move(pieces));
+  }
+  return src;
+}
+
+absl::StatusOr<at::Tensor> ReadParam(const ParamSource& src, const std::string& name) {
+  if (src.whole) return src.whole->Read(name, at::kFloat);
+  std::vector<at::Tensor> experts;
+  for (const std::vector<Piece>& pieces : src.per_expert) {
+    std::vector<at::Tensor> parts;
+    for (const Piece& p : pieces) {
+      auto t = p.file->Read(p.name, at::kFloat);
+      if (!t.ok()) return t.status();
+      parts.push_back(*std::move(t));
+    }
+    experts.push_back(at::cat(parts, 0));
+  }
+  return at::stack(experts, 0);
+}
+
 }  // namespace
 
 absl::Status CheckHfWeights(const std::string& dir, const models::TransformerConfig& config) {
@@ -95,7 +158,7 @@ absl::Status CheckHfWeights(const std::string& dir, const models::TransformerCon
   if (!w.ok()) return w.status();
   for (const models::ParamSpec& p : models::ModelParams(config)) {
     if (p.lora != 0) continue;  // adapters: not in a base model
-    if (auto sf = Locate(*w, dir, p.name, p.shape); !sf.ok()) return sf.status();
+    if (auto sf = LocateParam(*w, dir, p.name, p.shape); !sf.ok()) return sf.status();
   }
   return absl::OkStatus();
 }
@@ -106,14 +169,14 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
   for (int i = 0; i < store->num_params(); ++i) {
     HostParam& p = store->param(i);
     if (p.name.find(".lora_") != std::string::npos) continue;  // adapters: not in a base model
-    auto sf = Locate(*w, dir, p.name, p.shape);
-    if (!sf.ok()) return sf.status();
-    if (!p.trainable && (*sf)->Find(p.name)->dtype == store->master_dtype()) {
+    auto src = LocateParam(*w, dir, p.name, p.shape);
+    if (!src.ok()) return src.status();
+    if (!p.trainable && src->whole && src->whole->Find(p.name)->dtype == store->master_dtype()) {
       // A frozen tensor already in the master dtype is used where it lies (no copy).
-      auto view = SafetensorsFile::View(*sf, p.name);
+      auto view = SafetensorsFile::View(src->whole, p.name);
       if (view.ok() && store->AdoptMappedMaster(i, *view).ok()) continue;
     }
-    auto t = (*sf)->Read(p.name, at::kFloat);
+    auto t = ReadParam(*src, p.name);
     if (!t.ok()) return t.status();
     if (absl::Status st = store->SetValue(p.name, *t); !st.ok()) return st;
   }
@@ -126,9 +189,9 @@ absl::StatusOr<bool> HfBaseIsStoredAs(const std::string& dir, const models::Tran
   if (!w.ok()) return w.status();
   for (const models::ParamSpec& p : models::ModelParams(config)) {
     if (p.lora != 0) continue;
-    auto sf = Locate(*w, dir, p.name, p.shape);
-    if (!sf.ok()) return sf.status();
-    if ((*sf)->Find(p.name)->dtype != dtype) return false;
+    auto src = LocateParam(*w, dir, p.name, p.shape);
+    if (!src.ok()) return src.status();
+    if (!src->whole || src->whole->Find(p.name)->dtype != dtype) return false;  // per-expert pieces are copied
   }
   return true;
 }
@@ -137,9 +200,9 @@ absl::StatusOr<at::Tensor> ReadHfTensor(const std::string& dir, const std::strin
                                         const std::vector<int64_t>& shape) {
   auto w = OpenHfWeights(dir);
   if (!w.ok()) return w.status();
-  auto sf = Locate(*w, dir, name, shape);
-  if (!sf.ok()) return sf.status();
-  return (*sf)->Read(name, at::kFloat);
+  auto src = LocateParam(*w, dir, name, shape);
+  if (!src.ok()) return src.status();
+  return ReadParam(*src, name);
 }
 
 absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {

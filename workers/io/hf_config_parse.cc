@@ -1,4 +1,5 @@
 // ParseHfConfig / ReadHfConfig: no LibTorch here (the config fuzzer builds this file alone).
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -40,13 +41,13 @@ bool IsTrue(const Json& j, const char* key) { return j.contains(key) && j[key].i
 absl::Status ParseFamily(const std::string& type, models::TransformerConfig* c) {
   if (type == "llama" || type == "mistral") {
     c->family = "llama";
-  } else if (type == "qwen3") {
+  } else if (type == "qwen3" || type == "qwen3_moe") {
     c->family = "qwen3";
     c->qk_norm = true;
   } else if (type == "qwen2") {
     c->family = "llama";  // Qwen2 = Llama layout + q/k/v biases, refused by CheckSupportedLayers
   } else {
-    return Bad(absl::StrCat("model_type '", type, "' is not supported (llama, mistral, qwen2, qwen3)"));
+    return Bad(absl::StrCat("model_type '", type, "' is not supported (llama, mistral, qwen2, qwen3, qwen3_moe)"));
   }
   return absl::OkStatus();
 }
@@ -71,6 +72,42 @@ absl::Status ParseShape(const Json& j, models::TransformerConfig* c) {
   if (absl::Status st = GetNum(j, "rms_norm_eps", &c->rms_eps); !st.ok()) return st;
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()) {
     c->tied_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
+  return absl::OkStatus();
+}
+
+// Qwen3-MoE's experts (transformers' Qwen3MoeConfig: norm_topk_prob defaults to false,
+// decoder_sparse_step to 1, mlp_only_layers to none).
+absl::Status ParseExperts(const Json& j, models::TransformerConfig* c) {
+  int64_t experts = 0, top_k = 0, width = 0, step = 1;
+  const char* experts_key =
+      j.contains("num_local_experts") && !j.contains("num_experts") ? "num_local_experts" : "num_experts";
+  for (absl::Status st :
+       {GetInt(j, experts_key, &experts, true), GetInt(j, "num_experts_per_tok", &top_k, true),
+        GetInt(j, "moe_intermediate_size", &width, true), GetInt(j, "decoder_sparse_step", &step, false)}) {
+    if (!st.ok()) return st;
+  }
+  if (top_k > experts) {
+    return Bad(absl::StrCat("num_experts_per_tok ", top_k, " is above ", experts_key, " ", experts));
+  }
+  c->num_experts = static_cast<int>(std::min<int64_t>(experts, 1 << 30));
+  c->experts_per_token = static_cast<int>(top_k);
+  c->expert_intermediate = width;
+  c->decoder_sparse_step = static_cast<int>(step);
+  c->norm_topk_prob = IsTrue(j, "norm_topk_prob");
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    if (!j["mlp_only_layers"].is_array()) return Bad("mlp_only_layers must be a list of layer indices");
+    for (const Json& x : j["mlp_only_layers"]) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c->num_blocks) {
+        return Bad(absl::StrCat("mlp_only_layers: every entry must be a layer index in 0..", c->num_blocks - 1));
+      }
+      c->mlp_only_layers.push_back(static_cast<int>(x.get<int64_t>()));
+    }
+  }
+  if (IsTrue(j, "output_router_logits")) {
+    return Bad(
+        "output_router_logits: true (the router's auxiliary load-balancing loss) is not supported yet; "
+        "set it to false");
   }
   return absl::OkStatus();
 }
@@ -137,6 +174,9 @@ absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& text)
   if (absl::Status st = ParseFamily(type, &c); !st.ok()) return st;
   if (absl::Status st = ParseShape(cj, &c); !st.ok()) return st;
   if (absl::Status st = CheckSupportedLayers(cj, type); !st.ok()) return st;
+  if (type == "qwen3_moe") {
+    if (absl::Status st = ParseExperts(cj, &c); !st.ok()) return st;
+  }
   if (absl::Status st = ParseRope(cj, &c); !st.ok()) return st;
   if (absl::Status st = c.Validate(); !st.ok()) return Bad(std::string(st.message()));
   return c;

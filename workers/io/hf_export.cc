@@ -27,8 +27,17 @@ absl::Status Export(const absl::Status& st) { return absl::Status(st.code(), abs
 std::string HfConfigJson(const models::TransformerConfig& c, at::ScalarType dtype) {
   const bool qwen = c.family == "qwen3";
   nlohmann::json j;
-  j["architectures"] = {qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = qwen ? "qwen3" : "llama";
+  j["architectures"] = {c.is_moe() ? "Qwen3MoeForCausalLM" : qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = c.is_moe() ? "qwen3_moe" : qwen ? "qwen3" : "llama";
+  if (c.is_moe()) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["moe_intermediate_size"] = c.expert_intermediate;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["output_router_logits"] = false;
+  }
   j["vocab_size"] = c.vocab;
   j["hidden_size"] = c.hidden;
   j["intermediate_size"] = c.intermediate;
@@ -62,9 +71,54 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
                                       const HfExportOptions& options) {
   auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
   if (!out.ok()) return Export(out.status());
-
+  // The hub's layout: a sparse block's stacked experts (transformers >= 5 in memory) go out per
+  // expert — mlp.experts.N.{gate,up,down}_proj.weight — which every transformers version loads.
+  struct Source {
+    std::string name;     // the parameter
+    int64_t expert = -1;  // >= 0: this expert's slice
+    int64_t row0 = 0, rows = 0;
+  };
   std::vector<TensorDecl> decls;
-  for (const auto& [name, shape] : tensors) decls.push_back({name, options.dtype, shape});
+  std::vector<Source> sources;
+  static const std::string kGateUp = "mlp.experts.gate_up_proj", kDown = "mlp.experts.down_proj";
+  auto ends = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (const auto& [name, shape] : tensors) {
+    const bool gate_up = ends(name, kGateUp), down = ends(name, kDown);
+    if (shape.size() != 3 || !(gate_up || down)) {
+      decls.push_back({name, options.dtype, shape});
+      sources.push_back({name});
+      continue;
+    }
+    const std::string prefix = name.substr(0, name.size() - (gate_up ? kGateUp.size() : kDown.size())) + "mlp.experts.";
+    for (int64_t e = 0; e < shape[0]; ++e) {
+      if (gate_up) {
+        const int64_t i = shape[1] / 2;
+        decls.push_back({absl::StrCat(prefix, e, ".gate_proj.weight"), options.dtype, {i, shape[2]}});
+        sources.push_back({name, e, 0, i});
+        decls.push_back({absl::StrCat(prefix, e, ".up_proj.weight"), options.dtype, {i, shape[2]}});
+        sources.push_back({name, e, i, i});
+      } else {
+        decls.push_back({absl::StrCat(prefix, e, ".down_proj.weight"), options.dtype, {shape[1], shape[2]}});
+        sources.push_back({name, e, 0, shape[1]});
+      }
+    }
+  }
+  // One fetch per parameter: the stacked experts are sliced from the last one fetched.
+  std::string cached_name;
+  at::Tensor cached;
+  auto fetch_decl = [&](size_t i) -> absl::StatusOr<at::Tensor> {
+    const Source& s = sources[i];
+    if (s.expert < 0) return fetch(s.name);
+    if (cached_name != s.name) {
+      auto t = fetch(s.name);
+      if (!t.ok()) return t.status();
+      cached = *std::move(t);
+      cached_name = s.name;
+    }
+    return cached.select(0, s.expert).narrow(0, s.row0, s.rows).contiguous();
+  };
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0;
   for (size_t i = 0; i < decls.size(); ++i) {
@@ -90,8 +144,8 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
     }
     SafetensorsWriter w;
     if (absl::Status st = w.Open(out->PathOf(file), part, {{"format", "pt"}}); !st.ok()) return Export(st);
-    for (const TensorDecl& d : part) {
-      auto t = fetch(d.name);
+    for (size_t i : shards[s]) {
+      auto t = fetch_decl(i);
       if (!t.ok()) return t.status();
       if (absl::Status st = w.Add(*t); !st.ok()) return Export(st);
     }

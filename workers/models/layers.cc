@@ -40,9 +40,16 @@ std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
     out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, true});
   }
   out.push_back({p + "post_attention_layernorm.weight", {h}, true});
-  out.push_back({p + "mlp.gate_proj.weight", {c.intermediate, h}});
-  out.push_back({p + "mlp.up_proj.weight", {c.intermediate, h}});
-  out.push_back({p + "mlp.down_proj.weight", {h, c.intermediate}});
+  if (c.SparseBlock(layer - 1)) {  // transformers >= 5's stacked layout
+    const int64_t e = c.num_experts, i = c.expert_intermediate;
+    out.push_back({p + "mlp.gate.weight", {e, h}});
+    out.push_back({p + "mlp.experts.gate_up_proj", {e, 2 * i, h}});
+    out.push_back({p + "mlp.experts.down_proj", {e, h, i}});
+  } else {
+    out.push_back({p + "mlp.gate_proj.weight", {c.intermediate, h}});
+    out.push_back({p + "mlp.up_proj.weight", {c.intermediate, h}});
+    out.push_back({p + "mlp.down_proj.weight", {h, c.intermediate}});
+  }
   if (c.lora.rank > 0) {
     const int64_t r = c.lora.rank;
     for (const std::string& m : LoraModules()) {
@@ -126,6 +133,48 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
 
 }  // namespace
 
+MoeRouting RouteTokens(const TransformerConfig& c, const at::Tensor& router_weight, const at::Tensor& x) {
+  const at::Tensor flat = x.reshape({-1, x.size(-1)});
+  const at::Tensor logits = at::linear(flat, router_weight);  // [T, E]
+  const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
+  auto [top_w, top_i] = at::topk(probs, c.experts_per_token, -1);
+  if (c.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
+  return {top_w.to(logits.scalar_type()), top_i};
+}
+
+at::Tensor MoeExperts(const TransformerConfig& c, const at::Tensor& gate_up, const at::Tensor& down,
+                      const at::Tensor& x, const MoeRouting& routing) {
+  const int64_t h = x.size(-1), k = c.experts_per_token;
+  const at::Tensor flat = x.reshape({-1, h});
+  // Token-expert pairs (pair p = token * k + choice) sorted by expert, then by choice, then by
+  // token — the order transformers' per-expert loop visits them in, so each expert's GEMMs sum
+  // their rows in the same order — and gathered once.
+  const at::Tensor pair_expert = routing.experts.reshape({-1});
+  const int64_t T = flat.size(0);
+  const at::Tensor pair = at::arange(T * k, pair_expert.options());
+  const at::Tensor key = pair_expert * (k * T) + at::remainder(pair, k) * T + at::div(pair, k, "floor");
+  const at::Tensor order = at::argsort(key, /*stable=*/true, 0);
+  const at::Tensor token_of = at::div(order, k, "floor");
+  const at::Tensor rows = flat.index_select(0, token_of);
+  const at::Tensor weights = routing.weights.reshape({-1}).index_select(0, order);
+  const at::Tensor counts = at::bincount(pair_expert, {}, c.num_experts).cpu();
+  const int64_t* count = counts.data_ptr<int64_t>();
+  // One unbind for all experts: indexing the stacked weight per expert would make autograd
+  // allocate a full-size zero gradient for each.
+  const std::vector<at::Tensor> gu = gate_up.unbind(0), dn = down.unbind(0);
+  std::vector<at::Tensor> outs;
+  int64_t start = 0;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    if (count[e] == 0) continue;
+    const at::Tensor xe = rows.narrow(0, start, count[e]);
+    const std::vector<at::Tensor> g_u = at::linear(xe, gu[static_cast<size_t>(e)]).chunk(2, -1);
+    outs.push_back(at::linear(at::silu(g_u[0]) * g_u[1], dn[static_cast<size_t>(e)]));
+    start += count[e];
+  }
+  const at::Tensor y = at::cat(outs, 0) * weights.unsqueeze(1);
+  return at::zeros_like(flat).index_add(0, token_of, y.to(flat.scalar_type())).view(x.sizes());
+}
+
 at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens) {
   return at::embedding(weight, tokens);
 }
@@ -146,9 +195,11 @@ at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor
     k_norm = w[i++];
   }
   const at::Tensor& post_norm = w[i++];
+  // Dense: gate, up, down projections; sparse: router, stacked gate_up, stacked down.
   const at::Tensor& wg = w[i++];
   const at::Tensor& wu = w[i++];
   const at::Tensor& wd = w[i++];
+  const bool sparse = wu.dim() == 3;
   // LoRA adapters follow, A then B per targeted module.
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> adapters;
   if (c.lora.rank > 0) {
@@ -189,6 +240,7 @@ at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor
   a = a.transpose(1, 2).reshape({b, s, c.num_heads * d});
   at::Tensor h1 = x + linear(a, wo, "o_proj");
   at::Tensor hn2 = RmsNorm(h1, post_norm, c.rms_eps);
+  if (sparse) return h1 + MoeExperts(c, wu, wd, hn2, RouteTokens(c, wg, hn2));
   return h1 + linear(at::silu(linear(hn2, wg, "gate_proj")) * linear(hn2, wu, "up_proj"), wd, "down_proj");
 }
 

@@ -60,9 +60,25 @@ TokenLayout DocumentLayout(const Rope& table, const at::Tensor& positions);
 // tokens [b, s] int64 -> hidden [b, s, h] in the weight's dtype.
 at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens);
 
-// x [b, s, h] -> [b, s, h]; w in LayerParams(cfg, block layer) order.
+// x [b, s, h] -> [b, s, h]; w in LayerParams(cfg, block layer) order (a sparse block's: the
+// router and the stacked experts, told apart from a dense MLP by the experts' 3-d shape).
 at::Tensor BlockForward(const TransformerConfig& cfg, const std::vector<at::Tensor>& w, const at::Tensor& x,
                         const TokenLayout& layout);
+
+// A sparse block's routing of x [.., h] (T tokens): per token the top-k experts [T, k] (int64)
+// and their weights [T, k] (the router's dtype), as transformers' Qwen3MoeTopKRouter: softmax
+// over the experts in fp32, top-k, renormalised when norm_topk_prob.
+struct MoeRouting {
+  at::Tensor weights;
+  at::Tensor experts;
+};
+MoeRouting RouteTokens(const TransformerConfig& cfg, const at::Tensor& router_weight, const at::Tensor& x);
+// The experts' output for x [.., h] under `routing`: tokens grouped by expert (one gather, one
+// GEMM pair per expert on its rows, one weighted scatter-add), never a dense all-experts pass.
+// gate_up [E, 2I, h] (gate rows first), down [E, h, I]. The per-expert row counts are read on
+// the host (one synchronisation per call on a GPU).
+at::Tensor MoeExperts(const TransformerConfig& cfg, const at::Tensor& gate_up, const at::Tensor& down,
+                      const at::Tensor& x, const MoeRouting& routing);
 
 // The final RMSNorm (differentiable), applied before the chunked head.
 at::Tensor FinalNorm(const TransformerConfig& cfg, const at::Tensor& norm_weight, const at::Tensor& x);

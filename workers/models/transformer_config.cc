@@ -52,6 +52,38 @@ absl::Status TransformerConfig::Validate() const {
           "model: lora target '", t, "' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
     }
   }
+  if (num_experts != 0 || experts_per_token != 0 || expert_intermediate != 0) {
+    if (num_experts < 1 || num_experts > 4096) {
+      return absl::InvalidArgumentError(absl::StrCat("model: num_experts ", num_experts, " must lie in 1..4096"));
+    }
+    if (experts_per_token < 1 || experts_per_token > num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("model: experts_per_token (num_experts_per_tok) ",
+                                                     experts_per_token, " must lie in 1..", num_experts,
+                                                     " (num_experts)"));
+    }
+    if (expert_intermediate < 1 || expert_intermediate > (int64_t{1} << 20)) {
+      return absl::InvalidArgumentError("model: expert_intermediate (moe_intermediate_size) must lie in 1..2^20");
+    }
+    if (decoder_sparse_step < 1 || decoder_sparse_step > num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: decoder_sparse_step ", decoder_sparse_step, " must lie in 1..", num_blocks));
+    }
+    for (int b : mlp_only_layers) {
+      if (b < 0 || b >= num_blocks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model: mlp_only_layers names block ", b, "; the model has blocks 0..", num_blocks - 1));
+      }
+    }
+    if (family != "qwen3") return absl::InvalidArgumentError("model: experts are supported for the qwen3 family");
+    for (const std::string& t : lora.targets) {
+      if (lora.rank > 0 && (t == "gate_proj" || t == "up_proj" || t == "down_proj")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model: lora target '", t,
+                         "' on a mixture-of-experts model (adapters on expert projections are not "
+                         "supported yet; target the attention projections)"));
+      }
+    }
+  }
   if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
     return absl::InvalidArgumentError("model: rope_theta must be a finite number > 0");
   }
@@ -67,6 +99,12 @@ absl::Status TransformerConfig::Validate() const {
     }
   }
   return absl::OkStatus();
+}
+
+bool TransformerConfig::SparseBlock(int block) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), block) != mlp_only_layers.end()) return false;
+  return (block + 1) % decoder_sparse_step == 0;
 }
 
 bool LoraConfig::Targets(const std::string& module) const {

@@ -1,4 +1,5 @@
-// transformer_config.h — the Llama-3 / Qwen3 dense decoder family as the engine runs it.
+// transformer_config.h — the Llama-3 / Qwen3 decoder family as the engine runs it: dense, or
+// Qwen3-MoE (experts > 0: sparse blocks with a top-k router over SwiGLU experts).
 //
 // Contract: a plain value type; Validate() gives a clear error for impossible shapes.
 // Engine layer indices: 0 = token embedding, 1..num_blocks = decoder blocks,
@@ -44,7 +45,20 @@ struct TransformerConfig {
   bool tied_embeddings = false;
   RopeScaling rope_scaling;
   LoraConfig lora;
+  // Mixture of experts (Qwen3-MoE, transformers' Qwen3MoeSparseMoeBlock); 0 experts = dense. A
+  // sparse block routes each token to `experts_per_token` of `num_experts` SwiGLU experts of
+  // width `expert_intermediate` (softmax over experts in fp32, top-k, renormalised when
+  // norm_topk_prob); block i (0-based) is sparse unless listed in mlp_only_layers or
+  // (i + 1) % decoder_sparse_step != 0, and dense blocks use `intermediate`.
+  int num_experts = 0;
+  int experts_per_token = 0;
+  int64_t expert_intermediate = 0;
+  bool norm_topk_prob = true;
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;
 
+  bool is_moe() const { return num_experts > 0; }
+  bool SparseBlock(int block) const;  // `block` 0-based
   int num_layers() const { return num_blocks + 2; }
   int head_layer() const { return num_blocks + 1; }
   absl::Status Validate() const;

@@ -23,8 +23,36 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// A tiny Qwen3-MoE with dense blocks among the sparse ones: blocks 1 and 3 would be sparse
+// (decoder_sparse_step 2), block 3 is dense by mlp_only_layers.
+planning::ModelConfig TinyMoe() {
+  planning::ModelConfig m;
+  m.name = "tiny-moe";
+  m.family = "qwen3_moe";
+  m.vocab = 61;
+  m.hidden = 32;
+  m.intermediate = 48;
+  m.num_blocks = 5;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.head_dim = 8;
+  m.qk_norm = true;
+  m.num_experts = 6;
+  m.active_experts = 2;
+  m.expert_intermediate = 16;
+  m.decoder_sparse_step = 2;
+  m.mlp_only_layers = {3};
+  return m;
+}
+
 std::vector<planning::ModelConfig> EngineModels() {
   std::vector<planning::ModelConfig> out;
+  planning::ModelConfig moe = TinyMoe();
+  EXPECT_EQ(moe.SparseBlockCount(), 1);
+  out.push_back(moe);
+  moe.lora.rank = 4;
+  moe.lora.targets = {"q_proj", "v_proj"};
+  out.push_back(moe);
   for (const std::string& name : planning::ModelPresetNames()) {
     planning::ModelConfig m = *planning::ModelPreset(name);
     if (m.is_moe()) continue;
@@ -81,18 +109,18 @@ TEST(ModelAdapter, HostStateBytesIsWhatAStoreAndItsMomentsTake) {
 // momentum and Lion (one buffer), Adafactor (factored row and column variances), and a LoRA base that is
 // mapped (the store adopts views: stand-ins for a model file's tensors) rather than allocated.
 TEST(ModelAdapter, HostStateBytesIsWhatAJobHoldsAfterAStep) {
-  for (int rank : {0, 2}) {
+  for (int rank : {0, 2, 10, 12}) {  // 10 and 12: the tiny MoE model, full and LoRA rank 2
     for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
       // AdamW, AdamW bf16 moments, SGD momentum, Lion, Adafactor (factored: rows + columns per matrix)
       for (int optimizer = 0; optimizer < 5; ++optimizer) {
         const bool bf16_moments = optimizer == 1;
         for (bool mapped : {false, true}) {
-          if (mapped && rank == 0) continue;
+          if (mapped && rank % 10 == 0) continue;
           SCOPED_TRACE(::testing::Message() << "rank " << rank << " async " << (mode == planning::OptimizerMode::kAsync)
                                             << " optimizer " << optimizer << " mapped " << mapped);
           JobSpec spec;
-          spec.model = *planning::ModelPreset("llama-tiny");
-          spec.model.lora.rank = rank;
+          spec.model = rank >= 10 ? TinyMoe() : *planning::ModelPreset("llama-tiny");
+          spec.model.lora.rank = rank % 10;
           spec.precision = Precision::kBFloat16;
           spec.optimizer_mode = mode;
           spec.optimizer.bf16_moments = bf16_moments;

@@ -1,9 +1,13 @@
 """Creates tiny Hugging Face models with `transformers` (the independent reference) for the
 engine's model-I/O tests, and records what `transformers` computes on fixed tokens.
 
-  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3}/ (save_pretrained) and
-                                      OUT_DIR/{llama,qwen3}/reference.safetensors with
-                                      tokens, losses, grad norms and weights after two AdamW steps
+  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3,qwen3moe}/ (save_pretrained: the hub's
+                                      layout, experts one by one) and .../reference.safetensors with
+                                      tokens, losses, grad norms, first-step gradients and weights
+                                      after two AdamW steps; qwen3moe also reference_async.safetensors
+                                      (staleness 1: both steps apply the gradient at the first weights)
+  make_hf_models.py --check-equal EXPORT_DIR ENGINE.safetensors
+                                   -> the export, loaded by transformers, holds exactly these tensors
   make_hf_models.py --check EXPORT_DIR REFERENCE_DIR
                                    -> loads the engine's export with transformers and compares
                                       every tensor with the reference model's trained weights
@@ -12,7 +16,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
 LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]
 
@@ -30,6 +34,13 @@ def make(out):
         "qwen3": Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                              rope_theta=1000000.0, max_position_embeddings=256, tie_word_embeddings=True),
+        # Six experts, top-2, renormalised; block 1 dense (mlp_only_layers), blocks 0 and 2 sparse.
+        "qwen3moe": Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                   rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=256,
+                                   tie_word_embeddings=False, num_experts=6, num_experts_per_tok=2,
+                                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                                   output_router_logits=False),
     }
     tokens = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(7))
     for name, cfg in configs.items():
@@ -49,9 +60,8 @@ def make(out):
             out_.loss.backward()
             losses.append(out_.loss.item())
             norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item())
-            if step == 0:
-                for n, p in model.named_parameters():
-                    ref["grad." + n] = p.grad.detach().clone()
+            for n, p in model.named_parameters():
+                ref[("grad." if step == 0 else "grad2.") + n] = p.grad.detach().clone()
             opt.step()
             opt.zero_grad()
         ref["losses"] = torch.tensor(losses, dtype=torch.float64)
@@ -59,8 +69,32 @@ def make(out):
         for n, p in model.state_dict().items():
             ref["after." + n] = p.detach().clone().contiguous()
         save_file(ref, f"{out}/{name}/reference.safetensors")
+        if name == "qwen3moe":
+            make_async_reference(f"{out}/{name}", tokens)
     make_lora(out, configs["llama"], tokens)
     print("made", ", ".join(configs), "and a LoRA adapter")
+
+
+def make_async_reference(model_dir, tokens):
+    """The asynchronous optimizer's trajectory on the same batch twice: staleness 1, so the second
+    iteration still sees the first weights and both steps apply the same gradient."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    out_ = model(input_ids=tokens, labels=tokens)
+    out_.loss.backward()
+    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        opt.step()
+    ref = {"tokens": tokens.clone(), "losses": torch.tensor([out_.loss.item()] * 2, dtype=torch.float64),
+           "grad_norms": torch.tensor([norm] * 2, dtype=torch.float64)}
+    for (n, _), g in zip(model.named_parameters(), grads):
+        ref["grad." + n] = g.contiguous()
+    for n, p in model.state_dict().items():
+        ref["after." + n] = p.detach().clone().contiguous()
+    save_file(ref, f"{model_dir}/reference_async.safetensors")
 
 
 def make_lora(out, cfg, tokens):
@@ -123,9 +157,22 @@ def check(export_dir, reference_dir):
     return 0 if worst < 2e-5 else 1
 
 
+def check_equal(export_dir, engine_weights):
+    """The export loaded by transformers holds exactly the engine's weights (fp32 both ways)."""
+    model = AutoModelForCausalLM.from_pretrained(export_dir, torch_dtype=torch.float32)
+    engine = load_file(engine_weights)
+    state = model.state_dict()
+    missing = sorted(set(engine) ^ set(state))
+    worst = max((state[n] - engine[n]).abs().max().item() for n in engine if n in state)
+    print(f"export loads with transformers: {len(state)} tensors, max |diff| {worst:.3g}, unmatched {missing}")
+    return 0 if worst == 0 and not missing else 1
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--check":
         sys.exit(check(sys.argv[2], sys.argv[3]))
+    if sys.argv[1] == "--check-equal":
+        sys.exit(check_equal(sys.argv[2], sys.argv[3]))
     if sys.argv[1] == "--check-lora":
         sys.exit(check_lora(*sys.argv[2:6]))
     make(sys.argv[1])
