@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "workers/io/confined_fs.h"
+#include "workers/io/hub_experts.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/models/layers.h"
 #include "workers/store/host_model_store.h"
@@ -88,50 +89,32 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Locate(const HfWeightFile
   return sf;
 }
 
-// Where a store parameter is read from: the tensor itself, or — for the stacked experts of a
-// sparse block, which transformers >= 5 holds stacked and the hub stores per expert
-// (mlp.experts.N.{gate,up,down}_proj.weight) — each expert's projections, concatenated along
-// dim 0 per expert (gate rows, then up rows) and stacked.
+// Where a store parameter is read from: the tensor itself, or — for a sparse block's stacked
+// experts stored per expert (hub_experts.h) — those pieces, expert by expert.
 struct Piece {
   std::shared_ptr<const SafetensorsFile> file;
   std::string name;
 };
 struct ParamSource {
   std::shared_ptr<const SafetensorsFile> whole;  // set: the tensor itself
-  std::vector<std::vector<Piece>> per_expert;
+  std::vector<std::vector<Piece>> per_expert;    // else: each expert's pieces in row order
 };
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 absl::StatusOr<ParamSource> LocateParam(const HfWeightFiles& w, const std::string& dir, const std::string& name,
                                         const std::vector<int64_t>& shape) {
-  static const std::string kGateUp = "mlp.experts.gate_up_proj", kDown = "mlp.experts.down_proj";
   auto sf = Locate(w, dir, name, shape);
-  const bool gate_up = EndsWith(name, kGateUp), down = EndsWith(name, kDown);
-  if (sf.ok() || sf.status().code() != absl::StatusCode::kNotFound || shape.size() != 3 || !(gate_up || down)) {
+  const std::vector<HubExpertPiece> pieces = HubExpertPieces(name, shape);
+  if (sf.ok() || sf.status().code() != absl::StatusCode::kNotFound || pieces.empty()) {
     if (!sf.ok()) return sf.status();
     return ParamSource{*sf, {}};
   }
-  const std::string prefix = name.substr(0, name.size() - (gate_up ? kGateUp.size() : kDown.size())) + "mlp.experts.";
   ParamSource src;
-  for (int64_t e = 0; e < shape[0]; ++e) {
-    std::vector<std::pair<std::string, std::vector<int64_t>>> want;
-    if (gate_up) {
-      want = {{absl::StrCat(prefix, e, ".gate_proj.weight"), {shape[1] / 2, shape[2]}},
-              {absl::StrCat(prefix, e, ".up_proj.weight"), {shape[1] / 2, shape[2]}}};
-    } else {
-      want = {{absl::StrCat(prefix, e, ".down_proj.weight"), {shape[1], shape[2]}}};
-    }
-    std::vector<Piece> pieces;
-    for (const auto& [n, s] : want) {
-      auto f = Locate(w, dir, n, s);
-      // A missing expert tensor is a broken model directory, as a misshapen one is.
-      if (!f.ok()) return absl::InvalidArgumentError(f.status().message());
-      pieces.push_back({*f, n});
-    }
-    src.per_expert.push_back(std::move(pieces));
+  src.per_expert.resize(static_cast<size_t>(shape[0]));
+  for (const HubExpertPiece& p : pieces) {
+    auto f = Locate(w, dir, p.name, p.shape);
+    // A missing expert tensor is a broken model directory, as a misshapen one is.
+    if (!f.ok()) return absl::InvalidArgumentError(f.status().message());
+    src.per_expert[static_cast<size_t>(p.expert)].push_back({*f, p.name});
   }
   return src;
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "workers/io/atomic_dir.h"
+#include "workers/io/hub_experts.h"
 #include "workers/io/safetensors_writer.h"
 
 namespace rp::workers::io {
@@ -71,38 +72,24 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
                                       const HfExportOptions& options) {
   auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
   if (!out.ok()) return Export(out.status());
-  // The hub's layout: a sparse block's stacked experts (transformers >= 5 in memory) go out per
-  // expert — mlp.experts.N.{gate,up,down}_proj.weight — which every transformers version loads.
+  // The hub's layout: a sparse block's stacked experts go out per expert (hub_experts.h), which
+  // every transformers version loads.
   struct Source {
-    std::string name;     // the parameter
-    int64_t expert = -1;  // >= 0: this expert's slice
-    int64_t row0 = 0, rows = 0;
+    std::string name;  // the parameter
+    HubExpertPiece piece;
+    bool sliced = false;
   };
   std::vector<TensorDecl> decls;
   std::vector<Source> sources;
-  static const std::string kGateUp = "mlp.experts.gate_up_proj", kDown = "mlp.experts.down_proj";
-  auto ends = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   for (const auto& [name, shape] : tensors) {
-    const bool gate_up = ends(name, kGateUp), down = ends(name, kDown);
-    if (shape.size() != 3 || !(gate_up || down)) {
+    const std::vector<HubExpertPiece> pieces = HubExpertPieces(name, shape);
+    if (pieces.empty()) {
       decls.push_back({name, options.dtype, shape});
-      sources.push_back({name});
-      continue;
+      sources.push_back({name, {}, false});
     }
-    const std::string prefix = name.substr(0, name.size() - (gate_up ? kGateUp.size() : kDown.size())) + "mlp.experts.";
-    for (int64_t e = 0; e < shape[0]; ++e) {
-      if (gate_up) {
-        const int64_t i = shape[1] / 2;
-        decls.push_back({absl::StrCat(prefix, e, ".gate_proj.weight"), options.dtype, {i, shape[2]}});
-        sources.push_back({name, e, 0, i});
-        decls.push_back({absl::StrCat(prefix, e, ".up_proj.weight"), options.dtype, {i, shape[2]}});
-        sources.push_back({name, e, i, i});
-      } else {
-        decls.push_back({absl::StrCat(prefix, e, ".down_proj.weight"), options.dtype, {shape[1], shape[2]}});
-        sources.push_back({name, e, 0, shape[1]});
-      }
+    for (const HubExpertPiece& p : pieces) {
+      decls.push_back({p.name, options.dtype, p.shape});
+      sources.push_back({name, p, true});
     }
   }
   // One fetch per parameter: the stacked experts are sliced from the last one fetched.
@@ -110,14 +97,14 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
   at::Tensor cached;
   auto fetch_decl = [&](size_t i) -> absl::StatusOr<at::Tensor> {
     const Source& s = sources[i];
-    if (s.expert < 0) return fetch(s.name);
+    if (!s.sliced) return fetch(s.name);
     if (cached_name != s.name) {
       auto t = fetch(s.name);
       if (!t.ok()) return t.status();
       cached = *std::move(t);
       cached_name = s.name;
     }
-    return cached.select(0, s.expert).narrow(0, s.row0, s.rows).contiguous();
+    return cached.select(0, s.piece.expert).narrow(0, s.piece.row0, s.piece.rows).contiguous();
   };
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0;

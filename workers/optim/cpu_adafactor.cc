@@ -63,21 +63,32 @@ inline float UpdateScale(float row, float inv_row, float col, float inv_col, con
 }
 
 // ---- the factored passes over rows [u0, u1), scalar
+// Row u from column c0 on: its parameter and gradient sums of squares (added to psq, rsq) and
+// the gradient's squares into the row's column sums; then, with the row's whole sums, its
+// second-moment row (FinishRow).
+void SumsRowScalar(const AdafactorBuffers& b, const AdafactorShape& s, float gscale, int64_t u, int64_t c0, float* colf,
+                   double& psq, double& rsq) {
+  const float* p = b.param + u * s.cols;
+  const float* g = b.grad + u * s.cols;
+  float* col = colf + (u / s.rows) * s.cols;
+  for (int64_t c = c0; c < s.cols; ++c) {
+    const float gv = g[c] * gscale;
+    psq += static_cast<double>(p[c]) * p[c];
+    rsq += static_cast<double>(gv) * gv;
+    col[c] += gv * gv;
+  }
+}
+void FinishRow(const AdafactorBuffers& b, const AdafactorShape& s, float beta, int64_t u, double psq, double rsq,
+               Sums& out) {
+  out.param_sq += psq;
+  b.row_var[u] = Lerp(b.row_var[u], static_cast<float>(rsq / static_cast<double>(s.cols)), beta);
+}
 void SumsRowsScalar(const AdafactorBuffers& b, const AdafactorShape& s, float gscale, float beta, int64_t u0,
                     int64_t u1, Sums& out, float* colf) {
   for (int64_t u = u0; u < u1; ++u) {
-    const float* p = b.param + u * s.cols;
-    const float* g = b.grad + u * s.cols;
-    float* col = colf + (u / s.rows) * s.cols;
     double psq = 0, rsq = 0;
-    for (int64_t c = 0; c < s.cols; ++c) {
-      const float gv = g[c] * gscale;
-      psq += static_cast<double>(p[c]) * p[c];
-      rsq += static_cast<double>(gv) * gv;
-      col[c] += gv * gv;
-    }
-    out.param_sq += psq;
-    b.row_var[u] = Lerp(b.row_var[u], static_cast<float>(rsq / static_cast<double>(s.cols)), beta);
+    SumsRowScalar(b, s, gscale, u, 0, colf, psq, rsq);
+    FinishRow(b, s, beta, u, psq, rsq, out);
   }
 }
 
@@ -132,14 +143,8 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void SumsRowsAvx512(co
       _mm512_storeu_ps(col + c, _mm512_add_ps(_mm512_loadu_ps(col + c), g2));
     }
     double psq = _mm512_reduce_add_ps(ap), rsq = _mm512_reduce_add_ps(ag);
-    for (; c < s.cols; ++c) {
-      const float gv = g[c] * gscale;
-      psq += static_cast<double>(p[c]) * p[c];
-      rsq += static_cast<double>(gv) * gv;
-      col[c] += gv * gv;
-    }
-    out.param_sq += psq;
-    b.row_var[u] = Lerp(b.row_var[u], static_cast<float>(rsq / static_cast<double>(s.cols)), beta);
+    SumsRowScalar(b, s, gscale, u, c, colf, psq, rsq);
+    FinishRow(b, s, beta, u, psq, rsq, out);
   }
 }
 

@@ -28,6 +28,24 @@ CostModel RandomCosts(std::mt19937& rng, int L) {
   return c;
 }
 
+// A large model of real-valued times (20..99 layers) with a heavy head, as the paper's models
+// have: what the exhaustive tests cannot reach.
+CostModel LargeRandomCosts(std::mt19937& rng) {
+  std::uniform_real_distribution<double> t(0.5, 3.0);
+  const int L = 20 + static_cast<int>(rng() % 80);
+  CostModel c;
+  for (int l = 0; l < L; ++l) {
+    LayerCost x;
+    x.fwd_s = t(rng);
+    x.bwd_s = x.fwd_s * (2 + t(rng) / 3);
+    x.fused_s = x.bwd_s * (l == L - 1 ? 4 : 1);  // a heavy head
+    x.param_bytes = 1 + static_cast<int64_t>(rng() % 6);
+    x.trainable_bytes = x.param_bytes;
+    c.layers.push_back(x);
+  }
+  return c;
+}
+
 // All compositions of n into positive parts (n == 0: the empty one).
 void Compositions(int n, const std::function<void(const std::vector<int>&)>& fn) {
   if (n == 0) {
@@ -104,19 +122,8 @@ TEST(AutoPartition, EqualsExhaustiveSearchOnRandomInstances) {
 // memory cap: the same objective, and among equal objectives the same largest B_1.
 TEST(AutoPartition, EqualsTheUnprunedSearchOnLargeModels) {
   std::mt19937 rng(777);
-  std::uniform_real_distribution<double> t(0.5, 3.0);
   for (int trial = 0; trial < 60; ++trial) {
-    const int L = 20 + static_cast<int>(rng() % 80);
-    CostModel c;
-    for (int l = 0; l < L; ++l) {
-      LayerCost x;
-      x.fwd_s = t(rng);
-      x.bwd_s = x.fwd_s * (2 + t(rng) / 3);
-      x.fused_s = x.bwd_s * (l == L - 1 ? 4 : 1);  // a heavy head
-      x.param_bytes = 1 + static_cast<int64_t>(rng() % 6);
-      x.trainable_bytes = x.param_bytes;
-      c.layers.push_back(x);
-    }
+    CostModel c = LargeRandomCosts(rng);
     PartitionProblem pr{&c, 1 + static_cast<int>(rng() % 8), 1 + static_cast<int>(rng() % 32), 0};
     if (trial % 2 == 1) pr.stage_memory_cap = 30 + static_cast<int64_t>(rng() % 60);
     auto got = AutoPartition(pr);
@@ -218,19 +225,8 @@ TEST(AutoPartition, MinStagesAndTmaxWindowEqualExhaustiveSearch) {
 // unwindowed one filtered to [W, X*W], on large models with real-valued times.
 TEST(AutoPartition, TmaxWindowKeepsExactlyTheCandidatesInsideIt) {
   std::mt19937 rng(31337);
-  std::uniform_real_distribution<double> t(0.5, 3.0);
   for (int trial = 0; trial < 30; ++trial) {
-    const int L = 20 + static_cast<int>(rng() % 80);
-    CostModel c;
-    for (int l = 0; l < L; ++l) {
-      LayerCost x;
-      x.fwd_s = t(rng);
-      x.bwd_s = x.fwd_s * (2 + t(rng) / 3);
-      x.fused_s = x.bwd_s * (l == L - 1 ? 4 : 1);
-      x.param_bytes = 1;
-      x.trainable_bytes = 1;
-      c.layers.push_back(x);
-    }
+    CostModel c = LargeRandomCosts(rng);
     PartitionProblem pr{&c, 8, 16, 0};
     const auto all = CandidatePartitions(pr);
     pr.t_max_window = 1.1 + 0.1 * (trial % 5);
