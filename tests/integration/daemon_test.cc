@@ -16,6 +16,8 @@
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/fixtures.h"
 #include "tests/support/reference_model.h"
+#include "workers/io/safetensors_reader.h"
+#include "workers/io/safetensors_writer.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::testing {
@@ -819,6 +821,99 @@ TEST_F(DaemonTest, LoraJobTrainsAndExportsAPeftAdapterOrMergedWeights) {
   Watcher wp(*c, pj->id());
   ASSERT_TRUE(wp.WaitForState(v1::JOB_STATE_SUCCEEDED));
   EXPECT_EQ(c->Export(pj->id(), root_ + "/data/nope", true).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rp::testing
+
+namespace rp::testing {
+namespace {
+
+// A Qwen3-MoE job through roundpiped from a Hugging Face directory in the hub's layout (made by
+// transformers itself): two streamed steps with transformers' losses, an export in the hub's
+// layout that transformers loads with the trained weights; broken directories are refused with
+// INVALID_ARGUMENT naming the field or the tensor, and the daemon carries on.
+TEST_F(DaemonTest, Qwen3MoeJobFromAnHfDirTrainsLikeTransformersAndExports) {
+  const std::string made = root_ + "/data/hf";
+  std::string log;
+  if (RunCommand(std::string(RP_VENV_PYTHON) +
+                     " " RP_SOURCE_DIR "/tests/unit/workers/io/make_hf_models.py --only qwen3moe " + made,
+                 &log) != 0) {
+    GTEST_SKIP() << "transformers is not available to make the model: " << log;
+  }
+  const std::string dir = made + "/qwen3moe";
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  v1::JobSpec spec;
+  spec.mutable_model()->set_hf_dir(dir);
+  spec.set_precision(v1::PRECISION_FP32);
+  spec.mutable_optimizer()->set_lr(1e-3);
+  spec.mutable_optimizer()->set_mode(v1::OPTIMIZER_MODE_SYNC);
+  spec.mutable_batching()->set_global_batch(4);
+  spec.mutable_batching()->set_micro_batch(1);
+  spec.mutable_batching()->set_sequence_length(24);
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  auto ref = workers::io::SafetensorsFile::Open(dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const at::Tensor tokens = (*(*ref)->Read("tokens", at::kLong)).to(at::kInt).contiguous();
+  const at::Tensor want_losses = *(*ref)->Read("losses", at::kDouble);
+  std::vector<int32_t> stream(tokens.data_ptr<int32_t>(), tokens.data_ptr<int32_t>() + tokens.numel());
+  stream.insert(stream.end(), stream.begin(), stream.end());  // the same batch twice, as the reference
+  auto summary = c->StreamTokens(job->id(), stream, 4, 24);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  const std::vector<double> losses = w.Losses();
+  ASSERT_EQ(losses.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_NEAR(losses[static_cast<size_t>(s)], want_losses[s].item<double>(), 2e-5) << "step " << s + 1;
+  }
+  auto path = c->Export(job->id(), root_ + "/data/moe-export");
+  ASSERT_TRUE(path.ok()) << path.status();
+  const auto exported = ReadSafetensors(*path + "/model.safetensors");
+  EXPECT_TRUE(exported.count("model.layers.2.mlp.experts.5.down_proj.weight"));
+  EXPECT_FALSE(exported.count("model.layers.2.mlp.experts.gate_up_proj"));
+  EXPECT_EQ(
+      RunCommand(std::string(RP_VENV_PYTHON) +
+                     " " RP_SOURCE_DIR "/tests/unit/workers/io/make_hf_models.py --check-close " + *path + " " + dir,
+                 &log),
+      0)
+      << log;
+
+  // Broken directories: top-k above the experts; an expert tensor missing.
+  const std::string bad_topk = root_ + "/data/bad-topk";
+  std::filesystem::create_directories(bad_topk);
+  std::filesystem::copy_file(dir + "/model.safetensors", bad_topk + "/model.safetensors");
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  cfg["num_experts_per_tok"] = 9;
+  std::ofstream(bad_topk + "/config.json") << cfg.dump();
+  const std::string missing = root_ + "/data/missing-expert";
+  std::filesystem::create_directories(missing);
+  std::filesystem::copy_file(dir + "/config.json", missing + "/config.json");
+  {
+    std::vector<workers::io::TensorDecl> decls;
+    std::vector<at::Tensor> kept;
+    for (const auto& [name, t] : ReadSafetensors(dir + "/model.safetensors")) {
+      if (name == "model.layers.0.mlp.experts.3.up_proj.weight") continue;
+      decls.push_back({name, at::kFloat, t.sizes().vec()});
+      kept.push_back(t);
+    }
+    workers::io::SafetensorsWriter writer;
+    ASSERT_TRUE(writer.Open(missing + "/model.safetensors", decls).ok());
+    for (const at::Tensor& t : kept) ASSERT_TRUE(writer.Add(t).ok());
+    ASSERT_TRUE(writer.Finish().ok());
+  }
+  for (const auto& [where, needle] : {std::pair{bad_topk, std::string("num_experts_per_tok 9")},
+                                      std::pair{missing, std::string("model.layers.0.mlp.experts.3.up_proj.weight")}}) {
+    v1::JobSpec bad = spec;
+    bad.mutable_model()->set_hf_dir(where);
+    auto st = c->Submit(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st;
+  }
+  EXPECT_TRUE(c->Get(job->id()).ok());  // still serving
+  EXPECT_EQ(daemon_.Stop(), 0) << daemon_.Output();
 }
 
 }  // namespace
