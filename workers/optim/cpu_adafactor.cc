@@ -215,6 +215,115 @@ bool UseAvx512(SimdPath path) {
   return SimdPathSupported(SimdPath::kAvx512);
 }
 
+// One step's fixed inputs, shared by its three passes.
+struct Pass {
+  const AdafactorBuffers& b;
+  const AdafactorShape& s;
+  OptimizerThreads* pool;
+  bool factored, avx512;
+  float gscale, beta;
+  int64_t units, unit_len;  // factored: rows of `cols`; unfactored: single elements
+};
+
+// (1) The parameter's sum of squares (returned); the gradient's row means lerped into row_var
+// and its column means into col_var (or the full variance), and from them the update's factors.
+double SumSquaresPass(const Pass& p, float eps1, Factors& f) {
+  const AdafactorBuffers& b = p.b;
+  const AdafactorShape& s = p.s;
+  std::vector<Sums> parts = SlicedInOrder<Sums>(p.units, p.unit_len, p.pool, [&](int64_t u0, int64_t u1) {
+    Sums out;
+    if (!p.factored) {
+      for (int64_t u = u0; u < u1; ++u) {
+        out.param_sq += static_cast<double>(b.param[u]) * b.param[u];
+        const float gv = b.grad[u] * p.gscale;
+        b.variance[u] = Lerp(b.variance[u], gv * gv, p.beta);
+      }
+      return out;
+    }
+    const size_t width = static_cast<size_t>(s.batch * s.cols);
+    out.col_sq.assign(width, 0.0);
+    std::vector<float> colf(width, 0.0f);
+    for (int64_t r0 = u0; r0 < u1; r0 += kColumnFlushRows) {
+      const int64_t r1 = std::min(u1, r0 + kColumnFlushRows);
+      if (p.avx512) {
+        SumsRowsAvx512(b, s, p.gscale, p.beta, r0, r1, out, colf.data());
+      } else {
+        SumsRowsScalar(b, s, p.gscale, p.beta, r0, r1, out, colf.data());
+      }
+      for (size_t j = 0; j < width; ++j) {  // flush the float column sums into double
+        out.col_sq[j] += colf[j];
+        colf[j] = 0;
+      }
+    }
+    return out;
+  });
+  double param_sq = 0;
+  for (const Sums& part : parts) param_sq += part.param_sq;
+  if (!p.factored) return param_sq;
+  f.col_scaled.resize(static_cast<size_t>(s.batch * s.cols));
+  f.inv_sqrt_col.resize(f.col_scaled.size());
+  for (int64_t k = 0; k < s.batch; ++k) {
+    double sum = 0;
+    for (int64_t r = 0; r < s.rows; ++r) sum += b.row_var[k * s.rows + r];
+    const float mean = std::max(static_cast<float>(sum / static_cast<double>(s.rows)), eps1);
+    for (int64_t c = 0; c < s.cols; ++c) {
+      const size_t i = static_cast<size_t>(k * s.cols + c);
+      double sq = 0;
+      for (const Sums& part : parts) sq += part.col_sq[i];
+      b.col_var[i] = Lerp(b.col_var[i], static_cast<float>(sq / static_cast<double>(s.rows)), p.beta);
+      f.col_scaled[i] = b.col_var[i] / mean;
+      f.inv_sqrt_col[i] = 1.0f / std::sqrt(f.col_scaled[i]);
+    }
+  }
+  f.inv_sqrt_row.resize(static_cast<size_t>(p.units));
+  for (int64_t u = 0; u < p.units; ++u) f.inv_sqrt_row[static_cast<size_t>(u)] = 1.0f / std::sqrt(b.row_var[u]);
+  return param_sq;
+}
+
+// An unfactored element's update.
+inline float UnfactoredUpdate(const Pass& p, const Factors& f, int64_t u) {
+  return p.b.grad[u] * p.gscale / std::sqrt(std::max(p.b.variance[u], f.eps_sq));
+}
+
+// (2) The update's sum of squares (its RMS clipping).
+double UpdateSquaresPass(const Pass& p, const Factors& f) {
+  std::vector<double> parts = SlicedInOrder<double>(p.units, p.unit_len, p.pool, [&](int64_t u0, int64_t u1) {
+    double sum = 0;
+    if (!p.factored) {
+      for (int64_t u = u0; u < u1; ++u) {
+        const double x = UnfactoredUpdate(p, f, u);
+        sum += x * x;
+      }
+    } else if (p.avx512) {
+      sum = UpdateSquaresRowsAvx512(p.b, p.s, p.gscale, f, u0, u1);
+    } else {
+      for (int64_t u = u0; u < u1; ++u) sum += UpdateSquaresScalar(p.b, p.s, p.gscale, f, u, 0);
+    }
+    return sum;
+  });
+  double sum = 0;
+  for (double x : parts) sum += x;
+  return sum;
+}
+
+// (3) Decay, step, master.
+void ApplyPass(const Pass& p, const Factors& f, float decay, bool decays, float step) {
+  SlicedInOrder<int>(p.units, p.unit_len, p.pool, [&](int64_t u0, int64_t u1) {
+    if (!p.factored) {
+      for (int64_t u = u0; u < u1; ++u) {
+        float v = decays ? p.b.param[u] * decay : p.b.param[u];
+        v = v + step * UnfactoredUpdate(p, f, u);
+        p.b.param[u] = v;
+        StoreMaster(p.b.master, p.b.master_dtype, u, v);
+      }
+    } else if (p.avx512) {
+      ApplyRowsAvx512(p.b, p.s, p.gscale, f, decay, decays, step, u0, u1);
+    } else {
+      for (int64_t u = u0; u < u1; ++u) ApplyScalar(p.b, p.s, p.gscale, f, decay, decays, step, u, 0);
+    }
+    return 0;
+  });
+}
 }  // namespace
 
 void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& s, const AdafactorHyper& h, SimdPath path,
@@ -222,114 +331,27 @@ void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& s, const Ad
   const int64_t n = s.numel();
   if (n <= 0) return;
   const bool factored = s.rows > 0;
-  const bool avx512 = UseAvx512(path);
   const double t = static_cast<double>(h.step);
   const float eps1 = h.eps1 > 0 ? static_cast<float>(h.eps1) : std::numeric_limits<float>::epsilon();
-  const float beta = static_cast<float>(std::pow(t, h.beta2_decay));  // 1 - beta2_t
-  const float gscale = h.maximize ? -h.grad_scale : h.grad_scale;
+  const Pass p{b,
+               s,
+               pool,
+               factored,
+               UseAvx512(path),
+               h.maximize ? -h.grad_scale : h.grad_scale,
+               static_cast<float>(std::pow(t, h.beta2_decay)),  // 1 - beta2_t
+               factored ? s.batch * s.rows : n,
+               factored ? s.cols : 1};
   Factors f;
   f.eps_sq = eps1 * eps1;
   f.inv_eps = 1.0f / std::sqrt(f.eps_sq);
-  // Factored: a unit is one row of `cols` elements; unfactored: one element.
-  const int64_t units = factored ? s.batch * s.rows : n;
-  const int64_t unit_len = factored ? s.cols : 1;
-
-  // (1) The parameter's sum of squares; the gradient's row means (into row_var) and column sums.
-  std::vector<Sums> parts = SlicedInOrder<Sums>(units, unit_len, pool, [&](int64_t u0, int64_t u1) {
-    Sums out;
-    if (!factored) {
-      for (int64_t u = u0; u < u1; ++u) {
-        out.param_sq += static_cast<double>(b.param[u]) * b.param[u];
-        const float gv = b.grad[u] * gscale;
-        b.variance[u] = Lerp(b.variance[u], gv * gv, beta);
-      }
-      return out;
-    }
-    const size_t width = static_cast<size_t>(s.batch * s.cols);
-    out.col_sq.assign(width, 0.0);
-    std::vector<float> colf(width, 0.0f);
-    auto flush = [&] {
-      for (size_t j = 0; j < width; ++j) {
-        out.col_sq[j] += colf[j];
-        colf[j] = 0;
-      }
-    };
-    for (int64_t r0 = u0; r0 < u1; r0 += kColumnFlushRows) {
-      const int64_t r1 = std::min(u1, r0 + kColumnFlushRows);
-      if (avx512) {
-        SumsRowsAvx512(b, s, gscale, beta, r0, r1, out, colf.data());
-      } else {
-        SumsRowsScalar(b, s, gscale, beta, r0, r1, out, colf.data());
-      }
-      flush();
-    }
-    return out;
-  });
-  double param_sq = 0;
-  for (const Sums& part : parts) param_sq += part.param_sq;
-  if (factored) {
-    f.col_scaled.resize(static_cast<size_t>(s.batch * s.cols));
-    f.inv_sqrt_col.resize(f.col_scaled.size());
-    for (int64_t k = 0; k < s.batch; ++k) {
-      double sum = 0;
-      for (int64_t r = 0; r < s.rows; ++r) sum += b.row_var[k * s.rows + r];
-      const float mean = std::max(static_cast<float>(sum / static_cast<double>(s.rows)), eps1);
-      for (int64_t c = 0; c < s.cols; ++c) {
-        const int64_t i = k * s.cols + c;
-        double sq = 0;
-        for (const Sums& part : parts) sq += part.col_sq[static_cast<size_t>(i)];
-        b.col_var[i] = Lerp(b.col_var[i], static_cast<float>(sq / static_cast<double>(s.rows)), beta);
-        f.col_scaled[static_cast<size_t>(i)] = b.col_var[i] / mean;
-        f.inv_sqrt_col[static_cast<size_t>(i)] = 1.0f / std::sqrt(f.col_scaled[static_cast<size_t>(i)]);
-      }
-    }
-    f.inv_sqrt_row.resize(static_cast<size_t>(units));
-    for (int64_t u = 0; u < units; ++u) f.inv_sqrt_row[static_cast<size_t>(u)] = 1.0f / std::sqrt(b.row_var[u]);
-  }
-  const float eps_sq = f.eps_sq;
-  auto unfactored_update = [&](int64_t u) { return b.grad[u] * gscale / std::sqrt(std::max(b.variance[u], eps_sq)); };
-
-  // (2) The update's sum of squares (its RMS clipping).
-  std::vector<double> usq = SlicedInOrder<double>(units, unit_len, pool, [&](int64_t u0, int64_t u1) {
-    double sum = 0;
-    if (!factored) {
-      for (int64_t u = u0; u < u1; ++u) {
-        const double x = unfactored_update(u);
-        sum += x * x;
-      }
-    } else if (avx512) {
-      sum = UpdateSquaresRowsAvx512(b, s, gscale, f, u0, u1);
-    } else {
-      for (int64_t u = u0; u < u1; ++u) sum += UpdateSquaresScalar(b, s, gscale, f, u, 0);
-    }
-    return sum;
-  });
-  double update_sq = 0;
-  for (double x : usq) update_sq += x;
-
+  const double param_sq = SumSquaresPass(p, eps1, f);
+  const double update_sq = UpdateSquaresPass(p, f);
   const double rho = std::min(h.lr, 1.0 / std::sqrt(t));
   const double alpha = std::max(h.eps2, std::sqrt(param_sq) / std::sqrt(static_cast<double>(n))) * rho;
   const double denom = std::max(1.0, std::sqrt(update_sq) / (std::sqrt(static_cast<double>(n)) * h.d));
-  const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  const bool decays = h.weight_decay != 0;
-  const float step = static_cast<float>(-alpha / denom);
-
-  // (3) Decay, step, master.
-  SlicedInOrder<int>(units, unit_len, pool, [&](int64_t u0, int64_t u1) {
-    if (!factored) {
-      for (int64_t u = u0; u < u1; ++u) {
-        float v = decays ? b.param[u] * decay : b.param[u];
-        v = v + step * unfactored_update(u);
-        b.param[u] = v;
-        StoreMaster(b.master, b.master_dtype, u, v);
-      }
-    } else if (avx512) {
-      ApplyRowsAvx512(b, s, gscale, f, decay, decays, step, u0, u1);
-    } else {
-      for (int64_t u = u0; u < u1; ++u) ApplyScalar(b, s, gscale, f, decay, decays, step, u, 0);
-    }
-    return 0;
-  });
+  ApplyPass(p, f, static_cast<float>(1.0 - h.lr * h.weight_decay), h.weight_decay != 0,
+            static_cast<float>(-alpha / denom));
 }
 
 }  // namespace rp::workers
