@@ -28,7 +28,26 @@ struct StageState {
   std::vector<std::vector<std::pair<int, at::Tensor>>> fwd_out;
   std::vector<at::Tensor> grad_in;
   std::vector<Recomputed> recomputed;  // backward stages recomputing ahead: the graph awaiting its gradient
+  std::vector<RoutingTape> routing;    // per micro-batch: recorded (forward) or to replay (backward)
 };
+
+bool ReplaysRouting(const StageState& s) { return s.ctx->replay_routing && s.ctx->cfg->num_experts > 0; }
+
+// A backward stage's recorded routing of micro-batch m: each sparse block's record Taken from
+// the activation store, its experts uploaded (the counts stay on the host).
+void TakeRouting(StageState& s, int m, int mb) {
+  const StageTask& sl = s.task;
+  const models::TransformerConfig& cfg = *s.ctx->cfg;
+  RoutingTape& tape = s.routing[static_cast<size_t>(m)];
+  for (int l = std::max(1, sl.first_layer); l < sl.first_layer + sl.num_layers && l <= cfg.num_blocks; ++l) {
+    if (!cfg.SparseBlock(l - 1)) continue;
+    absl::StatusOr<at::Tensor> packed = s.ctx->acts->Take(ActKind::kRouting, l, mb, sl.iteration);
+    if (!packed.ok()) throw std::runtime_error(std::string(packed.status().message()));
+    models::RoutingDecision d = models::UnpackRouting(*packed, cfg.num_experts, cfg.experts_per_token);
+    d.experts = s.dev->Upload(d.experts);
+    tape[l] = std::move(d);
+  }
+}
 
 // Runs `fn`, turning any exception into the iteration's error; skips the work once the
 // iteration has failed (events are still recorded by the streams, so nobody waits forever).
@@ -199,6 +218,7 @@ void UploadInputs(StageState& s, int m, int mb, Inputs which) {
   }
   if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
   if (which != Inputs::kGradient) {
+    if (sl.kind == StageKind::kBackward && ReplaysRouting(s)) TakeRouting(s, m, mb);
     s.in[i] = s.dev->Upload(*x);
     if (!s.ctx->positions.empty()) s.positions[i] = s.dev->Upload(s.ctx->positions[static_cast<size_t>(mb)]);
   }
@@ -211,12 +231,15 @@ models::TokenLayout LayoutOf(const StageState& s, size_t i) {
   return s.positions[i].defined() ? models::DocumentLayout(s.rope, s.positions[i]) : models::TokenLayout(s.rope);
 }
 
+const RoutingTape* ReplayOf(const StageState& s, size_t i) { return ReplaysRouting(s) ? &s.routing[i] : nullptr; }
+
 // A backward stage that recomputes ahead, on the compute stream: micro-batch m's recompute as
 // soon as its checkpoint is up (the graph is kept in the stage), then its backward once the
 // upstream gradient is.
 void RecomputeMicrobatch(StageState& s, int m) {
   const size_t i = static_cast<size_t>(m);
-  s.recomputed[i] = RecomputeStage(*s.ctx->cfg, s.weights, LayoutOf(s, i), s.in[i]);
+  s.recomputed[i] = RecomputeStage(*s.ctx->cfg, s.weights, LayoutOf(s, i), s.in[i], ReplayOf(s, i));
+  s.routing[i].clear();
   s.in[i] = at::Tensor();
   s.positions[i] = at::Tensor();
 }
@@ -235,7 +258,8 @@ void ComputeMicrobatch(StageState& s, int m) {
   const models::TokenLayout layout = LayoutOf(s, i);
   switch (sl.kind) {
     case StageKind::kForward:
-      s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.task.save_inputs_of);
+      s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.task.save_inputs_of,
+                                  ReplaysRouting(s) ? &s.routing[i] : nullptr);
       break;
     case StageKind::kFused: {
       FusedResult r = FusedStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i],
@@ -250,7 +274,8 @@ void ComputeMicrobatch(StageState& s, int m) {
       break;
     }
     case StageKind::kBackward:
-      s.grad_in[i] = BackwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.grad_out[i]);
+      s.grad_in[i] = BackwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.grad_out[i], ReplayOf(s, i));
+      s.routing[i].clear();
       break;
   }
   s.in[i] = at::Tensor();
@@ -271,6 +296,11 @@ void DownloadOutputs(StageState& s, int m, int mb) {
                     sl.iteration);
     }
     s.fwd_out[i].clear();
+    for (auto& [layer, d] : s.routing[i]) {
+      const at::Tensor experts = s.dev->Download(d.experts);
+      ctx.acts->Put(ActKind::kRouting, layer, mb, models::PackRouting({experts, d.counts}), 1, sl.iteration);
+    }
+    s.routing[i].clear();
   } else if (Trains(sl.kind) && sl.first_layer > 0) {
     ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s.dev->Download(s.grad_in[i]), 1, sl.iteration);
     s.grad_in[i] = at::Tensor();
@@ -415,6 +445,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   s->labels.resize(mbs);
   s->positions.resize(mbs);
   s->recomputed.resize(mbs);
+  s->routing.resize(mbs);
   s->fwd_out.resize(mbs);
   s->grad_in.resize(mbs);
   const std::vector<int> owners = StageOwners(task);

@@ -34,6 +34,10 @@ struct RunContext {
   // document starts; models::DocumentLayout). Empty: every row at 0..s-1, causal. Set before the
   // context is shared, read-only afterwards.
   std::vector<at::Tensor> positions;
+  // Recompute fidelity (MoE models in training iterations): forward stages Put each sparse
+  // block's routing (ActKind::kRouting, one consumer) and the backward stage recomputing that
+  // block Takes and replays it. false: nothing is recorded and backward stages route live.
+  bool replay_routing = false;
 
   void AddLoss(double scaled_loss, int64_t tokens) {
     base::MutexLock lock(&mu_);

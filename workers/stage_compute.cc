@@ -4,21 +4,44 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
 
 namespace rp::workers {
 namespace {
 
+// What RunLayers keeps or replays besides the output.
+struct LayerIo {
+  const std::vector<int>* save = nullptr;  // layers whose input is kept
+  std::vector<std::pair<int, at::Tensor>>* saved = nullptr;
+  RoutingTape* record = nullptr;        // sparse blocks' routing, recorded
+  const RoutingTape* replay = nullptr;  // or replayed
+};
+
+const models::RoutingDecision* Replayed(const RoutingTape* replay, int layer) {
+  if (!replay) return nullptr;
+  auto it = replay->find(layer);
+  return it == replay->end() ? nullptr : &it->second;
+}
+
 // Layers [first, first+n) excluding the head; `x` may need grad.
 at::Tensor RunLayers(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
-                     at::Tensor x, int first, int n, const std::vector<int>* save,
-                     std::vector<std::pair<int, at::Tensor>>* saved) {
+                     at::Tensor x, int first, int n, const LayerIo& io = {}) {
   for (int l = first; l < first + n; ++l) {
-    if (save && l > first && std::find(save->begin(), save->end(), l) != save->end()) saved->push_back({l, x});
+    if (io.save && l > first && std::find(io.save->begin(), io.save->end(), l) != io.save->end()) {
+      io.saved->push_back({l, x});
+    }
     const std::vector<at::Tensor>& lw = w.layers[static_cast<size_t>(l - w.first_layer)];
     if (l == 0) {
       x = models::EmbeddingForward(lw[0], x);
     } else {
-      x = models::BlockForward(cfg, lw, x, layout);
+      const bool sparse = cfg.num_experts > 0 && cfg.SparseBlock(l - 1);
+      if (sparse && io.replay && !Replayed(io.replay, l)) {
+        throw std::logic_error(absl::StrCat("no recorded routing for sparse layer ", l));
+      }
+      models::RoutingDecision* record = sparse && io.record ? &(*io.record)[l] : nullptr;
+      x = models::BlockForward(cfg, lw, x, layout, Replayed(io.replay, l), record);
     }
   }
   return x;
@@ -37,11 +60,11 @@ void AddGrad(const at::Tensor& param, const at::Tensor& g) {
 
 std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerConfig& cfg, const StageWeights& w,
                                                      const models::TokenLayout& layout, const at::Tensor& in,
-                                                     const std::vector<int>& save_inputs_of) {
+                                                     const std::vector<int>& save_inputs_of, RoutingTape* record) {
   at::NoGradGuard no_grad;
   std::vector<std::pair<int, at::Tensor>> out;
   const int n = static_cast<int>(w.layers.size());
-  at::Tensor y = RunLayers(cfg, w, layout, in, w.first_layer, n, &save_inputs_of, &out);
+  at::Tensor y = RunLayers(cfg, w, layout, in, w.first_layer, n, {&save_inputs_of, &out, record, nullptr});
   out.push_back({w.first_layer + n, y});
   return out;
 }
@@ -53,7 +76,7 @@ FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights&
   const int n_blocks = static_cast<int>(w.layers.size()) - 1;  // the last layer is the head
   at::Tensor x = in;
   if (first > 0) x = in.detach().requires_grad_(true);
-  at::Tensor h = RunLayers(cfg, w, layout, x, first, n_blocks, nullptr, nullptr);
+  at::Tensor h = RunLayers(cfg, w, layout, x, first, n_blocks);
   const std::vector<at::Tensor>& head = w.layers.back();
   at::Tensor hn = models::FinalNorm(cfg, head[0], h);
   const int64_t hidden = hn.size(-1);
@@ -77,14 +100,14 @@ models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeig
                            int64_t chunk_tokens) {
   at::NoGradGuard no_grad;
   const int n_blocks = static_cast<int>(w.layers.size()) - 1;  // the last layer is the head
-  at::Tensor h = RunLayers(cfg, w, layout, in, w.first_layer, n_blocks, nullptr, nullptr);
+  at::Tensor h = RunLayers(cfg, w, layout, in, w.first_layer, n_blocks);
   const std::vector<at::Tensor>& head = w.layers.back();
   at::Tensor hn = models::FinalNorm(cfg, head[0], h);
   return models::ChunkedHeadLoss(hn.reshape({-1, hn.size(-1)}), head[1], labels.reshape({-1}), chunk_tokens);
 }
 
 Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                          const models::TokenLayout& layout, const at::Tensor& in) {
+                          const models::TokenLayout& layout, const at::Tensor& in, const RoutingTape* replay) {
   at::AutoGradMode grad_on(true);
   const int first = w.first_layer;
   Recomputed r;
@@ -93,7 +116,8 @@ Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeigh
     x = in.detach().requires_grad_(true);
     r.input = x;
   }
-  r.output = RunLayers(cfg, w, layout, x, first, static_cast<int>(w.layers.size()), nullptr, nullptr);
+  r.output =
+      RunLayers(cfg, w, layout, x, first, static_cast<int>(w.layers.size()), {nullptr, nullptr, nullptr, replay});
   return r;
 }
 
@@ -103,8 +127,8 @@ at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out
 }
 
 at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
-                         const at::Tensor& in, const at::Tensor& grad_out) {
-  return BackwardFromRecompute(RecomputeStage(cfg, w, layout, in), grad_out);
+                         const at::Tensor& in, const at::Tensor& grad_out, const RoutingTape* replay) {
+  return BackwardFromRecompute(RecomputeStage(cfg, w, layout, in, replay), grad_out);
 }
 
 }  // namespace rp::workers

@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -25,12 +26,18 @@ struct StageWeights {
   std::vector<std::vector<at::Tensor>> layers;
 };
 
+// The routing of a stage's sparse blocks for one micro-batch, by engine layer (recompute
+// fidelity: a forward stage records it, the backward stage that recomputes those layers replays it).
+using RoutingTape = std::map<int, models::RoutingDecision>;
+
 // Runs layers [first, first+n) on `in` (token ids when first == 0, else hidden states).
 // `save_inputs_of` lists layers l in (first, first+n] whose input is also returned.
 // Returns (layer, tensor) pairs: the requested checkpoints and (layer first+n, the output).
+// `record`, when given, receives every sparse block's routing.
 std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerConfig& cfg, const StageWeights& w,
                                                      const models::TokenLayout& layout, const at::Tensor& in,
-                                                     const std::vector<int>& save_inputs_of);
+                                                     const std::vector<int>& save_inputs_of,
+                                                     RoutingTape* record = nullptr);
 
 struct FusedResult {
   at::Tensor grad_input;  // undefined when the stage starts at layer 0
@@ -50,17 +57,19 @@ models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeig
 // B_j in two steps, so that the recompute can run before the upstream gradient arrived: the
 // recompute of layers [first, first+n) from the checkpoint `in` with autograd (the graph lives in
 // the result), then the backward of that graph with `grad_out`, returning the gradient of the
-// stage input (undefined when first == 0). The two may run on different threads.
+// stage input (undefined when first == 0). The two may run on different threads. With `replay`
+// every sparse block of the stage routes as recorded (it must hold each of them); without it
+// they route live.
 struct Recomputed {
   at::Tensor input;   // the checkpoint as a leaf that requires grad (first > 0), else undefined
   at::Tensor output;  // the stage output, carrying the graph
 };
 Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                          const models::TokenLayout& layout, const at::Tensor& in);
+                          const models::TokenLayout& layout, const at::Tensor& in, const RoutingTape* replay = nullptr);
 at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out);
 
 // B_j in one call: RecomputeStage then BackwardFromRecompute.
 at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
-                         const at::Tensor& in, const at::Tensor& grad_out);
+                         const at::Tensor& in, const at::Tensor& grad_out, const RoutingTape* replay = nullptr);
 
 }  // namespace rp::workers

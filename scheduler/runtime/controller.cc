@@ -386,6 +386,7 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, con
   ctx.iteration = T;
   ctx.seq_len = tokens_in.size(1);
   ctx.positions = std::move(host->positions);
+  ctx.replay_routing = true;
   ctx.act_consumers = act_consumers_;
   ctx.loss_scale = 1.0 / static_cast<double>(valid);
   ctx.head_chunk_tokens = opt_.head_chunk_tokens;

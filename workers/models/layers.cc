@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <stdexcept>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "workers/models/test_hooks.h"
 
 namespace rp::workers::models {
 
@@ -133,13 +136,49 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
 
 }  // namespace
 
-MoeRouting RouteTokens(const TransformerConfig& c, const at::Tensor& router_weight, const at::Tensor& x) {
+MoeRouting RouteTokens(const TransformerConfig& c, const at::Tensor& router_weight, const at::Tensor& x,
+                       const RoutingDecision* replay) {
   const at::Tensor flat = x.reshape({-1, x.size(-1)});
   const at::Tensor logits = at::linear(flat, router_weight);  // [T, E]
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
-  auto [top_w, top_i] = at::topk(probs, c.experts_per_token, -1);
+  MoeRouting r;
+  at::Tensor top_w;
+  if (replay) {
+    r.experts = replay->experts;
+    r.counts = replay->counts;
+    top_w = probs.gather(-1, r.experts);
+  } else {
+    const RouterSelectionHook* hook = RouterSelectionHookSlot().load(std::memory_order_relaxed);
+    if (hook) {
+      r.experts = std::get<1>(at::topk((*hook)(probs.detach()), c.experts_per_token, -1));
+      top_w = probs.gather(-1, r.experts);
+    } else {
+      std::tie(top_w, r.experts) = at::topk(probs, c.experts_per_token, -1);
+    }
+    r.counts = at::bincount(r.experts.reshape({-1}), {}, c.num_experts).cpu();
+  }
   if (c.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
-  return {top_w.to(logits.scalar_type()), top_i};
+  r.weights = top_w.to(logits.scalar_type());
+  return r;
+}
+
+at::Tensor PackRouting(const RoutingDecision& d) {
+  return at::cat({d.counts.to(at::kInt), d.experts.reshape({-1}).to(at::kCPU, at::kInt)});
+}
+
+RoutingDecision UnpackRouting(const at::Tensor& packed, int64_t num_experts, int64_t experts_per_token) {
+  const int64_t pairs = packed.numel() - num_experts;
+  if (packed.dim() != 1 || packed.scalar_type() != at::kInt || pairs < 0 || pairs % experts_per_token != 0) {
+    throw std::invalid_argument(absl::StrCat("a routing record of ", packed.numel(), " elements is not ", num_experts,
+                                             " counts plus ", experts_per_token, " experts per token"));
+  }
+  RoutingDecision d;
+  d.counts = packed.narrow(0, 0, num_experts).to(at::kLong);
+  d.experts = packed.narrow(0, num_experts, pairs).to(at::kLong).view({-1, experts_per_token});
+  if (d.counts.sum().item<int64_t>() != pairs) {
+    throw std::invalid_argument("a routing record's expert counts do not add up to its token-expert pairs");
+  }
+  return d;
 }
 
 at::Tensor MoeExperts(const TransformerConfig& c, const at::Tensor& gate_up, const at::Tensor& down,
@@ -157,7 +196,7 @@ at::Tensor MoeExperts(const TransformerConfig& c, const at::Tensor& gate_up, con
   const at::Tensor token_of = at::div(order, k, "floor");
   const at::Tensor rows = flat.index_select(0, token_of);
   const at::Tensor weights = routing.weights.reshape({-1}).index_select(0, order);
-  const at::Tensor counts = at::bincount(pair_expert, {}, c.num_experts).cpu();
+  const at::Tensor counts = routing.counts.contiguous();
   const int64_t* count = counts.data_ptr<int64_t>();
   // One unbind for all experts: indexing the stacked weight per expert would make autograd
   // allocate a full-size zero gradient for each.
@@ -180,7 +219,7 @@ at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens) 
 }
 
 at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor>& w, const at::Tensor& x,
-                        const TokenLayout& layout) {
+                        const TokenLayout& layout, const RoutingDecision* replay, RoutingDecision* record) {
   const Rope& rope = layout.rope;
   const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
   size_t i = 0;
@@ -240,7 +279,11 @@ at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor
   a = a.transpose(1, 2).reshape({b, s, c.num_heads * d});
   at::Tensor h1 = x + linear(a, wo, "o_proj");
   at::Tensor hn2 = RmsNorm(h1, post_norm, c.rms_eps);
-  if (sparse) return h1 + MoeExperts(c, wu, wd, hn2, RouteTokens(c, wg, hn2));
+  if (sparse) {
+    const MoeRouting routing = RouteTokens(c, wg, hn2, replay);
+    if (record) *record = {routing.experts, routing.counts};
+    return h1 + MoeExperts(c, wu, wd, hn2, routing);
+  }
   return h1 + linear(at::silu(linear(hn2, wg, "gate_proj")) * linear(hn2, wu, "up_proj"), wd, "down_proj");
 }
 

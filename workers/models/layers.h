@@ -60,23 +60,43 @@ TokenLayout DocumentLayout(const Rope& table, const at::Tensor& positions);
 // tokens [b, s] int64 -> hidden [b, s, h] in the weight's dtype.
 at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens);
 
+// What a sparse block's router decided for T tokens, kept for recompute fidelity (DESIGN §9):
+// the forward records it and the backward's recompute replays it instead of routing again, so
+// the recompute can never pick other experts (bf16 ties, another device's kernels) and needs no
+// host synchronisation to count tokens per expert.
+struct RoutingDecision {
+  at::Tensor experts;  // [T, k] int64 on the block's device, in top-k order
+  at::Tensor counts;   // [E] int64 on the host: token-expert pairs per expert
+};
+// Host form, for the activation store: int32 [E + T*k], the counts then the experts row-major.
+at::Tensor PackRouting(const RoutingDecision& d);
+// The inverse; both tensors on the host. Refuses (std::invalid_argument) a tensor whose size is
+// not E + T*k for the given E and k, or whose counts do not add up to T*k.
+RoutingDecision UnpackRouting(const at::Tensor& packed, int64_t num_experts, int64_t experts_per_token);
+
 // x [b, s, h] -> [b, s, h]; w in LayerParams(cfg, block layer) order (a sparse block's: the
-// router and the stacked experts, told apart from a dense MLP by the experts' 3-d shape).
+// router and the stacked experts, told apart from a dense MLP by the experts' 3-d shape). A
+// sparse block routes with `replay` when given (its experts on x's device), else live; `record`,
+// when given, receives the routing used. Dense blocks ignore both.
 at::Tensor BlockForward(const TransformerConfig& cfg, const std::vector<at::Tensor>& w, const at::Tensor& x,
-                        const TokenLayout& layout);
+                        const TokenLayout& layout, const RoutingDecision* replay = nullptr,
+                        RoutingDecision* record = nullptr);
 
 // A sparse block's routing of x [.., h] (T tokens): per token the top-k experts [T, k] (int64)
 // and their weights [T, k] (the router's dtype), as transformers' Qwen3MoeTopKRouter: softmax
-// over the experts in fp32, top-k, renormalised when norm_topk_prob.
+// over the experts in fp32, top-k, renormalised when norm_topk_prob. With `replay` the experts
+// are replay's and the weights are the same softmax gathered at them (bit-equal to top-k's
+// values, with the same gradient); counts are replay's too.
 struct MoeRouting {
   at::Tensor weights;
   at::Tensor experts;
+  at::Tensor counts;  // [E] int64 on the host
 };
-MoeRouting RouteTokens(const TransformerConfig& cfg, const at::Tensor& router_weight, const at::Tensor& x);
+MoeRouting RouteTokens(const TransformerConfig& cfg, const at::Tensor& router_weight, const at::Tensor& x,
+                       const RoutingDecision* replay = nullptr);
 // The experts' output for x [.., h] under `routing`: tokens grouped by expert (one gather, one
 // GEMM pair per expert on its rows, one weighted scatter-add), never a dense all-experts pass.
-// gate_up [E, 2I, h] (gate rows first), down [E, h, I]. The per-expert row counts are read on
-// the host (one synchronisation per call on a GPU).
+// gate_up [E, 2I, h] (gate rows first), down [E, h, I].
 at::Tensor MoeExperts(const TransformerConfig& cfg, const at::Tensor& gate_up, const at::Tensor& down,
                       const at::Tensor& x, const MoeRouting& routing);
 

@@ -4,7 +4,9 @@
 //                      stage that computes layer l-1 (or by the controller for l = 0);
 //   kGradient(l, m):   the gradient w.r.t. the input of layer l, written by the backward or fused
 //                      stage that starts at l;
-//   kLabels(0, m):     the micro-batch's labels, read by the fused stage.
+//   kLabels(0, m):     the micro-batch's labels, read by the fused stage;
+//   kRouting(l, m):    what the router of sparse block layer l decided in the forward
+//                      (models::PackRouting), read by the backward stage that recomputes l.
 // Each Put names how many consumers will Take the slot; the slot is freed after the last Take.
 //
 // Contract: thread-safe. Take blocks until the slot is Put (or its iteration is aborted: then it
@@ -22,7 +24,7 @@
 
 namespace rp::workers {
 
-enum class ActKind { kActivation = 0, kGradient = 1, kLabels = 2 };
+enum class ActKind { kActivation = 0, kGradient = 1, kLabels = 2, kRouting = 3 };
 
 class ActivationStore {
  public:

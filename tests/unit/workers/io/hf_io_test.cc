@@ -4,6 +4,7 @@
 // (losses, gradient norms and weights must match), and its export loads back into transformers.
 // Then the corrupt-input matrix for safetensors files, shard indexes and config.json.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "scheduler/engine.h"
 #include "tests/support/engine_values.h"
 #include "tests/support/run_command.h"
@@ -20,6 +22,7 @@
 #include "workers/io/hf_export.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/io/safetensors_writer.h"
+#include "workers/models/test_hooks.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::workers::io {
@@ -274,6 +277,57 @@ TEST_F(HfModels, Qwen3MoeTrainsLikeTransformersOnEveryPartitionAndMode) {
           at::equal(again.param(again.FindParam(gu)).fp32, rp::testing::ParameterTensor(*run.engine, run.id, gu)));
     }
   }
+}
+
+// Recompute fidelity (DESIGN §9). qwen3moe_ties routes each token to one of four experts, and
+// for about a fifth of the tokens experts 0 and 1 are closer than bf16 can tell. A hook makes
+// every router that runs with autograd — a backward stage's recompute, or the fused B_1 — select
+// on bf16-rounded probabilities, as a lower-precision re-run of the router would: it flips those
+// tokens to the other expert. Forward stages (no autograd) route in fp32 as transformers does.
+//   - One layer per slot and a head-only B_1: every sparse block is recomputed, and the replayed
+//     routing keeps the gradients, the steps and the weights transformers'.
+//   - The control: B_1 holding both sparse blocks routes live under the hook and must be off,
+//     which proves the hook flips routes that matter (without replay the first case is as off:
+//     checked by disabling the replay).
+TEST_F(HfModels, RecomputeReplaysTheForwardsRoutingWhereARerunWouldRouteOtherwise) {
+  const std::string dir = dir_ + "/qwen3moe_ties";
+  auto cfg = ReadHfConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_EQ(cfg->experts_per_token, 1);
+  auto ref = SafetensorsFile::Open(dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
+  const at::Tensor losses = *(*ref)->Read("losses", at::kDouble);
+  const at::Tensor norms = *(*ref)->Read("grad_norms", at::kDouble);
+  const models::RouterSelectionHook bf16_under_autograd = [](const at::Tensor& probs) {
+    return at::GradMode::is_enabled() ? probs.to(at::kBFloat16).to(at::kFloat) : probs;
+  };
+  models::SetRouterSelectionHookForTest(&bf16_under_autograd);
+  // The step-1 gradient norm and the weights after two steps, within the MoE test's tolerances.
+  auto off_reference = [&](const MoeRun& run) {
+    std::vector<std::string> off;
+    if (run.stats.size() != 2) return std::vector<std::string>{"iterations"};
+    if (std::abs(run.stats[0].loss - losses[0].item<double>()) > 2e-5) off.push_back("loss");
+    if (std::abs(run.stats[0].grad_norm - norms[0].item<double>()) > 1e-4 * norms[0].item<double>()) {
+      off.push_back("grad_norm " + std::to_string(run.stats[0].grad_norm));
+    }
+    const auto shapes = run.engine->ParameterShapes(run.id);  // named: a temporary would dangle
+    if (!shapes.ok()) return std::vector<std::string>{shapes.status().ToString()};
+    for (const auto& [name, shape] : *shapes) {
+      const at::Tensor want = *(*ref)->Read("after." + name, at::kFloat);
+      const at::Tensor got = rp::testing::ParameterTensor(*run.engine, run.id, name);
+      if (!at::allclose(got, want, 1e-4, 4e-4)) off.push_back(name);
+    }
+    return off;
+  };
+  const MoeRun replayed =
+      RunTwoSteps(*cfg, dir, "cpu:3", {{1, 1, 1}, 1, {1, 1, 1}}, planning::OptimizerMode::kSync, tokens);
+  const MoeRun live = RunTwoSteps(*cfg, dir, "cpu:1", {{1}, 3, {1}}, planning::OptimizerMode::kSync, tokens);
+  models::SetRouterSelectionHookForTest(nullptr);
+  const std::vector<std::string> replayed_off = off_reference(replayed);
+  EXPECT_TRUE(replayed_off.empty()) << absl::StrJoin(replayed_off, ", ");
+  const std::vector<std::string> live_off = off_reference(live);
+  EXPECT_GE(live_off.size(), 3u) << absl::StrJoin(live_off, ", ");  // gradients and expert weights
 }
 
 // A broken Qwen3-MoE directory is refused naming what to fix: top-k above the experts, a missing

@@ -1,12 +1,12 @@
 """Creates tiny Hugging Face models with `transformers` (the independent reference) for the
 engine's model-I/O tests, and records what `transformers` computes on fixed tokens.
 
-  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3,qwen3moe}/ (save_pretrained: the hub's
+  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3,qwen3moe,qwen3moe_ties}/ (save_pretrained: the hub's
                                       layout, experts one by one) and .../reference.safetensors with
                                       tokens, losses, grad norms, first-step gradients and weights
                                       after two AdamW steps; qwen3moe also reference_async.safetensors
                                       (staleness 1: both steps apply the gradient at the first weights)
-  make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3 or qwen3moe) and its references
+  make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe or qwen3moe_ties) and its references
   make_hf_models.py --check-close EXPORT_DIR REFERENCE_DIR
                                    -> the export holds the reference's trained weights (tolerances in
                                       check_close)
@@ -45,6 +45,14 @@ def make(out, only=None):
                                    tie_word_embeddings=False, num_experts=6, num_experts_per_tok=2,
                                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
                                    output_router_logits=False),
+        # Recompute fidelity: top-1 of four experts, where the router rows of experts 0 and 1
+        # differ by ~1e-4 (near-ties that bf16 rounding of the probabilities cannot tell apart).
+        "qwen3moe_ties": Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        head_dim=8, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                                        max_position_embeddings=256, tie_word_embeddings=False, num_experts=4,
+                                        num_experts_per_tok=1, norm_topk_prob=False, decoder_sparse_step=1,
+                                        output_router_logits=False),
     }
     tokens = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(7))
     for name, cfg in configs.items():
@@ -57,6 +65,9 @@ def make(out, only=None):
             for n, p in model.named_parameters():
                 if n.endswith("norm.weight"):
                     p.uniform_(0.5, 1.5)
+                if name == "qwen3moe_ties" and n.endswith("mlp.gate.weight"):
+                    p[0] *= 3
+                    p[1] = p[0] + 1e-4 * torch.randn_like(p[0])
         model.save_pretrained(f"{out}/{name}", safe_serialization=True)
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         ref = {"tokens": tokens.clone()}

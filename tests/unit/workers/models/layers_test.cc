@@ -101,5 +101,37 @@ TEST(Layers, ShiftLabels) {
   EXPECT_TRUE(at::equal(l, at::tensor({1, 2, -100, 4, 5, -100}, at::kLong).reshape({2, 3})));
 }
 
+// A routing record survives its host form bit for bit, a replay gives top-k's own weights and
+// gradients, and a damaged record is refused rather than replayed.
+TEST(MoeRouting, ReplayEqualsLiveRoutingAndDamagedRecordsAreRefused) {
+  TransformerConfig c;
+  c.num_experts = 5;
+  c.experts_per_token = 2;
+  c.norm_topk_prob = true;
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({2, 7, 8});
+  const at::Tensor w = at::randn({5, 8}).requires_grad_(true);
+  const MoeRouting live = RouteTokens(c, w, x);
+  const RoutingDecision unpacked = UnpackRouting(PackRouting({live.experts, live.counts}), 5, 2);
+  EXPECT_TRUE(at::equal(unpacked.experts, live.experts));
+  EXPECT_TRUE(at::equal(unpacked.counts, live.counts));
+  EXPECT_EQ(live.counts.sum().item<int64_t>(), 28);
+  const MoeRouting replayed = RouteTokens(c, w, x, &unpacked);
+  EXPECT_TRUE(at::equal(replayed.weights, live.weights));
+  const at::Tensor probe = at::randn({14, 2});
+  (live.weights * probe).sum().backward();
+  const at::Tensor g_live = w.grad().clone();
+  w.mutable_grad().zero_();
+  (replayed.weights * probe).sum().backward();
+  const at::Tensor g_replay = w.grad().clone();
+  EXPECT_TRUE(at::equal(g_live, g_replay));
+  const at::Tensor packed = PackRouting({live.experts, live.counts});
+  EXPECT_THROW(UnpackRouting(packed.narrow(0, 0, 20), 5, 2), std::invalid_argument);  // 15 pairs: odd
+  at::Tensor bad_counts = packed.clone();
+  bad_counts[0] += 1;
+  EXPECT_THROW(UnpackRouting(bad_counts, 5, 2), std::invalid_argument);
+  EXPECT_THROW(UnpackRouting(packed.to(at::kLong), 5, 2), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace rp::workers::models

@@ -1,0 +1,27 @@
+// test_hooks.h — a test-only hook on live MoE routing: it receives the router's fp32 softmax
+// [T, E] and returns the scores top-k selects on (the weights are still the softmax at the
+// selected experts). Tests use it to make a recompute route differently from its forward, the
+// way a lower-precision or another device's router could, and show that replayed routing
+// (RoutingDecision) is immune. Unset (the default) it costs one relaxed atomic load per sparse
+// block; replayed routing never calls it.
+//
+// Contract: install before starting work and clear after everything finished; the hook itself
+// must be thread-safe (stages run on several threads).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <functional>
+
+namespace rp::workers::models {
+
+using RouterSelectionHook = std::function<at::Tensor(const at::Tensor& probs)>;
+
+inline std::atomic<const RouterSelectionHook*>& RouterSelectionHookSlot() {
+  static std::atomic<const RouterSelectionHook*> slot{nullptr};
+  return slot;
+}
+inline void SetRouterSelectionHookForTest(const RouterSelectionHook* hook) { RouterSelectionHookSlot().store(hook); }
+
+}  // namespace rp::workers::models
