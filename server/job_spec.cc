@@ -132,6 +132,14 @@ absl::Status ResolveModelAndPrecision(const v1::JobSpec& spec, const JobSpecCont
   auto model = ResolveModel(spec.model(), ctx, &e.hf_dir);
   if (!model.ok()) return model.status();
   e.model = *model;
+  if (spec.model().has_router_aux_loss_coef()) {
+    const double coef = spec.model().router_aux_loss_coef();
+    if (coef < 0) return absl::InvalidArgumentError("model.router_aux_loss_coef: must be >= 0 (0 = off)");
+    if (coef > 0 && !e.model.is_moe()) {
+      return absl::InvalidArgumentError("model.router_aux_loss_coef: the model has no experts (no router)");
+    }
+    e.model.router_aux_loss_coef = coef;
+  }
   const v1::LoraSpec& lora = spec.model().lora();
   if (lora.rank() < 0 || lora.alpha() < 0) return absl::InvalidArgumentError("model.lora: rank and alpha must be >= 0");
   if (lora.rank() > 0) {

@@ -233,19 +233,27 @@ models::TokenLayout LayoutOf(const StageState& s, size_t i) {
 
 const RoutingTape* ReplayOf(const StageState& s, size_t i) { return ReplaysRouting(s) ? &s.routing[i] : nullptr; }
 
+// The router's auxiliary loss: the gradient weights of micro-batch mb once its tally is complete
+// (a backward stage's gradient arrives after B_1 tallied); undefined when the loss is off.
+at::Tensor AuxWeights(const StageState& s, int mb) {
+  if (!s.ctx->router_aux) return at::Tensor();
+  return s.ctx->router_aux->GradWeights(mb, s.device, s.ctx->grad_multiplier);
+}
+
 // A backward stage that recomputes ahead, on the compute stream: micro-batch m's recompute as
 // soon as its checkpoint is up (the graph is kept in the stage), then its backward once the
 // upstream gradient is.
 void RecomputeMicrobatch(StageState& s, int m) {
   const size_t i = static_cast<size_t>(m);
-  s.recomputed[i] = RecomputeStage(*s.ctx->cfg, s.weights, LayoutOf(s, i), s.in[i], ReplayOf(s, i));
+  s.recomputed[i] =
+      RecomputeStage(*s.ctx->cfg, s.weights, LayoutOf(s, i), s.in[i], ReplayOf(s, i), s.ctx->router_aux != nullptr);
   s.routing[i].clear();
   s.in[i] = at::Tensor();
   s.positions[i] = at::Tensor();
 }
 void BackwardMicrobatch(StageState& s, int m) {
   const size_t i = static_cast<size_t>(m);
-  s.grad_in[i] = BackwardFromRecompute(s.recomputed[i], s.grad_out[i]);
+  s.grad_in[i] = BackwardFromRecompute(s.recomputed[i], s.grad_out[i], AuxWeights(s, s.task.first_microbatch + m));
   s.recomputed[i] = Recomputed();
   s.grad_out[i] = at::Tensor();
 }
@@ -260,11 +268,18 @@ void ComputeMicrobatch(StageState& s, int m) {
     case StageKind::kForward:
       s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.task.save_inputs_of,
                                   ReplaysRouting(s) ? &s.routing[i] : nullptr);
+      if (ctx.router_aux) {
+        for (const auto& [layer, d] : s.routing[i]) {
+          ctx.router_aux->Add(sl.first_microbatch + m, d.counts, d.prob_sum, d.experts.size(0));
+        }
+      }
       break;
     case StageKind::kFused: {
-      FusedResult r = FusedStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i],
-                                 ctx.loss_scale * ctx.grad_multiplier, ctx.head_chunk_tokens);
-      ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
+      const RouterAux aux{ctx.router_aux.get(), sl.first_microbatch + m, ctx.grad_multiplier};
+      FusedResult r =
+          FusedStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i], ctx.loss_scale * ctx.grad_multiplier,
+                     ctx.head_chunk_tokens, ctx.router_aux ? &aux : nullptr);
+      ctx.AddLoss(r.loss_sum * ctx.loss_scale + r.aux_loss, r.tokens);
       s.grad_in[i] = r.grad_input;
       break;
     }
@@ -274,7 +289,8 @@ void ComputeMicrobatch(StageState& s, int m) {
       break;
     }
     case StageKind::kBackward:
-      s.grad_in[i] = BackwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.grad_out[i], ReplayOf(s, i));
+      s.grad_in[i] = BackwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.grad_out[i], ReplayOf(s, i),
+                                   AuxWeights(s, sl.first_microbatch + m));
       s.routing[i].clear();
       break;
   }
@@ -298,7 +314,7 @@ void DownloadOutputs(StageState& s, int m, int mb) {
     s.fwd_out[i].clear();
     for (auto& [layer, d] : s.routing[i]) {
       const at::Tensor experts = s.dev->Download(d.experts);
-      ctx.acts->Put(ActKind::kRouting, layer, mb, models::PackRouting({experts, d.counts}), 1, sl.iteration);
+      ctx.acts->Put(ActKind::kRouting, layer, mb, models::PackRouting({experts, d.counts, {}}), 1, sl.iteration);
     }
     s.routing[i].clear();
   } else if (Trains(sl.kind) && sl.first_layer > 0) {

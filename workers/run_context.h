@@ -6,11 +6,13 @@
 // by one mutex; Fail() also aborts the ActivationStore so no stream waits forever.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "workers/base/mutex.h"
 #include "workers/models/transformer_config.h"
+#include "workers/router_aux.h"
 #include "workers/store/activation_store.h"
 #include "workers/store/host_model_store.h"
 
@@ -38,6 +40,9 @@ struct RunContext {
   // block's routing (ActKind::kRouting, one consumer) and the backward stage recomputing that
   // block Takes and replays it. false: nothing is recorded and backward stages route live.
   bool replay_routing = false;
+  // The router's auxiliary loss of a training iteration of an MoE model with a coefficient > 0
+  // (needs replay_routing); null: off. Set before the context is shared.
+  std::shared_ptr<RouterAuxTally> router_aux;
 
   void AddLoss(double scaled_loss, int64_t tokens) {
     base::MutexLock lock(&mu_);

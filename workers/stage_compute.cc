@@ -47,6 +47,24 @@ at::Tensor RunLayers(const models::TransformerConfig& cfg, const StageWeights& w
   return x;
 }
 
+// Backpropagates `root` with `grad`, plus the auxiliary loss term Σ_blocks Σ_e prob_sum·weights
+// when weights are given. Either part may carry no graph.
+void BackwardWithAux(const at::Tensor& root, const at::Tensor& grad, const std::vector<at::Tensor>& prob_sums,
+                     const at::Tensor& weights) {
+  at::Tensor total;
+  if (weights.defined()) {
+    for (const at::Tensor& p : prob_sums) {
+      if (p.requires_grad()) total = total.defined() ? total + (p * weights).sum() : (p * weights).sum();
+    }
+  }
+  if (!total.defined()) {
+    if (root.requires_grad()) root.backward(grad.to(root.scalar_type()));
+    return;
+  }
+  if (root.requires_grad()) total = total + (root * grad.to(root.scalar_type())).sum().to(at::kFloat);
+  total.backward();
+}
+
 void AddGrad(const at::Tensor& param, const at::Tensor& g) {
   at::Tensor gg = g.to(param.scalar_type());
   if (param.grad().defined()) {
@@ -70,13 +88,27 @@ std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerCo
 }
 
 FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
-                       const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens) {
+                       const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens,
+                       const RouterAux* aux) {
   at::AutoGradMode grad_on(true);
   const int first = w.first_layer;
   const int n_blocks = static_cast<int>(w.layers.size()) - 1;  // the last layer is the head
   at::Tensor x = in;
   if (first > 0) x = in.detach().requires_grad_(true);
-  at::Tensor h = RunLayers(cfg, w, layout, x, first, n_blocks);
+  RoutingTape routing;
+  at::Tensor h = RunLayers(cfg, w, layout, x, first, n_blocks, {nullptr, nullptr, aux ? &routing : nullptr, nullptr});
+  FusedResult r;
+  // The auxiliary loss: this stage's sparse blocks complete the micro-batch's tally.
+  std::vector<at::Tensor> prob_sums;
+  at::Tensor aux_weights;
+  if (aux) {
+    for (const auto& [layer, d] : routing) {
+      aux->tally->Add(aux->microbatch, d.counts, d.prob_sum, d.experts.size(0));
+      prob_sums.push_back(d.prob_sum);
+    }
+    r.aux_loss = aux->tally->Loss(aux->microbatch);
+    aux_weights = aux->tally->GradWeights(aux->microbatch, h.device(), aux->multiplier);
+  }
   const std::vector<at::Tensor>& head = w.layers.back();
   at::Tensor hn = models::FinalNorm(cfg, head[0], h);
   const int64_t hidden = hn.size(-1);
@@ -84,11 +116,10 @@ FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights&
   models::HeadLossGrad lg =
       models::ChunkedHeadLossAndGrad(flat.detach(), head[1].detach(), labels.reshape({-1}), loss_scale, chunk_tokens,
                                      /*weight_grad=*/head[1].requires_grad());
-  // Backpropagate through the final norm and the blocks; the head weight's gradient was formed
-  // chunk by chunk and is added by hand.
-  if (flat.requires_grad()) flat.backward(lg.grad_hidden);  // (not with a frozen base and no adapter here)
+  // Backpropagate through the final norm and the blocks (no graph: a frozen base and no adapter
+  // here); the head weight's gradient was formed chunk by chunk and is added by hand.
+  BackwardWithAux(flat, lg.grad_hidden, prob_sums, aux_weights);
   if (head[1].requires_grad()) AddGrad(head[1], lg.grad_weight);
-  FusedResult r;
   r.loss_sum = lg.loss_sum;
   r.tokens = lg.tokens;
   if (first > 0) r.grad_input = x.grad();
@@ -107,7 +138,8 @@ models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeig
 }
 
 Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                          const models::TokenLayout& layout, const at::Tensor& in, const RoutingTape* replay) {
+                          const models::TokenLayout& layout, const at::Tensor& in, const RoutingTape* replay,
+                          bool router_probs) {
   at::AutoGradMode grad_on(true);
   const int first = w.first_layer;
   Recomputed r;
@@ -116,19 +148,23 @@ Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeigh
     x = in.detach().requires_grad_(true);
     r.input = x;
   }
-  r.output =
-      RunLayers(cfg, w, layout, x, first, static_cast<int>(w.layers.size()), {nullptr, nullptr, nullptr, replay});
+  RoutingTape routing;
+  r.output = RunLayers(cfg, w, layout, x, first, static_cast<int>(w.layers.size()),
+                       {nullptr, nullptr, router_probs ? &routing : nullptr, replay});
+  for (const auto& [layer, d] : routing) r.prob_sums.push_back(d.prob_sum);
   return r;
 }
 
-at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out) {
-  if (r.output.requires_grad()) r.output.backward(grad_out.to(r.output.scalar_type()));
+at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out, const at::Tensor& aux_weights) {
+  BackwardWithAux(r.output, grad_out, r.prob_sums, aux_weights);
   return r.input.defined() ? r.input.grad() : at::Tensor();
 }
 
 at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
-                         const at::Tensor& in, const at::Tensor& grad_out, const RoutingTape* replay) {
-  return BackwardFromRecompute(RecomputeStage(cfg, w, layout, in, replay), grad_out);
+                         const at::Tensor& in, const at::Tensor& grad_out, const RoutingTape* replay,
+                         const at::Tensor& aux_weights) {
+  return BackwardFromRecompute(RecomputeStage(cfg, w, layout, in, replay, aux_weights.defined()), grad_out,
+                               aux_weights);
 }
 
 }  // namespace rp::workers

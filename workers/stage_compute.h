@@ -17,6 +17,7 @@
 
 #include "workers/models/layers.h"
 #include "workers/models/transformer_config.h"
+#include "workers/router_aux.h"
 
 namespace rp::workers {
 
@@ -39,14 +40,24 @@ std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerCo
                                                      const std::vector<int>& save_inputs_of,
                                                      RoutingTape* record = nullptr);
 
+// The router's auxiliary loss (router_aux.h) as one micro-batch's fused stage sees it: the
+// stage tallies its sparse blocks, then adds the loss's gradient (× multiplier) to its backward.
+struct RouterAux {
+  RouterAuxTally* tally = nullptr;
+  int microbatch = 0;
+  double multiplier = 1;  // the gradient multiplier (dynamic fp16 loss scale), as for the CE
+};
+
 struct FusedResult {
   at::Tensor grad_input;  // undefined when the stage starts at layer 0
   double loss_sum = 0;    // unscaled CE sum
   int64_t tokens = 0;
+  double aux_loss = 0;  // the micro-batch's coef / M · aux when `aux` was given
 };
 // B_1: layers [first, L) including the head, on `in` and `labels` [b, s].
 FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
-                       const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens);
+                       const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens,
+                       const RouterAux* aux = nullptr);
 
 // Evaluation (no autograd, no gradients): layers [first, L) including the head on `in` and
 // `labels`; the unscaled CE sum and the tokens it counts.
@@ -59,17 +70,21 @@ models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeig
 // the result), then the backward of that graph with `grad_out`, returning the gradient of the
 // stage input (undefined when first == 0). The two may run on different threads. With `replay`
 // every sparse block of the stage routes as recorded (it must hold each of them); without it
-// they route live.
+// they route live. `router_probs`: keep each sparse block's softmax sums (with their graph) for
+// the auxiliary loss; `aux_weights` ([E], RouterAuxTally::GradWeights) then adds its gradient.
 struct Recomputed {
-  at::Tensor input;   // the checkpoint as a leaf that requires grad (first > 0), else undefined
-  at::Tensor output;  // the stage output, carrying the graph
+  at::Tensor input;                   // the checkpoint as a leaf that requires grad (first > 0), else undefined
+  at::Tensor output;                  // the stage output, carrying the graph
+  std::vector<at::Tensor> prob_sums;  // per sparse block, when asked for
 };
 Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                          const models::TokenLayout& layout, const at::Tensor& in, const RoutingTape* replay = nullptr);
-at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out);
+                          const models::TokenLayout& layout, const at::Tensor& in, const RoutingTape* replay = nullptr,
+                          bool router_probs = false);
+at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out, const at::Tensor& aux_weights = {});
 
 // B_j in one call: RecomputeStage then BackwardFromRecompute.
 at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
-                         const at::Tensor& in, const at::Tensor& grad_out, const RoutingTape* replay = nullptr);
+                         const at::Tensor& in, const at::Tensor& grad_out, const RoutingTape* replay = nullptr,
+                         const at::Tensor& aux_weights = {});
 
 }  // namespace rp::workers

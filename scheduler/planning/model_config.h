@@ -53,6 +53,7 @@ struct ModelConfig {
   bool norm_topk_prob = true;        // MoE: top-k weights renormalised (Qwen3-MoE)
   int decoder_sparse_step = 1;       // MoE: block i sparse when (i + 1) % step == 0 ...
   std::vector<int> mlp_only_layers;  // ... and i not listed here (those are dense, `intermediate` wide)
+  double router_aux_loss_coef = 0;   // MoE: the router's load-balancing loss coefficient, 0 = off
   int64_t sliding_window = 0;        // 0 = full causal attention in every block
   int sliding_every = 0;             // every k-th block (k>0) uses the sliding window (GPT-OSS: 2)
   bool qk_norm = false;              // Qwen3: RMSNorm over each head's q and k

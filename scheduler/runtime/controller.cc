@@ -387,6 +387,14 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, con
   ctx.seq_len = tokens_in.size(1);
   ctx.positions = std::move(host->positions);
   ctx.replay_routing = true;
+  if (cfg.router_aux_loss_coef > 0) {
+    int sparse = 0;
+    for (int b = 0; b < cfg.num_blocks; ++b) sparse += cfg.SparseBlock(b) ? 1 : 0;
+    if (sparse > 0) {
+      ctx.router_aux = std::make_shared<workers::RouterAuxTally>(M, cfg.num_experts, sparse,
+                                                                 cfg.router_aux_loss_coef / static_cast<double>(M));
+    }
+  }
   ctx.act_consumers = act_consumers_;
   ctx.loss_scale = 1.0 / static_cast<double>(valid);
   ctx.head_chunk_tokens = opt_.head_chunk_tokens;

@@ -24,6 +24,7 @@ absl::StatusOr<workers::models::TransformerConfig> ToTransformerConfig(const pla
   c.norm_topk_prob = m.norm_topk_prob;
   c.decoder_sparse_step = m.decoder_sparse_step;
   c.mlp_only_layers = m.mlp_only_layers;
+  c.router_aux_loss_coef = m.router_aux_loss_coef;
   c.vocab = m.vocab;
   c.hidden = m.hidden;
   c.intermediate = m.intermediate;
@@ -54,6 +55,7 @@ planning::ModelConfig FromTransformerConfig(const workers::models::TransformerCo
   m.norm_topk_prob = c.norm_topk_prob;
   m.decoder_sparse_step = c.decoder_sparse_step;
   m.mlp_only_layers = c.mlp_only_layers;
+  m.router_aux_loss_coef = c.router_aux_loss_coef;
   m.vocab = c.vocab;
   m.hidden = c.hidden;
   m.intermediate = c.intermediate;

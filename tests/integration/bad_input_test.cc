@@ -137,6 +137,10 @@ TEST_F(DaemonTest, BadInputMatrixGetsClearErrorsAndTheDaemonAndOtherJobsCarryOn)
        StatusCode::kInvalidArgument, "partition.min_stages: 8 is outside 0..7"},
       {"t_max window below 1", [](auto& s) { s.mutable_partition()->set_t_max_window(0.5); },
        StatusCode::kInvalidArgument, "partition.t_max_window: 0.5 must be >= 1"},
+      {"router aux loss on a dense model", [](auto& s) { s.mutable_model()->set_router_aux_loss_coef(0.01); },
+       StatusCode::kInvalidArgument, "model.router_aux_loss_coef: the model has no experts"},
+      {"negative router aux loss", [](auto& s) { s.mutable_model()->set_router_aux_loss_coef(-1); },
+       StatusCode::kInvalidArgument, "model.router_aux_loss_coef: must be >= 0"},
       {"partition knobs next to layer counts",
        [](auto& s) {
          s.mutable_partition()->add_forward(2);

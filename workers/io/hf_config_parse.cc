@@ -104,10 +104,9 @@ absl::Status ParseExperts(const Json& j, models::TransformerConfig* c) {
       c->mlp_only_layers.push_back(static_cast<int>(x.get<int64_t>()));
     }
   }
-  if (IsTrue(j, "output_router_logits")) {
-    return Bad(
-        "output_router_logits: true (the router's auxiliary load-balancing loss) is not supported yet; "
-        "set it to false");
+  if (IsTrue(j, "output_router_logits")) {  // transformers then adds the load-balancing loss
+    c->router_aux_loss_coef = 0.001;        // Qwen3MoeConfig's default
+    if (absl::Status st = GetNum(j, "router_aux_loss_coef", &c->router_aux_loss_coef); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

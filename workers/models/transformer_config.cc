@@ -98,6 +98,11 @@ absl::Status TransformerConfig::Validate() const {
           "original_max_position in [1, 2^24]");
     }
   }
+  if (!(router_aux_loss_coef >= 0) || !std::isfinite(router_aux_loss_coef) ||
+      (router_aux_loss_coef > 0 && num_experts == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("model: router_aux_loss_coef ", router_aux_loss_coef,
+                                                   " must be a finite number >= 0, and 0 without experts"));
+  }
   return absl::OkStatus();
 }
 

@@ -56,6 +56,10 @@ struct TransformerConfig {
   bool norm_topk_prob = true;
   int decoder_sparse_step = 1;
   std::vector<int> mlp_only_layers;
+  // The router's auxiliary load-balancing loss (transformers' load_balancing_loss_func over all
+  // sparse blocks of a micro-batch, times this coefficient, added to the loss with its
+  // gradient); 0 = off.
+  double router_aux_loss_coef = 0;
 
   bool is_moe() const { return num_experts > 0; }
   bool SparseBlock(int block) const;  // `block` 0-based

@@ -174,6 +174,43 @@ MoeRun RunTwoSteps(const models::TransformerConfig& cfg, const std::string& mode
   return r;
 }
 
+// Losses and gradient norms of both steps, and every weight after them, against a reference
+// made by transformers (2 sparse blocks: 4 expert tensors checked).
+void ExpectTrainedLikeReference(const MoeRun& run, SafetensorsFile& ref, const planning::Partition& partition,
+                                bool async) {
+  const at::Tensor losses = *ref.Read("losses", at::kDouble);
+  const at::Tensor norms = *ref.Read("grad_norms", at::kDouble);
+  ASSERT_EQ(run.stats.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(run.stats[s].partition, partition.ToString());
+    EXPECT_NEAR(run.stats[s].loss, losses[s].item<double>(), 2e-5) << "loss of step " << s + 1;
+    EXPECT_NEAR(run.stats[s].grad_norm, norms[s].item<double>(), 1e-4 * norms[s].item<double>())
+        << "gradient norm of step " << s + 1;
+  }
+  auto shapes = run.engine->ParameterShapes(run.id);
+  ASSERT_TRUE(shapes.ok());
+  int experts_checked = 0;
+  for (const auto& [name, shape] : *shapes) {
+    const at::Tensor want = *ref.Read("after." + name, at::kFloat);
+    const at::Tensor got = rp::testing::ParameterTensor(*run.engine, run.id, name);
+    // Every weight within 2e-6 + 1e-4 |w| of transformers', except where a step's gradient is
+    // below 2e-5 (the tensors' median is ~2e-3): those sums nearly cancel, so summation order
+    // moves them by percents, and AdamW's m / (sqrt(v) + 1e-8) makes that a visible part of a
+    // step of lr = 1e-3. Measured on the worst one (layers.2.self_attn.q_proj, element 736):
+    // transformers itself in fp64 gives a second gradient 1.2 % off its fp32 one and a weight
+    // 3.3e-6 away, ours 1e-5 away. Those elements, under 1 % of a tensor, get 4e-4.
+    at::Tensor small = (*ref.Read("grad." + name, at::kFloat)).abs().lt(2e-5);
+    if (!async) small = small.logical_or((*ref.Read("grad2." + name, at::kFloat)).abs().lt(2e-5));
+    const at::Tensor diff = (got - want).abs();
+    const at::Tensor tight = diff.le(2e-6 + 1e-4 * want.abs());
+    const at::Tensor loose = small.logical_and(diff.le(4e-4));
+    EXPECT_TRUE(tight.logical_or(loose).all().item<bool>()) << name << " max diff " << diff.max().item<float>();
+    EXPECT_LE(tight.logical_not().sum().item<int64_t>(), std::max<int64_t>(1, want.numel() / 100)) << name;
+    experts_checked += name.find("mlp.experts.") != std::string::npos;
+  }
+  EXPECT_EQ(experts_checked, 4);  // gate_up and down of the two sparse blocks
+}
+
 // Qwen3-MoE (six experts, top-2, renormalised; block 1 dense by mlp_only_layers) from the hub's
 // layout, against transformers' own model: losses, gradient norms and every weight after two
 // AdamW steps, on one and three CPU workers, with partitions that cut between the sparse blocks
@@ -204,40 +241,12 @@ TEST_F(HfModels, Qwen3MoeTrainsLikeTransformersOnEveryPartitionAndMode) {
     auto ref = SafetensorsFile::Open(dir + (async ? "/reference_async.safetensors" : "/reference.safetensors"));
     ASSERT_TRUE(ref.ok()) << ref.status();
     const at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
-    const at::Tensor losses = *(*ref)->Read("losses", at::kDouble);
-    const at::Tensor norms = *(*ref)->Read("grad_norms", at::kDouble);
     for (const Case& c : cases) {
       SCOPED_TRACE(c.devices + " " + c.partition.ToString() + (async ? " async" : " sync"));
       MoeRun run = RunTwoSteps(*cfg, dir, c.devices, c.partition, mode, tokens);
-      ASSERT_EQ(run.stats.size(), 2u);
-      for (int s = 0; s < 2; ++s) {
-        EXPECT_EQ(run.stats[s].partition, c.partition.ToString());
-        EXPECT_NEAR(run.stats[s].loss, losses[s].item<double>(), 2e-5) << "loss of step " << s + 1;
-        EXPECT_NEAR(run.stats[s].grad_norm, norms[s].item<double>(), 1e-4 * norms[s].item<double>())
-            << "gradient norm of step " << s + 1;
-      }
+      ExpectTrainedLikeReference(run, **ref, c.partition, async);
       auto shapes = run.engine->ParameterShapes(run.id);
       ASSERT_TRUE(shapes.ok());
-      int experts_checked = 0;
-      for (const auto& [name, shape] : *shapes) {
-        const at::Tensor want = *(*ref)->Read("after." + name, at::kFloat);
-        const at::Tensor got = rp::testing::ParameterTensor(*run.engine, run.id, name);
-        // Every weight within 2e-6 + 1e-4 |w| of transformers', except where a step's gradient is
-        // below 2e-5 (the tensors' median is ~2e-3): those sums nearly cancel, so summation order
-        // moves them by percents, and AdamW's m / (sqrt(v) + 1e-8) makes that a visible part of a
-        // step of lr = 1e-3. Measured on the worst one (layers.2.self_attn.q_proj, element 736):
-        // transformers itself in fp64 gives a second gradient 1.2 % off its fp32 one and a weight
-        // 3.3e-6 away, ours 1e-5 away. Those elements, under 1 % of a tensor, get 4e-4.
-        at::Tensor small = (*(*ref)->Read("grad." + name, at::kFloat)).abs().lt(2e-5);
-        if (!async) small = small.logical_or((*(*ref)->Read("grad2." + name, at::kFloat)).abs().lt(2e-5));
-        const at::Tensor diff = (got - want).abs();
-        const at::Tensor tight = diff.le(2e-6 + 1e-4 * want.abs());
-        const at::Tensor loose = small.logical_and(diff.le(4e-4));
-        EXPECT_TRUE(tight.logical_or(loose).all().item<bool>()) << name << " max diff " << diff.max().item<float>();
-        EXPECT_LE(tight.logical_not().sum().item<int64_t>(), std::max<int64_t>(1, want.numel() / 100)) << name;
-        experts_checked += name.find("mlp.experts.") != std::string::npos;
-      }
-      EXPECT_EQ(experts_checked, 4);  // gate_up and down of the two sparse blocks
       if (c.devices != "cpu:3" || async) continue;
       // Export in the hub's layout (two shards) and load it with transformers.
       const std::string out = dir + "-export-" + std::to_string(c.partition.num_stages());
@@ -277,6 +286,35 @@ TEST_F(HfModels, Qwen3MoeTrainsLikeTransformersOnEveryPartitionAndMode) {
           at::equal(again.param(again.FindParam(gu)).fp32, rp::testing::ParameterTensor(*run.engine, run.id, gu)));
     }
   }
+}
+
+// The router's auxiliary loss (config.json: output_router_logits true, coefficient 0.05), per
+// micro-batch with its gradient, against transformers' load_balancing_loss_func on each
+// micro-batch's forward: on one and three workers, with B_1 holding a sparse block or none (the
+// other blocks' aux gradients then reach them in recomputing backward stages). And off when the
+// job says so: the first step's loss is the reference's minus the aux term.
+TEST_F(HfModels, Qwen3MoeRouterAuxLossTrainsLikeTransformers) {
+  const std::string dir = dir_ + "/qwen3moe_aux";
+  auto cfg = ReadHfConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_DOUBLE_EQ(cfg->router_aux_loss_coef, 0.05);
+  auto ref = SafetensorsFile::Open(dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
+  for (const auto& [devices, partition] : std::vector<std::pair<std::string, planning::Partition>>{
+           {"cpu:1", {{3}, 2, {3}}}, {"cpu:3", {{2, 1}, 2, {1, 2}}}, {"cpu:3", {{1, 1, 1, 1}, 1, {1, 1, 1, 1}}}}) {
+    SCOPED_TRACE(devices + " " + partition.ToString());
+    const MoeRun run = RunTwoSteps(*cfg, dir, devices, partition, planning::OptimizerMode::kSync, tokens);
+    ExpectTrainedLikeReference(run, **ref, partition, /*async=*/false);
+  }
+  models::TransformerConfig off = *cfg;
+  off.router_aux_loss_coef = 0;
+  const MoeRun run = RunTwoSteps(off, dir, "cpu:1", {{3}, 2, {3}}, planning::OptimizerMode::kSync, tokens);
+  ASSERT_EQ(run.stats.size(), 2u);
+  const double with_aux = (*(*ref)->Read("losses", at::kDouble))[0].item<double>();
+  const double aux = (*(*ref)->Read("aux_losses", at::kDouble))[0].item<double>();
+  EXPECT_GT(aux, 0.05);
+  EXPECT_NEAR(run.stats[0].loss, with_aux - aux, 2e-5);
 }
 
 // Recompute fidelity (DESIGN §9). qwen3moe_ties routes each token to one of four experts, and
@@ -349,7 +387,12 @@ TEST_F(HfModels, BrokenQwen3MoeDirectoriesAreRefusedNamingTheFieldOrTensor) {
   const std::string router = "\"output_router_logits\": false";
   ASSERT_NE(bad.find(router), std::string::npos);
   bad.replace(bad.find(router), router.size(), "\"output_router_logits\": true");
-  EXPECT_NE(ParseHfConfig(bad).status().message().find("output_router_logits"), std::string::npos);
+  EXPECT_DOUBLE_EQ(ParseHfConfig(bad)->router_aux_loss_coef, 0.001);  // Qwen3MoeConfig's default
+  const std::string coef = "\"router_aux_loss_coef\": 0.001";
+  ASSERT_NE(bad.find(coef), std::string::npos);
+  bad.replace(bad.find(coef), coef.size(), "\"router_aux_loss_coef\": -1");
+  EXPECT_NE(ParseHfConfig(bad).status().message().find("router_aux_loss_coef must be a finite positive number"),
+            std::string::npos);
   // Weights: rewrite the file without one expert's up projection, then with a misshapen down.
   auto file = SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(file.ok());

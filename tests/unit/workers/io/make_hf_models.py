@@ -1,12 +1,12 @@
 """Creates tiny Hugging Face models with `transformers` (the independent reference) for the
 engine's model-I/O tests, and records what `transformers` computes on fixed tokens.
 
-  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3,qwen3moe,qwen3moe_ties}/ (save_pretrained: the hub's
+  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3,qwen3moe,qwen3moe_ties,qwen3moe_aux}/ (save_pretrained: the hub's
                                       layout, experts one by one) and .../reference.safetensors with
                                       tokens, losses, grad norms, first-step gradients and weights
                                       after two AdamW steps; qwen3moe also reference_async.safetensors
                                       (staleness 1: both steps apply the gradient at the first weights)
-  make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe or qwen3moe_ties) and its references
+  make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe, qwen3moe_ties or qwen3moe_aux) and its references
   make_hf_models.py --check-close EXPORT_DIR REFERENCE_DIR
                                    -> the export holds the reference's trained weights (tolerances in
                                       check_close)
@@ -53,6 +53,13 @@ def make(out, only=None):
                                         max_position_embeddings=256, tie_word_embeddings=False, num_experts=4,
                                         num_experts_per_tok=1, norm_topk_prob=False, decoder_sparse_step=1,
                                         output_router_logits=False),
+        # The router's auxiliary loss (coefficient above the default 0.001 so its gradient shows).
+        "qwen3moe_aux": Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                       rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=256,
+                                       tie_word_embeddings=False, num_experts=6, num_experts_per_tok=2,
+                                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                                       output_router_logits=True, router_aux_loss_coef=0.05),
     }
     tokens = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(7))
     for name, cfg in configs.items():
@@ -69,6 +76,9 @@ def make(out, only=None):
                     p[0] *= 3
                     p[1] = p[0] + 1e-4 * torch.randn_like(p[0])
         model.save_pretrained(f"{out}/{name}", safe_serialization=True)
+        if name == "qwen3moe_aux":
+            make_aux_reference(f"{out}/{name}", tokens)
+            continue
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         ref = {"tokens": tokens.clone()}
         losses, norms = [], []
@@ -115,6 +125,42 @@ def make_async_reference(model_dir, tokens):
     for n, p in model.state_dict().items():
         ref["after." + n] = p.detach().clone().contiguous()
     save_file(ref, f"{model_dir}/reference_async.safetensors")
+
+
+def make_aux_reference(model_dir, tokens):
+    """Two AdamW steps where each sequence is one micro-batch, as the engine runs it: the loss is
+    the CE summed over the micro-batch's tokens / the batch's tokens, plus coef * transformers'
+    aux_loss of that micro-batch's forward / the micro-batch count."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    coef = model.config.router_aux_loss_coef
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    micro = [tokens[i:i + 1] for i in range(tokens.size(0))]
+    n = sum(m[:, 1:].numel() for m in micro)
+    ref = {"tokens": tokens.clone()}
+    losses, norms, auxes = [], [], []
+    for step in range(2):
+        total, aux_total = 0.0, 0.0
+        for m in micro:
+            o = model(input_ids=m, output_router_logits=True)
+            ce = torch.nn.functional.cross_entropy(o.logits[:, :-1].reshape(-1, o.logits.size(-1)).float(),
+                                                   m[:, 1:].reshape(-1), reduction="sum")
+            loss = ce / n + coef * o.aux_loss / len(micro)
+            loss.backward()
+            total += loss.item()
+            aux_total += (coef * o.aux_loss / len(micro)).item()
+        losses.append(total)
+        auxes.append(aux_total)
+        norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item())
+        for name, p in model.named_parameters():
+            ref[("grad." if step == 0 else "grad2.") + name] = p.grad.detach().clone()
+        opt.step()
+        opt.zero_grad()
+    ref["losses"] = torch.tensor(losses, dtype=torch.float64)
+    ref["aux_losses"] = torch.tensor(auxes, dtype=torch.float64)
+    ref["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+    for name, p in model.state_dict().items():
+        ref["after." + name] = p.detach().clone().contiguous()
+    save_file(ref, f"{model_dir}/reference.safetensors")
 
 
 def make_lora(out, cfg, tokens):
