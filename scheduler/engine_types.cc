@@ -48,4 +48,13 @@ std::vector<int32_t> ShiftedLabels(int64_t rows, int64_t cols, const std::vector
   return labels;
 }
 
+std::vector<HostPool> HostPools(const EngineStats& s) {
+  // The pinned arena is shared by all CUDA workers: any device reports it (zero on CPU).
+  return {{"model_states", s.host_model_bytes},
+          {"optimizer_state", s.host_optimizer_bytes},
+          {"activations", s.host_activation_bytes},
+          {"mapped_base", s.host_mapped_bytes},
+          {"pinned", s.devices.empty() ? 0 : s.devices.front().pinned_reserved_bytes}};
+}
+
 }  // namespace rp::scheduler

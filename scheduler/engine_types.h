@@ -183,6 +183,7 @@ struct IterationStats {
   std::vector<double> worker_busy_s;  // compute-stream busy time per worker
   double bubble_ratio = 0;            // 1 - sum(busy) / (N x pipeline span)
   int64_t activation_peak_bytes = 0;
+  int64_t host_state_bytes = 0;   // the job's model states after this step (store + optimizer state)
   std::string partition;          // the partition this iteration ran with
   std::string partition_problem;  // non-empty: the automatic partition could not be planned (why)
   double predicted_bubble = 0;    // the planner's estimate for it (automatic partitions only)
@@ -271,6 +272,12 @@ struct JobInfo {
   std::optional<EvalStats> last_eval;  // the latest evaluation (its best_* fields: the best so far)
   std::string best_checkpoint;         // keep_best_checkpoint: the best evaluation's checkpoint
   std::string profile;                 // the measured profile's file, once written
+  // Host memory of the model states (master copies, fp32 copies, gradients, optimizer state):
+  // as predicted at Submit (what admission used), and the most held after any step of this run
+  // (0 before the first); the activation store's peak (checkpoints, boundary activations).
+  int64_t predicted_host_state_bytes = 0;
+  int64_t peak_host_state_bytes = 0;
+  int64_t peak_activation_bytes = 0;
 };
 
 // Per device: bytes copied host<->device per kind, busy seconds per stream, memory.
@@ -287,9 +294,19 @@ struct EngineStats {
   std::vector<DeviceStats> devices;
   int jobs_total = 0;
   int jobs_active = 0;
-  int64_t host_model_bytes = 0;   // of the running job's host model store (allocated: anonymous memory)
-  int64_t host_mapped_bytes = 0;  // of its masters that alias model files instead (a LoRA base: page cache)
+  int64_t host_model_bytes = 0;       // of the running job's host model store (allocated: anonymous memory)
+  int64_t host_mapped_bytes = 0;      // of its masters that alias model files instead (a LoRA base: page cache)
+  int64_t host_optimizer_bytes = 0;   // of its optimizer state (moments)
+  int64_t host_activation_bytes = 0;  // of its activation store now (checkpoints, boundary activations)
 };
+
+// The engine's host memory by pool, named as GetServerInfo and the metrics name them:
+// model_states, optimizer_state, activations, mapped_base, pinned.
+struct HostPool {
+  const char* name;
+  int64_t bytes;
+};
+std::vector<HostPool> HostPools(const EngineStats& s);
 
 // One recorded device operation (Engine::Timeline): worker, stream ("compute", "act_up", ...),
 // label ("F s0 mb3", "B1 mb0", "up params s2"), seconds since the engine started.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler/runtime/base_source.h"
 #include "scheduler/runtime/export.h"
+#include "scheduler/runtime/job_builder.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
@@ -61,17 +62,7 @@ absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, cons
       dtype, kind);
 }
 
-absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job) {
-  bool mapped = false;
-  if (job.model.lora.rank > 0 && !job.hf_dir.empty()) {
-    auto config = runtime::ToTransformerConfig(job.model);
-    if (!config.ok()) return config.status();
-    auto stored = io::HfBaseIsStoredAs(job.hf_dir, *config, runtime::ToScalarType(job.precision));
-    if (!stored.ok()) return stored.status();
-    mapped = *stored;
-  }
-  return planning::HostStateBytes(job.model, runtime::HostStateOptionsFor(job, mapped));
-}
+absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job) { return runtime::PredictHostStateBytes(job); }
 
 absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner) {
   if (absl::Status st = io::MakeDirs(dir); !st.ok()) return st;

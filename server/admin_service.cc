@@ -51,6 +51,11 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerCo
   resp->set_cpu_adamw_path(scheduler::EngineBuildInfo().cpu_optimizer_path);
   resp->set_jobs_active(manager_->active_jobs());
   resp->set_draining(manager_->draining());
+  for (const scheduler::HostPool& p : scheduler::HostPools(s)) {
+    v1::HostPool* pool = resp->add_host_pools();
+    pool->set_name(p.name);
+    pool->set_bytes(p.bytes);
+  }
   r->Finish(grpc::Status::OK);
   return r;
 }

@@ -49,11 +49,9 @@ void EngineMetrics::RecordIteration(const scheduler::IterationStats& st, const s
       transfer_seen_[d][k] = transfers[k].now;
     }
   }
-  metrics_->host_memory.Add({{"pool", "model_states"}}).Set(static_cast<double>(es.host_model_bytes));
-  metrics_->host_memory.Add({{"pool", "mapped_base"}}).Set(static_cast<double>(es.host_mapped_bytes));
-  // The pinned arena is shared by all CUDA workers: any device reports it (zero on CPU).
-  metrics_->host_memory.Add({{"pool", "pinned"}})
-      .Set(es.devices.empty() ? 0.0 : static_cast<double>(es.devices.front().pinned_reserved_bytes));
+  for (const scheduler::HostPool& p : scheduler::HostPools(es)) {
+    metrics_->host_memory.Add({{"pool", p.name}}).Set(static_cast<double>(p.bytes));
+  }
   for (const scheduler::DeviceStats& d : es.devices) {
     metrics_->device_memory.Add({{"device", d.name}}).Set(static_cast<double>(d.memory_in_use_bytes));
   }

@@ -94,6 +94,9 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
       }
       last_step_at_ = now;
       if (!st.partition.empty()) rec.set_partition(st.partition);
+      v1::HostMemory* mem = rec.mutable_host_memory();
+      mem->set_peak_state_bytes(std::max(mem->peak_state_bytes(), st.host_state_bytes));
+      mem->set_peak_activation_bytes(std::max(mem->peak_activation_bytes(), st.activation_peak_bytes));
       if (st.partition_problem != partition_problem_) {  // log changes only, not every step
         if (!st.partition_problem.empty()) {
           fx.log = EventEffect::Log::kWarn;

@@ -59,6 +59,7 @@ class OptimizerWorker {
   double loss_scale() const;
   // Checkpoints: the optimizer's state; call only when idle (after WaitIdle, nothing queued).
   AdamWState adamw_state() const { return adamw_.state(); }
+  int64_t state_bytes() const { return adamw_.StateBytes(); }  // any thread
   int64_t good_steps() const;
   void Restore(const AdamWState& s, double loss_scale, int64_t good_steps);
 

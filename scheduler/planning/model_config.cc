@@ -107,6 +107,43 @@ std::vector<ModelConfig> AllModels() {
     c.lora.rank = 32;
     m.push_back(c);
   }
+  {
+    ModelConfig c;  // Qwen/Qwen3-30B-A3B config.json: every block sparse
+    c.name = "qwen3-30b-a3b";
+    c.family = "qwen3_moe";
+    c.qk_norm = true;
+    c.rope_theta = 1000000;
+    c.num_blocks = 48;
+    c.hidden = 2048;
+    c.intermediate = 6144;
+    c.num_heads = 32;
+    c.num_kv_heads = 4;
+    c.head_dim = 128;
+    c.vocab = 151936;
+    c.num_experts = 128;
+    c.active_experts = 8;
+    c.expert_intermediate = 768;
+    m.push_back(c);
+  }
+  {
+    // A byte-level Qwen3-MoE small enough to train on a CPU: 8 experts, top-2, every block sparse.
+    ModelConfig c;
+    c.name = "qwen3-moe-tiny";
+    c.family = "qwen3_moe";
+    c.qk_norm = true;
+    c.rope_theta = 1000000;
+    c.vocab = 256;
+    c.hidden = 128;
+    c.intermediate = 352;
+    c.num_blocks = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
+    c.num_experts = 8;
+    c.active_experts = 2;
+    c.expert_intermediate = 96;
+    m.push_back(c);
+  }
   for (const char* name : {"llama-tiny", "qwen3-tiny"}) {
     // Byte-level (vocab 256) models small enough to train on a laptop CPU in minutes.
     ModelConfig c;

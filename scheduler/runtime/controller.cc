@@ -614,6 +614,8 @@ absl::Status Controller::Flush() {
 
 namespace rp::scheduler {
 
+int64_t Controller::OptimizerStateBytes() const { return optimizer_ ? optimizer_->state_bytes() : adamw_.StateBytes(); }
+
 OptimizerSnapshot Controller::Snapshot() const {
   OptimizerSnapshot s;
   if (optimizer_) {

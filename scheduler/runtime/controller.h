@@ -156,6 +156,8 @@ class Controller {
   // The optimizer's state; only between iterations after Flush (async) or any iteration (sync).
   OptimizerSnapshot Snapshot() const;
   const workers::ActivationStore& activations() const { return acts_; }
+  // Bytes of the optimizer's state (moments) as allocated so far; any thread.
+  int64_t OptimizerStateBytes() const;
 
  private:
   Controller(ControllerOptions options, workers::HostModelStore* store, std::vector<workers::Device*> devices,

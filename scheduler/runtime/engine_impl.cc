@@ -327,6 +327,9 @@ absl::StatusOr<JobInfo> Engine::Impl::Info(JobId id) const {
   info.last_eval = job->last_eval;
   info.best_checkpoint = job->best_checkpoint;
   info.profile = job->profile_written;
+  info.predicted_host_state_bytes = job->predicted_host_state_bytes;
+  info.peak_host_state_bytes = job->peak_host_state_bytes;
+  info.peak_activation_bytes = job->peak_activation_bytes;
   return info;
 }
 
@@ -400,6 +403,10 @@ EngineStats Engine::Impl::Stats() const {
     if (job->state == JobState::kRunning && job->store) {
       s.host_model_bytes = job->store->HostBytes();
       s.host_mapped_bytes = job->store->MappedBytes();
+      if (job->controller) {
+        s.host_optimizer_bytes = job->controller->OptimizerStateBytes();
+        s.host_activation_bytes = job->controller->activations().live_bytes();
+      }
     }
   }
   return s;

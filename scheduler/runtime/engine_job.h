@@ -88,8 +88,14 @@ struct EngineJob {
     std::shared_ptr<std::promise<absl::StatusOr<CheckpointInfo>>> done;
   };
   std::deque<CheckpointRequest> checkpoints ABSL_GUARDED_BY(mu);
-  int64_t first_step = 0;                           // steps taken before this run (resumed jobs)
-  int64_t steps_done ABSL_GUARDED_BY(mu) = 0;       // steps reported in this run
+  int64_t first_step = 0;                      // steps taken before this run (resumed jobs)
+  int64_t steps_done ABSL_GUARDED_BY(mu) = 0;  // steps reported in this run
+  // Host memory: the model states' bytes as predicted at Submit (PredictHostStateBytes), and the
+  // most they held after any step of this run (store + optimizer state), and the activation
+  // store's peak.
+  int64_t predicted_host_state_bytes = 0;  // set by PrepareJob, then read-only
+  int64_t peak_host_state_bytes ABSL_GUARDED_BY(mu) = 0;
+  int64_t peak_activation_bytes ABSL_GUARDED_BY(mu) = 0;
   int64_t consumed_offset = 0;                      // batches consumed before this run
   int64_t consumed ABSL_GUARDED_BY(mu) = 0;         // batches taken from the queue in this run
   int checkpoint_failures ABSL_GUARDED_BY(mu) = 0;  // policy checkpoints failed in a row

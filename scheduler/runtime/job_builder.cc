@@ -14,6 +14,7 @@
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
+#include "workers/io/hf_tensors.h"
 
 namespace rp::scheduler {
 
@@ -133,6 +134,18 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> LoadPackedSource(const TokenFileSo
 
 }  // namespace
 
+absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job) {
+  bool mapped = false;
+  if (job.model.lora.rank > 0 && !job.hf_dir.empty()) {
+    auto config = ToTransformerConfig(job.model);
+    if (!config.ok()) return config.status();
+    auto stored = workers::io::HfBaseIsStoredAs(job.hf_dir, *config, ToScalarType(job.precision));
+    if (!stored.ok()) return stored.status();
+    mapped = *stored;
+  }
+  return planning::HostStateBytes(job.model, HostStateOptionsFor(job, mapped));
+}
+
 absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Device*>& devices, EngineJob* job) {
   // Validation only: the files a job names are checked (headers, checksums) but nothing is
   // allocated or loaded until the runner takes the job (BuildJob), so a queued job costs no host
@@ -154,6 +167,9 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   if (!spec.hf_dir.empty()) {
     if (absl::Status st = workers::io::CheckHfWeights(spec.hf_dir, job->model); !st.ok()) return st;
   }
+  auto predicted = PredictHostStateBytes(spec);
+  if (!predicted.ok()) return predicted.status();
+  job->predicted_host_state_bytes = *predicted;
   if (!spec.lora_adapter_dir.empty()) {
     if (job->model.lora.rank <= 0) return absl::InvalidArgumentError("job: an adapter dir needs a LoRA model");
     if (absl::Status st = workers::io::CheckPeftAdapter(spec.lora_adapter_dir, job->model); !st.ok()) return st;

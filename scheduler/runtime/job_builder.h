@@ -19,6 +19,10 @@ namespace rp::scheduler::runtime {
 
 // Fills `job` (spec with defaults, model, dtype, controller options, resume cursor, token file).
 absl::Status PrepareJob(const JobSpec& spec, const std::vector<workers::Device*>& devices, EngineJob* job);
+// The host bytes of the job's model states once it has stepped (planning::HostStateBytes of its
+// layout; a LoRA base in the job's dtype in `hf_dir` counts as mapped): what admission compares
+// with free memory and JobInfo::predicted_host_state_bytes reports. Reads headers only.
+absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& spec);
 absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devices, workers::Timeline* timeline)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.run_mu);
 

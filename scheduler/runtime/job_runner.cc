@@ -32,6 +32,9 @@ bool JobRunner::FinishPending() {
   }
   ++steps_;
   ++job_.steps_done;
+  st->host_state_bytes = job_.store->HostBytes() + c_.OptimizerStateBytes();
+  job_.peak_host_state_bytes = std::max(job_.peak_host_state_bytes, st->host_state_bytes);
+  job_.peak_activation_bytes = std::max(job_.peak_activation_bytes, st->activation_peak_bytes);
   job_.Emit({JobEvent::Kind::kIteration, job_.state, *st, ""});
   if (!profile_done_ && !job_.spec.profile_path.empty() && c_.measured_costs()) {
     lock.Unlock();

@@ -27,7 +27,9 @@ absl::StatusOr<workers::models::TransformerConfig> ToTransformerConfig(const pla
   c.router_aux_loss_coef = m.router_aux_loss_coef;
   c.vocab = m.vocab;
   c.hidden = m.hidden;
-  c.intermediate = m.intermediate;
+  // A model whose every block is sparse has no dense MLP width (the 235B preset says 0); the
+  // engine's config wants one, and no block uses it.
+  c.intermediate = m.intermediate > 0 || m.SparseBlockCount() < m.num_blocks ? m.intermediate : m.expert_intermediate;
   c.num_blocks = m.num_blocks;
   c.num_heads = m.num_heads;
   c.num_kv_heads = m.num_kv_heads;

@@ -318,6 +318,16 @@ TEST_F(DaemonTest, StreamedJobTrainsLikeThePlainReferenceAndExports) {
   EXPECT_EQ(got->progress().step(), 6);
   EXPECT_EQ(got->progress().tokens(), 6 * 4 * 15);
   EXPECT_FALSE(got->partition().empty());
+  // Host memory: after its steps the job's model states hold exactly what admission predicted.
+  EXPECT_GT(got->host_memory().predicted_state_bytes(), 0);
+  EXPECT_EQ(got->host_memory().peak_state_bytes(), got->host_memory().predicted_state_bytes());
+  EXPECT_GT(got->host_memory().peak_activation_bytes(), 0);
+  auto info = c->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::vector<std::string> pools;
+  for (const v1::HostPool& p : info->host_pools()) pools.push_back(p.name());
+  EXPECT_EQ(pools,
+            (std::vector<std::string>{"model_states", "optimizer_state", "activations", "mapped_base", "pinned"}));
 
   // Export: an HF directory whose tensors are the reference's weights after the same steps.
   auto path = c->Export(job->id(), root_ + "/data/export");

@@ -52,8 +52,24 @@ OptimizerThreads* AdamW::Pool() {
   return pool_.get();
 }
 
+void AdamW::AccountState(size_t i) {
+  int64_t bytes = 0;
+  for (const std::vector<at::Tensor>* side : {&m_, &v_, &vmax_}) {
+    if (i < side->size() && (*side)[i].defined()) bytes += static_cast<int64_t>((*side)[i].nbytes());
+  }
+  if (state_bytes_of_.size() <= i) state_bytes_of_.resize(i + 1, 0);
+  state_bytes_->fetch_add(bytes - state_bytes_of_[i], std::memory_order_relaxed);
+  state_bytes_of_[i] = bytes;
+}
+
 void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, double lr, double grad_multiplier,
                       bool write_master) {
+  StepParamUnaccounted(store, i, grad, lr, grad_multiplier, write_master);
+  AccountState(static_cast<size_t>(i));
+}
+
+void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor& grad, double lr,
+                                 double grad_multiplier, bool write_master) {
   if (static_cast<int>(m_.size()) != store.num_params()) {
     m_.resize(static_cast<size_t>(store.num_params()));
     v_.resize(static_cast<size_t>(store.num_params()));

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -109,6 +110,9 @@ class AdamW {
   void StepParam(HostModelStore& store, int index, const at::Tensor& grad, double lr, double grad_multiplier,
                  bool write_master = false);
   int64_t steps() const { return step_; }
+  // Bytes of the optimizer's state tensors (moments, AMSGrad's maximum), as allocated so far.
+  // Any thread, also while a step runs (the value before or after that parameter's step).
+  int64_t StateBytes() const { return state_bytes_->load(std::memory_order_relaxed); }
   // Shallow views of the state; take it only while no step runs.
   AdamWState state() const { return {step_, m_, v_}; }
   void set_state(AdamWState s) {
@@ -116,6 +120,9 @@ class AdamW {
     m_ = std::move(s.m);
     v_ = std::move(s.v);
     vmax_.assign(m_.size(), at::Tensor());
+    state_bytes_of_.assign(m_.size(), 0);
+    state_bytes_->store(0);
+    for (size_t i = 0; i < m_.size(); ++i) AccountState(i);
   }
   const AdamWOptions& options() const { return opt_; }
   int threads() const { return opt_.threads > 0 ? opt_.threads : OptimizerThreads::DefaultSize(false, 0); }
@@ -126,8 +133,14 @@ class AdamW {
   // where the optimizer worker steps) holds no threads.
   std::shared_ptr<OptimizerThreads> pool_;
   OptimizerThreads* Pool();
+  void StepParamUnaccounted(HostModelStore& store, int index, const at::Tensor& grad, double lr, double grad_multiplier,
+                            bool write_master);
+  void AccountState(size_t index);  // after parameter `index`'s state changed
   int64_t step_ = 0;
   std::vector<at::Tensor> m_, v_, vmax_;  // per parameter index
+  std::vector<int64_t> state_bytes_of_;   // per parameter index: its share of *state_bytes_
+  // Shared so the optimizer stays movable; read by Stats threads.
+  std::shared_ptr<std::atomic<int64_t>> state_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace rp::workers

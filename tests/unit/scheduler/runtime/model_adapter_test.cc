@@ -55,8 +55,15 @@ std::vector<planning::ModelConfig> EngineModels() {
   out.push_back(moe);
   for (const std::string& name : planning::ModelPresetNames()) {
     planning::ModelConfig m = *planning::ModelPreset(name);
-    if (m.is_moe()) continue;
+    if (m.family == "gpt_oss") continue;  // not in the engine yet
     m.lora.rank = 0;
+    if (m.is_moe()) {  // the Qwen3-MoE presets, full and with attention adapters
+      out.push_back(m);
+      m.lora.rank = 8;
+      m.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+      out.push_back(m);
+      continue;
+    }
     out.push_back(m);
     m.lora.rank = 8;
     m.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
