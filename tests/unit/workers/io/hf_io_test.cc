@@ -20,6 +20,7 @@
 #include "tests/support/run_command.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/hf_export.h"
+#include "workers/io/hf_tensors.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/io/safetensors_writer.h"
 #include "workers/models/test_hooks.h"
@@ -559,15 +560,19 @@ namespace {
 // peft; the engine loads both, trains the same steps with the base frozen: losses, gradient norms
 // (adapters only) and adapter weights match; the base is untouched; the engine's PEFT export loads
 // with peft and its merged export equals peft's merge_and_unload.
-TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
-  const std::string base = dir_ + "/lora/base", adapter = dir_ + "/lora/adapter";
+// A base and a PEFT adapter made by make_hf_models.py in `set` (e.g. dir/lora): the engine starts
+// from the adapter, trains two steps async (the first compares with peft's) and two sync (both
+// losses and every adapter after them compare; the base stays bit-equal), and its PEFT and merged
+// exports are checked by peft itself.
+void LoraTrainsLikePeft(const std::string& set, int expected_adapters) {
+  const std::string base = set + "/base", adapter = set + "/adapter";
   auto cfg = ReadHfConfig(base);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   auto lora = ReadPeftConfig(adapter);
   ASSERT_TRUE(lora.ok()) << lora.status();
   cfg->lora = *lora;
   EXPECT_EQ(cfg->lora.rank, 4);
-  auto ref = SafetensorsFile::Open(dir_ + "/lora/reference.safetensors");
+  auto ref = SafetensorsFile::Open(set + "/reference.safetensors");
   ASSERT_TRUE(ref.ok());
   at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
   auto engine = scheduler::Engine::Create({"cpu:2"});
@@ -625,8 +630,6 @@ TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
   }
   auto shapes = (*engine)->ParameterShapes(*sid);
   ASSERT_TRUE(shapes.ok());
-  auto base_file = SafetensorsFile::Open(base + "/model.safetensors");
-  ASSERT_TRUE(base_file.ok());
   int adapters = 0;
   for (const auto& [name, shape] : *shapes) {
     at::Tensor got = rp::testing::ParameterTensor(**engine, *sid, name);
@@ -635,24 +638,36 @@ TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
       at::Tensor want = *(*ref)->Read("after." + name, at::kFloat);
       EXPECT_TRUE(at::allclose(got, want, 1e-4, 2e-6)) << name << " " << (got - want).abs().max().item<float>();
     } else {
-      EXPECT_TRUE(at::equal(got, *(*base_file)->Read(name, at::kFloat))) << name << " moved (the base is frozen)";
+      auto want = ReadHfTensor(base, name, shape);  // stacks hub-layout experts
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_TRUE(at::equal(got, *want)) << name << " moved (the base is frozen)";
     }
   }
-  EXPECT_EQ(adapters, 2 * 5 * 2);  // A and B, 5 targets, 2 blocks
+  EXPECT_EQ(adapters, expected_adapters);
   // Exports: a PEFT adapter directory and merged full weights; peft checks both.
   auto fetch = rp::testing::ParameterFetch(**engine, *sid);
   const auto named = rp::testing::NamedShapes(*shapes);
-  ASSERT_TRUE(ExportPeftAdapter(dir_ + "/lora/engine-adapter", *cfg, named, fetch).ok());
+  ASSERT_TRUE(ExportPeftAdapter(set + "/engine-adapter", *cfg, named, fetch).ok());
   HfExportOptions fp32;
   fp32.dtype = at::kFloat;
-  auto merged = ExportMergedLora(dir_ + "/lora/engine-merged", *cfg, named, fetch, fp32);
+  auto merged = ExportMergedLora(set + "/engine-merged", *cfg, named, fetch, fp32);
   ASSERT_TRUE(merged.ok()) << merged.status();
   std::string log;
-  EXPECT_EQ(RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check-lora " + dir_ +
-                           "/lora/engine-adapter " + dir_ + "/lora/engine-merged " + base + " " + dir_ + "/lora",
+  EXPECT_EQ(RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check-lora " + set +
+                           "/engine-adapter " + set + "/engine-merged " + base + " " + set,
                        &log),
             0)
       << log;
+}
+
+TEST_F(HfModels, LoraAdaptersTrainLikePeftAndExportForPeft) {
+  LoraTrainsLikePeft(dir_ + "/lora", 2 * 5 * 2);  // A and B, 5 targets, 2 blocks
+}
+
+// LoRA on Qwen3-MoE (q/k/v/o adapters on every block, two of them sparse; the router and the
+// experts frozen) against peft, and its exports loaded by peft.
+TEST_F(HfModels, LoraOnQwen3MoeTrainsLikePeftAndExportsForPeft) {
+  LoraTrainsLikePeft(dir_ + "/lora_moe", 2 * 4 * 3);  // A and B, 4 targets, 3 blocks
 }
 
 // A LoRA job on a model directory: its checkpoints leave the base out; once the job ended its

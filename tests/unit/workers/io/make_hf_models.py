@@ -6,6 +6,7 @@ engine's model-I/O tests, and records what `transformers` computes on fixed toke
                                       tokens, losses, grad norms, first-step gradients and weights
                                       after two AdamW steps; qwen3moe also reference_async.safetensors
                                       (staleness 1: both steps apply the gradient at the first weights)
+                                      and OUT_DIR/{lora,lora_moe}/ (base, PEFT adapter, peft's two steps)
   make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe, qwen3moe_ties or qwen3moe_aux) and its references
   make_hf_models.py --check-close EXPORT_DIR REFERENCE_DIR
                                    -> the export holds the reference's trained weights (tolerances in
@@ -102,7 +103,8 @@ def make(out, only=None):
         print("made", only)
         return
     make_lora(out, configs["llama"], tokens)
-    print("made", ", ".join(configs), "and a LoRA adapter")
+    make_lora(out, configs["qwen3moe"], tokens, name="lora_moe", targets=["q_proj", "k_proj", "v_proj", "o_proj"])
+    print("made", ", ".join(configs), "and LoRA adapters (llama, qwen3moe)")
 
 
 def make_async_reference(model_dir, tokens):
@@ -163,16 +165,17 @@ def make_aux_reference(model_dir, tokens):
     save_file(ref, f"{model_dir}/reference.safetensors")
 
 
-def make_lora(out, cfg, tokens):
-    """A base model and a PEFT LoRA adapter (random A and B), trained 2 AdamW steps by peft."""
+def make_lora(out, cfg, tokens, name="lora", targets=LORA_TARGETS):
+    """A base model and a PEFT LoRA adapter (random A and B), trained 2 AdamW steps by peft:
+    OUT/NAME/{base,adapter,reference.safetensors}."""
     from peft import LoraConfig, PeftModel, get_peft_model
     torch.manual_seed(99)
     base = AutoModelForCausalLM.from_config(cfg).float()
-    base.save_pretrained(f"{out}/lora/base", safe_serialization=True)
-    lcfg = LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights=False,
+    base.save_pretrained(f"{out}/{name}/base", safe_serialization=True)
+    lcfg = LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, init_lora_weights=False,
                       task_type="CAUSAL_LM")
     model = get_peft_model(base, lcfg)
-    model.save_pretrained(f"{out}/lora/adapter", safe_serialization=True)
+    model.save_pretrained(f"{out}/{name}/adapter", safe_serialization=True)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW([p for _, p in trainable], lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     ref = {"tokens": tokens.clone()}
@@ -188,7 +191,7 @@ def make_lora(out, cfg, tokens):
     ref["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
     for n, p in trainable:
         ref["after." + n.replace("base_model.model.", "").replace(".default", "")] = p.detach().clone()
-    save_file(ref, f"{out}/lora/reference.safetensors")
+    save_file(ref, f"{out}/{name}/reference.safetensors")
 
 
 def check_lora(adapter_dir, merged_dir, base_dir, reference_dir):
