@@ -1,13 +1,35 @@
 #include "workers/optim/optimizer_threads.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "workers/base/check.h"
 
 namespace rp::workers {
 
-OptimizerThreads::OptimizerThreads(int threads) {
-  for (int i = 0; i + 1 < std::max(1, threads); ++i) helpers_.emplace_back([this, i] { HelperLoop(i); });
+OptimizerThreads::OptimizerThreads(int threads, bool pin_helpers) {
+  for (int i = 0; i + 1 < std::max(1, threads); ++i) {
+    helpers_.emplace_back([this, i, pin_helpers] {
+      if (pin_helpers) PinToNthAllowedCpu(i + 1);
+      HelperLoop(i);
+    });
+  }
+}
+
+void OptimizerThreads::PinToNthAllowedCpu(int n) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || CPU_COUNT(&allowed) == 0) return;
+  const int k = n % CPU_COUNT(&allowed);
+  for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != k) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    (void)sched_setaffinity(0, sizeof(one), &one);  // best effort: unpinned still works
+    return;
+  }
 }
 
 OptimizerThreads::~OptimizerThreads() {

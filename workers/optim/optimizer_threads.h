@@ -18,8 +18,10 @@ namespace rp::workers {
 
 class OptimizerThreads {
  public:
-  // `threads` >= 1 (counting the caller); values below 1 count as 1.
-  explicit OptimizerThreads(int threads);
+  // `threads` >= 1 (counting the caller); values below 1 count as 1. `pin_helpers`: helper i
+  // runs only on CPU i+1 of the process's affinity set (wrapping), leaving the first to the
+  // caller; off by default, since measured it does not help (docs/ENGINE.md, adamw_bench).
+  explicit OptimizerThreads(int threads, bool pin_helpers = false);
   ~OptimizerThreads();
   OptimizerThreads(const OptimizerThreads&) = delete;
   OptimizerThreads& operator=(const OptimizerThreads&) = delete;
@@ -38,6 +40,7 @@ class OptimizerThreads {
 
  private:
   void HelperLoop(int index);
+  static void PinToNthAllowedCpu(int n);
 
   base::Mutex mu_;
   base::CondVar work_cv_, done_cv_;
