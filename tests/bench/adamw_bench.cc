@@ -117,23 +117,25 @@ void RunSize(int64_t n, int threads, int rounds) {
   at::Tensor step_t = at::zeros({}, at::kFloat);
   at::Tensor ta = at::empty({n});
   std::vector<Row> rows;
+  // Our fused step on p, m, v (+ the bf16 master) with `pool`, its own step count in `step`.
+  auto ours = [&](OptimizerThreads* on, int64_t* step) {
+    rp::workers::AdamWBuffers b{p.data_ptr<float>(),
+                                g.data_ptr<float>(),
+                                m.data_ptr<float>(),
+                                v.data_ptr<float>(),
+                                nullptr,
+                                master.data_ptr(),
+                                rp::workers::MasterDtype::kBFloat16};
+    rp::workers::AdamWHyper h;
+    h.weight_decay = 0.01f;
+    h.step = ++*step;
+    rp::workers::FusedAdamW(b, n, h, rp::workers::SimdPath::kAuto, on);
+  };
   int64_t step = 0;
-  rows.push_back({"ours (fused + bf16 master, own pool)", 30, [&] {
-                    rp::workers::AdamWBuffers b{p.data_ptr<float>(),
-                                                g.data_ptr<float>(),
-                                                m.data_ptr<float>(),
-                                                v.data_ptr<float>(),
-                                                nullptr,
-                                                master.data_ptr(),
-                                                rp::workers::MasterDtype::kBFloat16};
-                    rp::workers::AdamWHyper h;
-                    h.weight_decay = 0.01f;
-                    h.step = ++step;
-                    rp::workers::FusedAdamW(b, n, h, rp::workers::SimdPath::kAuto, &pool);
-                  }});
+  rows.push_back({"ours (fused + bf16 master, own pool)", 30, [&] { ours(&pool, &step); }});
   // The same kernel with the pool's helpers pinned to their own cores and the caller to the
-  // first (OptimizerThreads' pin_helpers): does pinning pay?
-  // It steps ours' own tensors (no more memory at 256 Mi), with its own step count.
+  // first (OptimizerThreads' pin_helpers): does pinning pay? Same tensors (no more memory at
+  // 256 Mi), its own step count.
   OptimizerThreads pinned_pool(threads, /*pin_helpers=*/true);
   int64_t step_p = 0;
   rows.push_back({"ours, threads pinned to cores", 30, [&] {
@@ -147,17 +149,7 @@ void RunSize(int64_t n, int threads, int rounds) {
                       }
                     }
                     sched_setaffinity(0, sizeof(first), &first);
-                    rp::workers::AdamWBuffers b{p.data_ptr<float>(),
-                                                g.data_ptr<float>(),
-                                                m.data_ptr<float>(),
-                                                v.data_ptr<float>(),
-                                                nullptr,
-                                                master.data_ptr(),
-                                                rp::workers::MasterDtype::kBFloat16};
-                    rp::workers::AdamWHyper h;
-                    h.weight_decay = 0.01f;
-                    h.step = ++step_p;
-                    rp::workers::FusedAdamW(b, n, h, rp::workers::SimdPath::kAuto, &pinned_pool);
+                    ours(&pinned_pool, &step_p);
                     sched_setaffinity(0, sizeof(before), &before);
                   }});
   at::Tensor mb = at::zeros({n}, at::kBFloat16), vb = at::zeros({n}, at::kBFloat16);
