@@ -291,9 +291,10 @@ TEST_F(HfModels, Qwen3MoeTrainsLikeTransformersOnEveryPartitionAndMode) {
 
 // The router's auxiliary loss (config.json: output_router_logits true, coefficient 0.05), per
 // micro-batch with its gradient, against transformers' load_balancing_loss_func on each
-// micro-batch's forward: on one and three workers, with B_1 holding a sparse block or none (the
-// other blocks' aux gradients then reach them in recomputing backward stages). And off when the
-// job says so: the first step's loss is the reference's minus the aux term.
+// micro-batch's forward: on one and three workers, sync and async (staleness 1), with B_1 holding
+// a sparse block or none (the other blocks' aux gradients then reach them in recomputing backward
+// stages). And off when the job says so: the first step's loss is the reference's minus the aux
+// term.
 TEST_F(HfModels, Qwen3MoeRouterAuxLossTrainsLikeTransformers) {
   const std::string dir = dir_ + "/qwen3moe_aux";
   auto cfg = ReadHfConfig(dir);
@@ -301,12 +302,17 @@ TEST_F(HfModels, Qwen3MoeRouterAuxLossTrainsLikeTransformers) {
   EXPECT_DOUBLE_EQ(cfg->router_aux_loss_coef, 0.05);
   auto ref = SafetensorsFile::Open(dir + "/reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
+  auto ref_async = SafetensorsFile::Open(dir + "/reference_async.safetensors");
+  ASSERT_TRUE(ref_async.ok()) << ref_async.status();
   const at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
   for (const auto& [devices, partition] : std::vector<std::pair<std::string, planning::Partition>>{
            {"cpu:1", {{3}, 2, {3}}}, {"cpu:3", {{2, 1}, 2, {1, 2}}}, {"cpu:3", {{1, 1, 1, 1}, 1, {1, 1, 1, 1}}}}) {
-    SCOPED_TRACE(devices + " " + partition.ToString());
-    const MoeRun run = RunTwoSteps(*cfg, dir, devices, partition, planning::OptimizerMode::kSync, tokens);
-    ExpectTrainedLikeReference(run, **ref, partition, /*async=*/false);
+    for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
+      const bool async = mode == planning::OptimizerMode::kAsync;
+      SCOPED_TRACE(devices + " " + partition.ToString() + (async ? " async" : " sync"));
+      const MoeRun run = RunTwoSteps(*cfg, dir, devices, partition, mode, tokens);
+      ExpectTrainedLikeReference(run, async ? **ref_async : **ref, partition, async);
+    }
   }
   models::TransformerConfig off = *cfg;
   off.router_aux_loss_coef = 0;

@@ -129,27 +129,34 @@ def make_async_reference(model_dir, tokens):
     save_file(ref, f"{model_dir}/reference_async.safetensors")
 
 
-def make_aux_reference(model_dir, tokens):
-    """Two AdamW steps where each sequence is one micro-batch, as the engine runs it: the loss is
-    the CE summed over the micro-batch's tokens / the batch's tokens, plus coef * transformers'
-    aux_loss of that micro-batch's forward / the micro-batch count."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+def aux_backward(model, tokens):
+    """One iteration as the engine runs it, each sequence a micro-batch: the loss is the CE summed
+    over the micro-batch's tokens / the batch's tokens, plus coef * transformers' aux_loss of that
+    micro-batch's forward / the micro-batch count; gradients accumulated. Returns (loss, aux part)."""
     coef = model.config.router_aux_loss_coef
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     micro = [tokens[i:i + 1] for i in range(tokens.size(0))]
     n = sum(m[:, 1:].numel() for m in micro)
+    total, aux_total = 0.0, 0.0
+    for m in micro:
+        o = model(input_ids=m, output_router_logits=True)
+        ce = torch.nn.functional.cross_entropy(o.logits[:, :-1].reshape(-1, o.logits.size(-1)).float(),
+                                               m[:, 1:].reshape(-1), reduction="sum")
+        loss = ce / n + coef * o.aux_loss / len(micro)
+        loss.backward()
+        total += loss.item()
+        aux_total += (coef * o.aux_loss / len(micro)).item()
+    return total, aux_total
+
+
+def make_aux_reference(model_dir, tokens):
+    """Two AdamW steps of aux_backward (reference.safetensors), and the asynchronous optimizer's
+    two steps that both apply the first iteration's gradient (reference_async.safetensors)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     ref = {"tokens": tokens.clone()}
     losses, norms, auxes = [], [], []
     for step in range(2):
-        total, aux_total = 0.0, 0.0
-        for m in micro:
-            o = model(input_ids=m, output_router_logits=True)
-            ce = torch.nn.functional.cross_entropy(o.logits[:, :-1].reshape(-1, o.logits.size(-1)).float(),
-                                                   m[:, 1:].reshape(-1), reduction="sum")
-            loss = ce / n + coef * o.aux_loss / len(micro)
-            loss.backward()
-            total += loss.item()
-            aux_total += (coef * o.aux_loss / len(micro)).item()
+        total, aux_total = aux_backward(model, tokens)
         losses.append(total)
         auxes.append(aux_total)
         norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item())
@@ -163,6 +170,22 @@ def make_aux_reference(model_dir, tokens):
     for name, p in model.state_dict().items():
         ref["after." + name] = p.detach().clone().contiguous()
     save_file(ref, f"{model_dir}/reference.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    total, _ = aux_backward(model, tokens)
+    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        opt.step()
+    ref = {"tokens": tokens.clone(), "losses": torch.tensor([total] * 2, dtype=torch.float64),
+           "grad_norms": torch.tensor([norm] * 2, dtype=torch.float64)}
+    for (name, _), g in zip(model.named_parameters(), grads):
+        ref["grad." + name] = g.contiguous()
+    for name, p in model.state_dict().items():
+        ref["after." + name] = p.detach().clone().contiguous()
+    save_file(ref, f"{model_dir}/reference_async.safetensors")
 
 
 def make_lora(out, cfg, tokens, name="lora", targets=LORA_TARGETS):
