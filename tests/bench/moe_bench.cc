@@ -11,6 +11,8 @@
 //   dense block   the same, with one SwiGLU MLP of width 4 x 256 = 1024 (the same active FLOPs)
 //   grouped       MoeExperts alone (one gather, a GEMM pair per expert, one scatter-add), forward
 //   per-token     the same output token by token, expert by expert (what grouping avoids)
+//   replayed      the MoE block again, its recompute replaying the forward's routing (packed to
+//                 the host form and back, as between the stages) instead of routing again
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -71,15 +73,20 @@ int main(int argc, char** argv) {
   const at::Tensor x = at::randn({1, tokens, moe.hidden});
   const at::Tensor dy = at::randn({1, tokens, moe.hidden});
   const auto rope = rp::workers::models::MakeRope(moe, tokens, at::kCPU);
-  auto stage = [&](const TransformerConfig& c, const std::vector<at::Tensor>& w) {
+  // replay: the forward records its routing (and packs it for the host, as a forward stage
+  // does) and the recompute replays it instead of routing again (recompute fidelity).
+  auto stage = [&](const TransformerConfig& c, const std::vector<at::Tensor>& w, bool replay) {
+    rp::workers::models::RoutingDecision d;
     {
       at::NoGradGuard no_grad;
-      (void)rp::workers::models::BlockForward(c, w, x, rope);  // the forward stage
+      (void)rp::workers::models::BlockForward(c, w, x, rope, nullptr, replay ? &d : nullptr);  // forward stage
+      if (replay)
+        d = rp::workers::models::UnpackRouting(rp::workers::models::PackRouting(d), c.num_experts, c.experts_per_token);
     }
     std::vector<at::Tensor> p;
     for (const at::Tensor& t : w) p.push_back(t.detach().requires_grad_(true));
     at::Tensor xi = x.detach().requires_grad_(true);
-    at::Tensor y = rp::workers::models::BlockForward(c, p, xi, rope);  // recompute
+    at::Tensor y = rp::workers::models::BlockForward(c, p, xi, rope, replay ? &d : nullptr);  // recompute
     y.backward(dy);
   };
   // The sparse MLP alone: its router and experts on normed-like inputs.
@@ -110,10 +117,11 @@ int main(int argc, char** argv) {
     std::function<void()> fn;
     std::vector<double> t;
   };
-  std::vector<Row> rows = {{"MoE block fwd + recompute + bwd", [&] { stage(moe, wm); }, {}},
-                           {"dense block, same active FLOPs", [&] { stage(dense, wd); }, {}},
+  std::vector<Row> rows = {{"MoE block fwd + recompute + bwd", [&] { stage(moe, wm, false); }, {}},
+                           {"dense block, same active FLOPs", [&] { stage(dense, wd, false); }, {}},
                            {"grouped sparse MLP (forward)", grouped, {}},
-                           {"per-token loop (forward)", per_token, {}}};
+                           {"per-token loop (forward)", per_token, {}},
+                           {"MoE block, recompute replays routing", [&] { stage(moe, wm, true); }, {}}};
   for (int r = 0; r < 6; ++r) {
     for (Row& row : rows) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -131,5 +139,6 @@ int main(int argc, char** argv) {
   for (const Row& row : rows) std::printf("%-36s %10.1f\n", row.name.c_str(), Median(row.t) * 1e3);
   std::printf("MoE / dense block: %.2fx; per-token loop / grouped: %.1fx (outputs differ by at most %.2g)\n",
               Median(rows[0].t) / Median(rows[1].t), Median(rows[3].t) / Median(rows[2].t), diff);
+  std::printf("MoE block with the routing replayed / routed again: %.2fx\n", Median(rows[4].t) / Median(rows[0].t));
   return 0;
 }
