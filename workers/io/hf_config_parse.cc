@@ -106,7 +106,13 @@ absl::Status ParseExperts(const Json& j, models::TransformerConfig* c) {
   }
   if (IsTrue(j, "output_router_logits")) {  // transformers then adds the load-balancing loss
     c->router_aux_loss_coef = 0.001;        // Qwen3MoeConfig's default
-    if (absl::Status st = GetNum(j, "router_aux_loss_coef", &c->router_aux_loss_coef); !st.ok()) return st;
+    const char* key = "router_aux_loss_coef";
+    if (j.contains(key) && !j[key].is_null()) {  // 0 is allowed here: transformers adds nothing
+      if (!j[key].is_number() || !(j[key].get<double>() >= 0) || !std::isfinite(j[key].get<double>())) {
+        return Bad("router_aux_loss_coef must be a finite number >= 0");
+      }
+      c->router_aux_loss_coef = j[key].get<double>();
+    }
   }
   return absl::OkStatus();
 }

@@ -398,8 +398,10 @@ TEST_F(HfModels, BrokenQwen3MoeDirectoriesAreRefusedNamingTheFieldOrTensor) {
   const std::string coef = "\"router_aux_loss_coef\": 0.001";
   ASSERT_NE(bad.find(coef), std::string::npos);
   bad.replace(bad.find(coef), coef.size(), "\"router_aux_loss_coef\": -1");
-  EXPECT_NE(ParseHfConfig(bad).status().message().find("router_aux_loss_coef must be a finite positive number"),
+  EXPECT_NE(ParseHfConfig(bad).status().message().find("router_aux_loss_coef must be a finite number >= 0"),
             std::string::npos);
+  bad.replace(bad.find("\"router_aux_loss_coef\": -1"), 26, "\"router_aux_loss_coef\": 0");
+  EXPECT_DOUBLE_EQ(ParseHfConfig(bad)->router_aux_loss_coef, 0);  // on, but adding nothing: off
   // Weights: rewrite the file without one expert's up projection, then with a misshapen down.
   auto file = SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(file.ok());
