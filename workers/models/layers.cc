@@ -142,7 +142,7 @@ MoeRouting RouteTokens(const TransformerConfig& c, const at::Tensor& router_weig
   const at::Tensor logits = at::linear(flat, router_weight);  // [T, E]
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
   MoeRouting r;
-  r.prob_sum = probs.sum(0);
+  r.probs = probs;
   at::Tensor top_w;
   if (replay) {
     r.experts = replay->experts;
@@ -282,7 +282,10 @@ at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor
   at::Tensor hn2 = RmsNorm(h1, post_norm, c.rms_eps);
   if (sparse) {
     const MoeRouting routing = RouteTokens(c, wg, hn2, replay);
-    if (record) *record = {routing.experts, routing.counts, routing.prob_sum};
+    if (record) {
+      *record = {routing.experts, routing.counts,
+                 c.router_aux_loss_coef > 0 ? routing.probs.sum(0) : at::Tensor()};  // the aux loss's only input
+    }
     return h1 + MoeExperts(c, wu, wd, hn2, routing);
   }
   return h1 + linear(at::silu(linear(hn2, wg, "gate_proj")) * linear(hn2, wu, "up_proj"), wd, "down_proj");

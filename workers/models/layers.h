@@ -67,8 +67,8 @@ at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens);
 struct RoutingDecision {
   at::Tensor experts;   // [T, k] int64 on the block's device, in top-k order
   at::Tensor counts;    // [E] int64 on the host: token-expert pairs per expert
-  at::Tensor prob_sum;  // [E] fp32: the router's softmax summed over the T tokens (not packed; under
-                        // autograd it carries the graph, for the auxiliary loss)
+  at::Tensor prob_sum;  // [E] fp32: the router's softmax summed over the T tokens, only when the
+                        // model has an auxiliary loss (not packed; under autograd it carries the graph)
 };
 // Host form, for the activation store: int32 [E + T*k], the counts then the experts row-major.
 at::Tensor PackRouting(const RoutingDecision& d);
@@ -92,8 +92,8 @@ at::Tensor BlockForward(const TransformerConfig& cfg, const std::vector<at::Tens
 struct MoeRouting {
   at::Tensor weights;
   at::Tensor experts;
-  at::Tensor counts;    // [E] int64 on the host
-  at::Tensor prob_sum;  // [E] fp32: the softmax summed over the tokens
+  at::Tensor counts;  // [E] int64 on the host
+  at::Tensor probs;   // [T, E] fp32: the router's softmax (with its graph under autograd)
 };
 MoeRouting RouteTokens(const TransformerConfig& cfg, const at::Tensor& router_weight, const at::Tensor& x,
                        const RoutingDecision* replay = nullptr);

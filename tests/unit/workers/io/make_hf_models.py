@@ -77,28 +77,10 @@ def make(out, only=None):
                     p[0] *= 3
                     p[1] = p[0] + 1e-4 * torch.randn_like(p[0])
         model.save_pretrained(f"{out}/{name}", safe_serialization=True)
-        if name == "qwen3moe_aux":
-            make_aux_reference(f"{out}/{name}", tokens)
-            continue
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        ref = {"tokens": tokens.clone()}
-        losses, norms = [], []
-        for step in range(2):
-            out_ = model(input_ids=tokens, labels=tokens)
-            out_.loss.backward()
-            losses.append(out_.loss.item())
-            norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item())
-            for n, p in model.named_parameters():
-                ref[("grad." if step == 0 else "grad2.") + n] = p.grad.detach().clone()
-            opt.step()
-            opt.zero_grad()
-        ref["losses"] = torch.tensor(losses, dtype=torch.float64)
-        ref["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
-        for n, p in model.state_dict().items():
-            ref["after." + n] = p.detach().clone().contiguous()
-        save_file(ref, f"{out}/{name}/reference.safetensors")
-        if name == "qwen3moe":
-            make_async_reference(f"{out}/{name}", tokens)
+        backward = aux_backward if name == "qwen3moe_aux" else plain_backward
+        save_file(train_steps(model, tokens, backward), f"{out}/{name}/reference.safetensors")
+        if name in ("qwen3moe", "qwen3moe_aux"):
+            make_async_reference(f"{out}/{name}", tokens, backward)
     if only:
         print("made", only)
         return
@@ -107,32 +89,18 @@ def make(out, only=None):
     print("made", ", ".join(configs), "and LoRA adapters (llama, qwen3moe)")
 
 
-def make_async_reference(model_dir, tokens):
-    """The asynchronous optimizer's trajectory on the same batch twice: staleness 1, so the second
-    iteration still sees the first weights and both steps apply the same gradient."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+def plain_backward(model, tokens):
+    """transformers' own loss on the whole batch, backpropagated. Returns (loss, {})."""
     out_ = model(input_ids=tokens, labels=tokens)
     out_.loss.backward()
-    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
-    grads = [p.grad.detach().clone() for p in model.parameters()]
-    for _ in range(2):
-        for p, g in zip(model.parameters(), grads):
-            p.grad = g.clone()
-        opt.step()
-    ref = {"tokens": tokens.clone(), "losses": torch.tensor([out_.loss.item()] * 2, dtype=torch.float64),
-           "grad_norms": torch.tensor([norm] * 2, dtype=torch.float64)}
-    for (n, _), g in zip(model.named_parameters(), grads):
-        ref["grad." + n] = g.contiguous()
-    for n, p in model.state_dict().items():
-        ref["after." + n] = p.detach().clone().contiguous()
-    save_file(ref, f"{model_dir}/reference_async.safetensors")
+    return out_.loss.item(), {}
 
 
 def aux_backward(model, tokens):
     """One iteration as the engine runs it, each sequence a micro-batch: the loss is the CE summed
     over the micro-batch's tokens / the batch's tokens, plus coef * transformers' aux_loss of that
-    micro-batch's forward / the micro-batch count; gradients accumulated. Returns (loss, aux part)."""
+    micro-batch's forward / the micro-batch count; gradients accumulated. Returns (loss,
+    {"aux_losses": the aux part})."""
     coef = model.config.router_aux_loss_coef
     micro = [tokens[i:i + 1] for i in range(tokens.size(0))]
     n = sum(m[:, 1:].numel() for m in micro)
@@ -145,46 +113,54 @@ def aux_backward(model, tokens):
         loss.backward()
         total += loss.item()
         aux_total += (coef * o.aux_loss / len(micro)).item()
-    return total, aux_total
+    return total, {"aux_losses": aux_total}
 
 
-def make_aux_reference(model_dir, tokens):
-    """Two AdamW steps of aux_backward (reference.safetensors), and the asynchronous optimizer's
-    two steps that both apply the first iteration's gradient (reference_async.safetensors)."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+def grad_norm(model):
+    return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
+
+
+def train_steps(model, tokens, backward):
+    """Two AdamW steps of `backward`: tokens, losses (and what else backward reports, per step),
+    grad norms, both steps' gradients (grad., grad2.) and the weights after."""
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     ref = {"tokens": tokens.clone()}
-    losses, norms, auxes = [], [], []
+    series = {"losses": [], "grad_norms": []}
     for step in range(2):
-        total, aux_total = aux_backward(model, tokens)
-        losses.append(total)
-        auxes.append(aux_total)
-        norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item())
-        for name, p in model.named_parameters():
-            ref[("grad." if step == 0 else "grad2.") + name] = p.grad.detach().clone()
+        loss, extra = backward(model, tokens)
+        series["losses"].append(loss)
+        series["grad_norms"].append(grad_norm(model))
+        for k, v in extra.items():
+            series.setdefault(k, []).append(v)
+        for n, p in model.named_parameters():
+            ref[("grad." if step == 0 else "grad2.") + n] = p.grad.detach().clone()
         opt.step()
         opt.zero_grad()
-    ref["losses"] = torch.tensor(losses, dtype=torch.float64)
-    ref["aux_losses"] = torch.tensor(auxes, dtype=torch.float64)
-    ref["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
-    for name, p in model.state_dict().items():
-        ref["after." + name] = p.detach().clone().contiguous()
-    save_file(ref, f"{model_dir}/reference.safetensors")
+    for k, v in series.items():
+        ref[k] = torch.tensor(v, dtype=torch.float64)
+    for n, p in model.state_dict().items():
+        ref["after." + n] = p.detach().clone().contiguous()
+    return ref
+
+
+def make_async_reference(model_dir, tokens, backward):
+    """The asynchronous optimizer's trajectory on the same batch twice: staleness 1, so the second
+    iteration still sees the first weights and both steps apply the same gradient."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    total, _ = aux_backward(model, tokens)
-    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
+    loss, _ = backward(model, tokens)
+    norm = grad_norm(model)
     grads = [p.grad.detach().clone() for p in model.parameters()]
     for _ in range(2):
         for p, g in zip(model.parameters(), grads):
             p.grad = g.clone()
         opt.step()
-    ref = {"tokens": tokens.clone(), "losses": torch.tensor([total] * 2, dtype=torch.float64),
+    ref = {"tokens": tokens.clone(), "losses": torch.tensor([loss] * 2, dtype=torch.float64),
            "grad_norms": torch.tensor([norm] * 2, dtype=torch.float64)}
-    for (name, _), g in zip(model.named_parameters(), grads):
-        ref["grad." + name] = g.contiguous()
-    for name, p in model.state_dict().items():
-        ref["after." + name] = p.detach().clone().contiguous()
+    for (n, _), g in zip(model.named_parameters(), grads):
+        ref["grad." + n] = g.contiguous()
+    for n, p in model.state_dict().items():
+        ref["after." + n] = p.detach().clone().contiguous()
     save_file(ref, f"{model_dir}/reference_async.safetensors")
 
 
