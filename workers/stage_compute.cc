@@ -41,7 +41,7 @@ at::Tensor RunLayers(const models::TransformerConfig& cfg, const StageWeights& w
         throw std::logic_error(absl::StrCat("no recorded routing for sparse layer ", l));
       }
       models::RoutingDecision* record = sparse && io.record ? &(*io.record)[l] : nullptr;
-      x = models::BlockForward(cfg, lw, x, layout, Replayed(io.replay, l), record);
+      x = models::BlockForward(cfg, l - 1, lw, x, layout, Replayed(io.replay, l), record);
     }
   }
   return x;

@@ -88,7 +88,7 @@ LayerCost BlockCost(const ModelConfig& m, const AnalyticOptions& opt, const Anal
   LayerCost c;
   c.kind = LayerKind::kBlock;
   const double h = t.h, q = t.q, kv = t.kv, tokens = t.tokens;
-  const bool sliding = m.sliding_window > 0 && m.sliding_every > 0 && (b % m.sliding_every) == 0;
+  const bool sliding = m.SlidingBlock(b);
   // Average causal context per query (half the sequence), or the window.
   const double ctx = sliding ? std::min(t.s / 2, static_cast<double>(m.sliding_window)) : t.s / 2;
   const double proj_flops = tokens * 2 * (h * q + 2 * h * kv + q * h);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,20 @@ std::string Lower(std::string_view s) {
 
 // The paper's five workloads come first (PaperModelPresetNames), then models for CPUs and tests.
 constexpr int kPaperModels = 5;
+
+// GPT-OSS's rope: YaRN, factor 32 over 4096 original positions (its config.json), the attention
+// factor transformers derives from it (0.1 ln 32 + 1).
+RopeScalingSpec GptOssYarn() {
+  RopeScalingSpec r;
+  r.yarn = true;
+  r.factor = 32;
+  r.original_max_position = 4096;
+  r.beta_fast = 32;
+  r.beta_slow = 1;
+  r.truncate = false;
+  r.attention_factor = 0.1 * std::log(32.0) + 1;
+  return r;
+}
 
 std::vector<ModelConfig> AllModels() {
   std::vector<ModelConfig> m;
@@ -70,7 +85,9 @@ std::vector<ModelConfig> AllModels() {
     c.active_experts = 4;
     c.expert_intermediate = 2880;
     c.sliding_window = 128;
-    c.sliding_every = 2;
+    for (int b = 0; b < c.num_blocks; b += 2) c.sliding_layers.push_back(b);
+    c.attention_bias = true;
+    c.rope_scaling = GptOssYarn();
     m.push_back(c);
   }
   {
@@ -144,6 +161,33 @@ std::vector<ModelConfig> AllModels() {
     c.expert_intermediate = 96;
     m.push_back(c);
   }
+  {
+    ModelConfig c = m[2];  // openai/gpt-oss-120b (gpt-oss-20b's, larger) config.json: 36 blocks of 128 experts, top-4
+    c.name = "gpt-oss-120b";
+    c.num_blocks = 36;
+    c.num_experts = 128;
+    c.sliding_layers.clear();
+    for (int b = 0; b < c.num_blocks; b += 2) c.sliding_layers.push_back(b);
+    m.push_back(c);
+  }
+  {
+    // A byte-level GPT-OSS small enough to train on a CPU: 8 experts, top-2, sliding/full blocks.
+    ModelConfig c = m.back();
+    c.name = "gpt-oss-tiny";
+    c.vocab = 256;
+    c.hidden = 128;
+    c.num_blocks = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
+    c.num_experts = 8;
+    c.active_experts = 2;
+    c.expert_intermediate = 96;
+    c.sliding_window = 32;
+    c.sliding_layers = {0, 2};
+    c.rope_scaling.original_max_position = 64;
+    m.push_back(c);
+  }
   for (const char* name : {"llama-tiny", "qwen3-tiny"}) {
     // Byte-level (vocab 256) models small enough to train on a laptop CPU in minutes.
     ModelConfig c;
@@ -179,6 +223,10 @@ std::vector<DeviceProfile> AllDevices() {
 
 }  // namespace
 
+bool ModelConfig::SlidingBlock(int block) const {
+  return sliding_window > 0 && std::find(sliding_layers.begin(), sliding_layers.end(), block) != sliding_layers.end();
+}
+
 bool LoraSpec::Targets(std::string_view module) const {
   return rank > 0 && std::find(targets.begin(), targets.end(), module) != targets.end();
 }
@@ -187,8 +235,13 @@ int64_t ModelConfig::BlockParams() const {
   const int64_t q = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv = static_cast<int64_t>(num_kv_heads) * head_dim;
   int64_t attn = hidden * q + 2 * hidden * kv + q * hidden + (qk_norm ? 2 * head_dim : 0);
+  if (attention_bias) attn += q + 2 * kv + hidden;
   int64_t mlp =
       is_moe() ? num_experts * 3 * hidden * expert_intermediate + hidden * num_experts : 3 * hidden * intermediate;
+  if (gpt_oss()) {  // sinks; router bias; expert biases
+    attn += num_heads;
+    mlp += num_experts + num_experts * (2 * expert_intermediate + hidden);
+  }
   return attn + mlp + 2 * hidden /*norms*/;
 }
 
@@ -252,11 +305,17 @@ int64_t AdafactorStateElements(const ModelConfig& m) {
   const int64_t kv = static_cast<int64_t>(m.num_kv_heads) * m.head_dim;
   int64_t block = 0;
   if (m.lora.rank <= 0) {
-    const int64_t attention = (q + h) + 2 * (kv + h) + (h + q) + (m.qk_norm ? 2 * m.head_dim : 0) + 2 * h /*norms*/;
+    int64_t attention = (q + h) + 2 * (kv + h) + (h + q) + (m.qk_norm ? 2 * m.head_dim : 0) + 2 * h /*norms*/;
+    if (m.attention_bias) attention += q + 2 * kv + h;  // bias vectors
     // A sparse block: the router [E, h] and the stacked experts [E, 2I, h], [E, h, I] (E a batch).
     const int64_t i = m.expert_intermediate, e = m.num_experts, sparse = m.SparseBlockCount();
-    const int64_t blocks = m.num_blocks * attention + sparse * ((e + h) + e * (2 * i + h) + e * (h + i)) +
-                           (m.num_blocks - sparse) * 3 * (m.intermediate + h);
+    int64_t sparse_block = (e + h) + e * (2 * i + h) + e * (h + i);
+    if (m.gpt_oss()) {  // sinks [H]; router bias [E]; expert biases [E, 2I] and [E, h] (matrices)
+      attention += m.num_heads;
+      sparse_block += e + (e + 2 * i) + (e + h);
+    }
+    const int64_t blocks =
+        m.num_blocks * attention + sparse * sparse_block + (m.num_blocks - sparse) * 3 * (m.intermediate + h);
     const int64_t embedding = m.vocab + h;
     const int64_t head = (m.tied_embeddings ? 0 : m.vocab + h) + h;
     return embedding + blocks + head;

@@ -19,12 +19,18 @@
 
 namespace rp::planning {
 
-// Llama-3 style rope scaling ("rope_type": "llama3"); factor 0 = none.
+// Rope scaling as transformers' "llama3" or "yarn" (workers/models/transformer_config.h's
+// RopeScaling, field for field); factor 0 = none.
 struct RopeScalingSpec {
   double factor = 0;
   double low_freq_factor = 1;
   double high_freq_factor = 4;
   int64_t original_max_position = 8192;
+  bool yarn = false;
+  double beta_fast = 32;
+  double beta_slow = 1;
+  bool truncate = true;
+  double attention_factor = 1;
 };
 
 // LoRA fine-tuning (PEFT's LoRA) on `targets` among q_proj k_proj v_proj o_proj gate_proj
@@ -55,14 +61,21 @@ struct ModelConfig {
   std::vector<int> mlp_only_layers;  // ... and i not listed here (those are dense, `intermediate` wide)
   double router_aux_loss_coef = 0;   // MoE: the router's load-balancing loss coefficient, 0 = off
   int64_t sliding_window = 0;        // 0 = full causal attention in every block
-  int sliding_every = 0;             // every k-th block (k>0) uses the sliding window (GPT-OSS: 2)
-  bool qk_norm = false;              // Qwen3: RMSNorm over each head's q and k
+  std::vector<int> sliding_layers;   // the blocks (0-based) that use it (GPT-OSS: 0, 2, 4, ...)
+  // GPT-OSS (family "gpt_oss"): q/k/v/o biases, the experts' clamped SwiGLU; sinks, router and
+  // expert biases come with the family.
+  bool attention_bias = false;
+  double swiglu_alpha = 1.702;
+  double swiglu_limit = 7.0;
+  bool qk_norm = false;  // Qwen3: RMSNorm over each head's q and k
   double rope_theta = 10000;
   double rms_eps = 1e-6;
   RopeScalingSpec rope_scaling;
   LoraSpec lora;  // rank > 0: adapters train, the base stays frozen
 
   bool is_moe() const { return num_experts > 0; }
+  bool gpt_oss() const { return family == "gpt_oss"; }
+  bool SlidingBlock(int block) const;
   int num_layers() const { return num_blocks + 2; }  // embedding, blocks, head
   // Base parameters of one decoder block (a sparse one in an MoE model) / of block `block`
   // (0-based: dense or sparse) / of the embedding / of the LM head (+ final norm).

@@ -79,14 +79,14 @@ int main(int argc, char** argv) {
     rp::workers::models::RoutingDecision d;
     {
       at::NoGradGuard no_grad;
-      (void)rp::workers::models::BlockForward(c, w, x, rope, nullptr, replay ? &d : nullptr);  // forward stage
+      (void)rp::workers::models::BlockForward(c, 0, w, x, rope, nullptr, replay ? &d : nullptr);  // forward stage
       if (replay)
         d = rp::workers::models::UnpackRouting(rp::workers::models::PackRouting(d), c.num_experts, c.experts_per_token);
     }
     std::vector<at::Tensor> p;
     for (const at::Tensor& t : w) p.push_back(t.detach().requires_grad_(true));
     at::Tensor xi = x.detach().requires_grad_(true);
-    at::Tensor y = rp::workers::models::BlockForward(c, p, xi, rope, replay ? &d : nullptr);  // recompute
+    at::Tensor y = rp::workers::models::BlockForward(c, 0, p, xi, rope, replay ? &d : nullptr);  // recompute
     y.backward(dy);
   };
   // The sparse MLP alone: its router and experts on normed-like inputs.

@@ -45,7 +45,7 @@ at::Tensor ReferenceModel::Loss(const std::map<std::string, at::Tensor>& params,
   };
   workers::models::Rope rope = workers::models::MakeRope(cfg_, tokens.size(1), c10::Device(c10::kCPU));
   at::Tensor x = workers::models::EmbeddingForward(w(0)[0], tokens);
-  for (int l = 1; l <= cfg_.num_blocks; ++l) x = workers::models::BlockForward(cfg_, w(l), x, rope);
+  for (int l = 1; l <= cfg_.num_blocks; ++l) x = workers::models::BlockForward(cfg_, l - 1, w(l), x, rope);
   std::vector<at::Tensor> head = w(cfg_.head_layer());
   at::Tensor hn = workers::models::FinalNorm(cfg_, head[0], x);
   at::Tensor logits = at::matmul(hn.to(at::kFloat), head[1].to(at::kFloat).t());

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hub_experts.h"
+#include "workers/io/mxfp4.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/models/layers.h"
 #include "workers/store/host_model_store.h"
@@ -89,31 +90,64 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Locate(const HfWeightFile
   return sf;
 }
 
-// Where a store parameter is read from: the tensor itself, or — for a sparse block's stacked
-// experts stored per expert (hub_experts.h) — those pieces, expert by expert.
+// Where a store parameter is read from: the tensor itself; for a GPT-OSS block's stacked experts
+// stored in MXFP4 (mxfp4.h), its `_blocks` and `_scales`; or, for a Qwen3-MoE block's stacked
+// experts stored per expert (hub_experts.h), those pieces, expert by expert.
 struct Piece {
   std::shared_ptr<const SafetensorsFile> file;
   std::string name;
 };
 struct ParamSource {
   std::shared_ptr<const SafetensorsFile> whole;  // set: the tensor itself
+  std::vector<Piece> mxfp4;                      // else, when set: blocks and scales
   std::vector<std::vector<Piece>> per_expert;    // else: each expert's pieces in row order
 };
+
+// The MXFP4 pair of stacked tensor `name` [E, A, B] (x·W layout): blocks [E, B, A/32, 16] and
+// scales [E, B, A/32] (transformers dequantises them to [E, B, A] and transposes the last two).
+// NotFound when the directory has no `name`_blocks.
+absl::StatusOr<std::vector<Piece>> LocateMxfp4(const HfWeightFiles& w, const std::string& dir, const std::string& name,
+                                               const std::vector<int64_t>& shape) {
+  if (shape.size() != 3 || w.file_of.count(name + "_blocks") == 0) {
+    return absl::NotFoundError(absl::StrCat("model dir '", dir, "' has no tensor ", name, "_blocks"));
+  }
+  if (shape[1] % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, "_blocks: MXFP4 needs ", shape[1],
+                                                   " (dimension 1 of ", name, ") to be a multiple of 32"));
+  }
+  const int64_t groups = shape[1] / 32;
+  std::vector<Piece> out;
+  for (const auto& [suffix, s] :
+       {std::pair<std::string, std::vector<int64_t>>{"_blocks", {shape[0], shape[2], groups, 16}},
+        {"_scales", {shape[0], shape[2], groups}}}) {
+    auto f = Locate(w, dir, name + suffix, s);
+    if (!f.ok()) return absl::InvalidArgumentError(f.status().message());  // half a pair: a broken directory
+    if ((*f)->Find(name + suffix)->dtype != at::kByte) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, suffix, " must be U8 (MXFP4)"));
+    }
+    out.push_back({*f, name + suffix});
+  }
+  return out;
+}
 
 absl::StatusOr<ParamSource> LocateParam(const HfWeightFiles& w, const std::string& dir, const std::string& name,
                                         const std::vector<int64_t>& shape) {
   auto sf = Locate(w, dir, name, shape);
+  if (sf.ok()) return ParamSource{*sf, {}, {}};
+  if (sf.status().code() != absl::StatusCode::kNotFound) return sf.status();
+  auto packed = LocateMxfp4(w, dir, name, shape);
+  if (packed.ok()) return ParamSource{nullptr, *std::move(packed), {}};
+  if (packed.status().code() != absl::StatusCode::kNotFound) return packed.status();
   const std::vector<HubExpertPiece> pieces = HubExpertPieces(name, shape);
-  if (sf.ok() || sf.status().code() != absl::StatusCode::kNotFound || pieces.empty()) {
-    if (!sf.ok()) return sf.status();
-    return ParamSource{*sf, {}};
-  }
+  if (pieces.empty()) return sf.status();
   ParamSource src;
   src.per_expert.resize(static_cast<size_t>(shape[0]));
   for (const HubExpertPiece& p : pieces) {
     auto f = Locate(w, dir, p.name, p.shape);
     // A missing expert tensor is a broken model directory, as a misshapen one is.
-    if (!f.ok()) return absl::InvalidArgumentError(f.status().message());
+    if (!f.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(f.status().message(), " (nor ", name, " stacked or in MXFP4)"));
+    }
     src.per_expert[static_cast<size_t>(p.expert)].push_back({*f, p.name});
   }
   return src;
@@ -121,6 +155,15 @@ absl::StatusOr<ParamSource> LocateParam(const HfWeightFiles& w, const std::strin
 
 absl::StatusOr<at::Tensor> ReadParam(const ParamSource& src, const std::string& name) {
   if (src.whole) return src.whole->Read(name, at::kFloat);
+  if (!src.mxfp4.empty()) {
+    auto blocks = src.mxfp4[0].file->Read(src.mxfp4[0].name, at::kByte);
+    if (!blocks.ok()) return blocks.status();
+    auto scales = src.mxfp4[1].file->Read(src.mxfp4[1].name, at::kByte);
+    if (!scales.ok()) return scales.status();
+    auto t = DequantizeMxfp4(*blocks, *scales, at::kFloat);
+    if (!t.ok()) return t.status();
+    return t->transpose(1, 2).contiguous();
+  }
   std::vector<at::Tensor> experts;
   for (const std::vector<Piece>& pieces : src.per_expert) {
     std::vector<at::Tensor> parts;

@@ -46,8 +46,13 @@ absl::Status ParseFamily(const std::string& type, models::TransformerConfig* c) 
     c->qk_norm = true;
   } else if (type == "qwen2") {
     c->family = "llama";  // Qwen2 = Llama layout + q/k/v biases, refused by CheckSupportedLayers
+  } else if (type == "gpt_oss") {
+    c->family = "gpt_oss";
+    c->rope_theta = 150000;  // GptOssConfig.default_theta
+    c->rms_eps = 1e-5;
   } else {
-    return Bad(absl::StrCat("model_type '", type, "' is not supported (llama, mistral, qwen2, qwen3, qwen3_moe)"));
+    return Bad(
+        absl::StrCat("model_type '", type, "' is not supported (llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss)"));
   }
   return absl::OkStatus();
 }
@@ -79,12 +84,14 @@ absl::Status ParseShape(const Json& j, models::TransformerConfig* c) {
 // Qwen3-MoE's experts (transformers' Qwen3MoeConfig: norm_topk_prob defaults to false,
 // decoder_sparse_step to 1, mlp_only_layers to none).
 absl::Status ParseExperts(const Json& j, models::TransformerConfig* c) {
-  int64_t experts = 0, top_k = 0, width = 0, step = 1;
+  int64_t experts = 0, top_k = 0, width = c->intermediate, step = 1;
   const char* experts_key =
       j.contains("num_local_experts") && !j.contains("num_experts") ? "num_local_experts" : "num_experts";
+  // GPT-OSS: every block sparse, the experts intermediate_size wide.
+  const bool gpt_oss = c->gpt_oss();
   for (absl::Status st :
        {GetInt(j, experts_key, &experts, true), GetInt(j, "num_experts_per_tok", &top_k, true),
-        GetInt(j, "moe_intermediate_size", &width, true), GetInt(j, "decoder_sparse_step", &step, false)}) {
+        GetInt(j, "moe_intermediate_size", &width, !gpt_oss), GetInt(j, "decoder_sparse_step", &step, false)}) {
     if (!st.ok()) return st;
   }
   if (top_k > experts) {
@@ -94,7 +101,7 @@ absl::Status ParseExperts(const Json& j, models::TransformerConfig* c) {
   c->experts_per_token = static_cast<int>(top_k);
   c->expert_intermediate = width;
   c->decoder_sparse_step = static_cast<int>(step);
-  c->norm_topk_prob = IsTrue(j, "norm_topk_prob");
+  c->norm_topk_prob = IsTrue(j, "norm_topk_prob") || gpt_oss;  // GPT-OSS: a softmax over the k selected
   if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
     if (!j["mlp_only_layers"].is_array()) return Bad("mlp_only_layers must be a list of layer indices");
     for (const Json& x : j["mlp_only_layers"]) {
@@ -105,7 +112,7 @@ absl::Status ParseExperts(const Json& j, models::TransformerConfig* c) {
     }
   }
   if (IsTrue(j, "output_router_logits")) {  // transformers then adds the load-balancing loss
-    c->router_aux_loss_coef = 0.001;        // Qwen3MoeConfig's default
+    c->router_aux_loss_coef = 0.001;        // Qwen3MoeConfig's and GptOssConfig's default
     const char* key = "router_aux_loss_coef";
     if (j.contains(key) && !j[key].is_null()) {  // 0 is allowed here: transformers adds nothing
       if (!j[key].is_number() || !(j[key].get<double>() >= 0) || !std::isfinite(j[key].get<double>())) {
@@ -117,8 +124,46 @@ absl::Status ParseExperts(const Json& j, models::TransformerConfig* c) {
   return absl::OkStatus();
 }
 
+// GPT-OSS's attention: q/k/v/o biases unless attention_bias is false, the sliding window and
+// which blocks use it (layer_types; transformers' default alternates, sliding first), and the
+// experts' clamped SwiGLU.
+absl::Status ParseGptOss(const Json& j, models::TransformerConfig* c) {
+  c->attention_bias =
+      !(j.contains("attention_bias") && j["attention_bias"].is_boolean()) || j["attention_bias"].get<bool>();
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    if (absl::Status st = GetInt(j, "sliding_window", &c->sliding_window, false); !st.ok()) return st;
+  } else {
+    c->sliding_window = 128;  // GptOssConfig's default
+  }
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const Json& types = j["layer_types"];
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != c->num_blocks) {
+      return Bad(absl::StrCat("layer_types must list ", c->num_blocks, " entries (num_hidden_layers)"));
+    }
+    for (int i = 0; i < c->num_blocks; ++i) {
+      const Json& t = types[static_cast<size_t>(i)];
+      if (t == "sliding_attention") {
+        c->sliding_layers.push_back(i);
+      } else if (t != "full_attention") {
+        return Bad(absl::StrCat("layer_types[", i, "] must be sliding_attention or full_attention"));
+      }
+    }
+  } else {
+    for (int i = 0; i < c->num_blocks; i += 2) c->sliding_layers.push_back(i);
+  }
+  if (c->sliding_layers.empty()) c->sliding_window = 0;
+  for (absl::Status st : {GetNum(j, "swiglu_alpha", &c->swiglu_alpha), GetNum(j, "swiglu_limit", &c->swiglu_limit)}) {
+    if (!st.ok()) return st;
+  }
+  if (j.contains("attention_dropout") && !(j["attention_dropout"].is_number() && j["attention_dropout"] == 0)) {
+    return Bad("attention_dropout must be 0");
+  }
+  return absl::OkStatus();
+}
+
 // What the engine's layers do not implement is refused, never silently ignored.
 absl::Status CheckSupportedLayers(const Json& j, const std::string& type) {
+  if (type == "gpt_oss") return absl::OkStatus();  // ParseGptOss reads its biases and windows
   if (type == "qwen2" || IsTrue(j, "attention_bias")) {
     return Bad("attention biases (Qwen2, attention_bias: true) are not supported by the engine's layers");
   }
@@ -131,8 +176,37 @@ absl::Status CheckSupportedLayers(const Json& j, const std::string& type) {
   return absl::OkStatus();
 }
 
+// YaRN as transformers' _compute_yarn_parameters reads it.
+absl::Status ParseYarn(const Json& r, models::TransformerConfig* c) {
+  auto num = [&](const char* key, double def) {
+    return r.contains(key) && r[key].is_number() ? r[key].get<double>() : def;
+  };
+  models::RopeScaling& y = c->rope_scaling;
+  y.yarn = true;
+  if (!r.contains("factor") || !r["factor"].is_number() || !r.contains("original_max_position_embeddings") ||
+      !r["original_max_position_embeddings"].is_number_integer()) {
+    return Bad("yarn rope scaling needs a number factor and an integer original_max_position_embeddings");
+  }
+  y.factor = r["factor"].get<double>();
+  y.original_max_position = r["original_max_position_embeddings"].get<int64_t>();
+  y.beta_fast = num("beta_fast", 0) != 0 ? num("beta_fast", 0) : 32;  // transformers: `or 32`
+  y.beta_slow = num("beta_slow", 0) != 0 ? num("beta_slow", 0) : 1;
+  y.truncate = !(r.contains("truncate") && r["truncate"].is_boolean()) || r["truncate"].get<bool>();
+  if (!(y.factor > 0) || !std::isfinite(y.factor)) return Bad("yarn rope scaling: factor must be a finite number > 0");
+  auto mscale = [&](double m) { return y.factor <= 1 ? 1.0 : 0.1 * m * std::log(y.factor) + 1.0; };
+  if (r.contains("attention_factor") && !r["attention_factor"].is_null()) {
+    y.attention_factor = num("attention_factor", 0);
+  } else if (num("mscale", 0) != 0 && num("mscale_all_dim", 0) != 0) {
+    y.attention_factor = mscale(num("mscale", 0)) / mscale(num("mscale_all_dim", 0));
+  } else {
+    y.attention_factor = mscale(1);
+  }
+  return absl::OkStatus();
+}
+
 // RoPE: transformers >= 5 writes "rope_parameters" (with rope_theta inside); older configs
-// have "rope_scaling" and a top-level "rope_theta".
+// have "rope_scaling" and a top-level "rope_theta". GPT-OSS without either is YaRN with
+// GptOssConfig's defaults.
 absl::Status ParseRope(const Json& j, models::TransformerConfig* c) {
   const Json* rope = nullptr;
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
@@ -140,6 +214,12 @@ absl::Status ParseRope(const Json& j, models::TransformerConfig* c) {
   } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     if (!j["rope_scaling"].is_object()) return Bad("rope_scaling must be an object or null");
     rope = &j["rope_scaling"];
+  }
+  if (!rope && c->gpt_oss()) {
+    static const Json kGptOssDefault = {{"rope_type", "yarn"}, {"factor", 32.0},
+                                        {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                                        {"truncate", false},   {"original_max_position_embeddings", 4096}};
+    rope = &kGptOssDefault;
   }
   if (!rope) return absl::OkStatus();
   const auto& r = *rope;
@@ -155,7 +235,8 @@ absl::Status ParseRope(const Json& j, models::TransformerConfig* c) {
     }
   }
   if (rt == "default") return absl::OkStatus();
-  if (rt != "llama3") return Bad(absl::StrCat("rope type '", rt, "' is not supported (default or llama3)"));
+  if (rt == "yarn") return ParseYarn(r, c);
+  if (rt != "llama3") return Bad(absl::StrCat("rope type '", rt, "' is not supported (default, llama3 or yarn)"));
   auto num = [&](const char* key, double def) {
     return r.contains(key) && r[key].is_number() ? r[key].get<double>() : def;
   };
@@ -179,8 +260,21 @@ absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& text)
   if (absl::Status st = ParseFamily(type, &c); !st.ok()) return st;
   if (absl::Status st = ParseShape(cj, &c); !st.ok()) return st;
   if (absl::Status st = CheckSupportedLayers(cj, type); !st.ok()) return st;
-  if (type == "qwen3_moe") {
+  if (type == "qwen3_moe" || type == "gpt_oss") {
     if (absl::Status st = ParseExperts(cj, &c); !st.ok()) return st;
+  }
+  if (type == "gpt_oss") {
+    if (absl::Status st = ParseGptOss(cj, &c); !st.ok()) return st;
+  }
+  if (cj.contains("quantization_config") && !cj["quantization_config"].is_null()) {
+    const Json& q = cj["quantization_config"];
+    const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+                                   ? q["quant_method"].get<std::string>()
+                                   : "";
+    if (type != "gpt_oss" || method != "mxfp4") {
+      return Bad(absl::StrCat("quantization_config: quant_method '", method,
+                              "' is not supported (only GPT-OSS's mxfp4 experts, dequantised at load)"));
+    }
   }
   if (absl::Status st = ParseRope(cj, &c); !st.ok()) return st;
   if (absl::Status st = c.Validate(); !st.ok()) return Bad(std::string(st.message()));

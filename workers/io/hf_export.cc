@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,9 +26,27 @@ namespace {
 absl::Status Export(const absl::Status& st) { return absl::Status(st.code(), absl::StrCat("export: ", st.message())); }
 }  // namespace
 
-std::string HfConfigJson(const models::TransformerConfig& c, at::ScalarType dtype) {
+namespace {
+
+// The architecture and its experts, as transformers' config classes name them.
+void ArchitectureJson(const models::TransformerConfig& c, nlohmann::json& j) {
   const bool qwen = c.family == "qwen3";
-  nlohmann::json j;
+  if (c.gpt_oss()) {
+    j["architectures"] = {"GptOssForCausalLM"};
+    j["model_type"] = "gpt_oss";
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["swiglu_alpha"] = c.swiglu_alpha;
+    j["swiglu_limit"] = c.swiglu_limit;
+    j["output_router_logits"] = false;
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+    nlohmann::json types = nlohmann::json::array();
+    for (int b = 0; b < c.num_blocks; ++b) types.push_back(c.SlidingBlock(b) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    j["attention_bias"] = c.attention_bias;
+    j["attention_dropout"] = 0.0;
+    return;
+  }
   j["architectures"] = {c.is_moe() ? "Qwen3MoeForCausalLM" : qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
   j["model_type"] = c.is_moe() ? "qwen3_moe" : qwen ? "qwen3" : "llama";
   if (c.is_moe()) {
@@ -39,30 +58,54 @@ std::string HfConfigJson(const models::TransformerConfig& c, at::ScalarType dtyp
     j["mlp_only_layers"] = c.mlp_only_layers;
     j["output_router_logits"] = false;
   }
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+}
+
+void RopeJson(const models::TransformerConfig& c, nlohmann::json& j) {
+  const models::RopeScaling& r = c.rope_scaling;
+  j["rope_theta"] = c.rope_theta;
+  j["max_position_embeddings"] = std::max<int64_t>(r.original_max_position, 8192);
+  if (r.factor > 0 && r.yarn) {
+    j["max_position_embeddings"] =
+        static_cast<int64_t>(std::llround(static_cast<double>(r.original_max_position) * r.factor));
+    j["rope_scaling"] = {{"rope_type", "yarn"},
+                         {"factor", r.factor},
+                         {"beta_fast", r.beta_fast},
+                         {"beta_slow", r.beta_slow},
+                         {"truncate", r.truncate},
+                         {"attention_factor", r.attention_factor},
+                         {"original_max_position_embeddings", r.original_max_position}};
+  } else if (r.factor > 0) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", r.factor},
+                         {"low_freq_factor", r.low_freq_factor},
+                         {"high_freq_factor", r.high_freq_factor},
+                         {"original_max_position_embeddings", r.original_max_position}};
+  } else if (c.gpt_oss()) {  // GptOssConfig reads a missing rope_parameters as YaRN
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+}
+
+}  // namespace
+
+std::string HfConfigJson(const models::TransformerConfig& c, at::ScalarType dtype) {
+  nlohmann::json j;
+  ArchitectureJson(c, j);
   j["vocab_size"] = c.vocab;
   j["hidden_size"] = c.hidden;
-  j["intermediate_size"] = c.intermediate;
+  j["intermediate_size"] = c.gpt_oss() ? c.expert_intermediate : c.intermediate;
   j["num_hidden_layers"] = c.num_blocks;
   j["num_attention_heads"] = c.num_heads;
   j["num_key_value_heads"] = c.num_kv_heads;
   j["head_dim"] = c.head_dim;
   j["rms_norm_eps"] = c.rms_eps;
-  j["rope_theta"] = c.rope_theta;
   j["tie_word_embeddings"] = c.tied_embeddings;
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["mlp_bias"] = false;
-  j["max_position_embeddings"] = std::max<int64_t>(c.rope_scaling.original_max_position, 8192);
   j["torch_dtype"] = dtype == at::kFloat ? "float32" : dtype == at::kHalf ? "float16" : "bfloat16";
-  if (c.rope_scaling.factor > 0) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
-  } else {
-    j["rope_scaling"] = nullptr;
-  }
+  RopeJson(c, j);
   return j.dump(2);
 }
 
@@ -72,8 +115,8 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
                                       const HfExportOptions& options) {
   auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
   if (!out.ok()) return Export(out.status());
-  // The hub's layout: a sparse block's stacked experts go out per expert (hub_experts.h), which
-  // every transformers version loads.
+  // The hub's layout: a Qwen3-MoE block's stacked experts go out per expert (hub_experts.h),
+  // which every transformers version loads; GPT-OSS's go out stacked, as the hub stores them.
   struct Source {
     std::string name;  // the parameter
     HubExpertPiece piece;
@@ -82,7 +125,8 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
   std::vector<TensorDecl> decls;
   std::vector<Source> sources;
   for (const auto& [name, shape] : tensors) {
-    const std::vector<HubExpertPiece> pieces = HubExpertPieces(name, shape);
+    const std::vector<HubExpertPiece> pieces =
+        config.gpt_oss() ? std::vector<HubExpertPiece>{} : HubExpertPieces(name, shape);
     if (pieces.empty()) {
       decls.push_back({name, options.dtype, shape});
       sources.push_back({name, {}, false});

@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "workers/models/block_parts.h"
+#include "workers/models/gpt_oss.h"
 #include "workers/models/test_hooks.h"
 
 namespace rp::workers::models {
@@ -25,34 +28,60 @@ std::vector<ParamSpec> ModelParams(const TransformerConfig& cfg) {
   return out;
 }
 
-std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
+namespace {
+
+// A block's attention weights, in the order BlockForward takes them.
+void AttentionParams(const TransformerConfig& c, const std::string& p, std::vector<ParamSpec>* out) {
   const int64_t h = c.hidden, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  out->push_back({p + "input_layernorm.weight", {h}, true});
+  const std::pair<const char*, std::vector<int64_t>> projections[] = {
+      {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
+  for (const auto& [name, shape] : projections) {
+    out->push_back({p + "self_attn." + name + ".weight", shape});
+    if (c.attention_bias) out->push_back({p + "self_attn." + name + ".bias", {shape[0]}});
+  }
+  if (c.qk_norm) {
+    out->push_back({p + "self_attn.q_norm.weight", {c.head_dim}, true});
+    out->push_back({p + "self_attn.k_norm.weight", {c.head_dim}, true});
+  }
+  if (c.gpt_oss()) out->push_back({p + "self_attn.sinks", {c.num_heads}});
+  out->push_back({p + "post_attention_layernorm.weight", {h}, true});
+}
+
+// A block's MLP: dense, Qwen3-MoE's stacked experts (transformers >= 5's layout) or GPT-OSS's.
+void MlpParams(const TransformerConfig& c, int block, const std::string& p, std::vector<ParamSpec>* out) {
+  const int64_t h = c.hidden, e = c.num_experts, i = c.expert_intermediate;
+  if (c.gpt_oss()) {
+    out->push_back({p + "mlp.router.weight", {e, h}});
+    out->push_back({p + "mlp.router.bias", {e}});
+    out->push_back({p + "mlp.experts.gate_up_proj", {e, h, 2 * i}});
+    out->push_back({p + "mlp.experts.gate_up_proj_bias", {e, 2 * i}});
+    out->push_back({p + "mlp.experts.down_proj", {e, i, h}});
+    out->push_back({p + "mlp.experts.down_proj_bias", {e, h}});
+  } else if (c.SparseBlock(block)) {
+    out->push_back({p + "mlp.gate.weight", {e, h}});
+    out->push_back({p + "mlp.experts.gate_up_proj", {e, 2 * i, h}});
+    out->push_back({p + "mlp.experts.down_proj", {e, h, i}});
+  } else {
+    out->push_back({p + "mlp.gate_proj.weight", {c.intermediate, h}});
+    out->push_back({p + "mlp.up_proj.weight", {c.intermediate, h}});
+    out->push_back({p + "mlp.down_proj.weight", {h, c.intermediate}});
+  }
+}
+
+}  // namespace
+
+std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
+  const int64_t h = c.hidden;
   if (layer == 0) return {{"model.embed_tokens.weight", {c.vocab, h}}};
   if (layer == c.head_layer()) {
     return {{"model.norm.weight", {h}, true},
             {c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", {c.vocab, h}}};
   }
   const std::string p = absl::StrCat("model.layers.", layer - 1, ".");
-  std::vector<ParamSpec> out = {
-      {p + "input_layernorm.weight", {h}, true}, {p + "self_attn.q_proj.weight", {q, h}},
-      {p + "self_attn.k_proj.weight", {kv, h}},  {p + "self_attn.v_proj.weight", {kv, h}},
-      {p + "self_attn.o_proj.weight", {h, q}},
-  };
-  if (c.qk_norm) {
-    out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, true});
-    out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, true});
-  }
-  out.push_back({p + "post_attention_layernorm.weight", {h}, true});
-  if (c.SparseBlock(layer - 1)) {  // transformers >= 5's stacked layout
-    const int64_t e = c.num_experts, i = c.expert_intermediate;
-    out.push_back({p + "mlp.gate.weight", {e, h}});
-    out.push_back({p + "mlp.experts.gate_up_proj", {e, 2 * i, h}});
-    out.push_back({p + "mlp.experts.down_proj", {e, h, i}});
-  } else {
-    out.push_back({p + "mlp.gate_proj.weight", {c.intermediate, h}});
-    out.push_back({p + "mlp.up_proj.weight", {c.intermediate, h}});
-    out.push_back({p + "mlp.down_proj.weight", {h, c.intermediate}});
-  }
+  std::vector<ParamSpec> out;
+  AttentionParams(c, p, &out);
+  MlpParams(c, layer - 1, p, &out);
   if (c.lora.rank > 0) {
     const int64_t r = c.lora.rank;
     for (const std::string& m : LoraModules()) {
@@ -75,28 +104,61 @@ const std::vector<std::string>& LoraModules() {
   return kModules;
 }
 
+namespace {
+
+// Llama-3: long wavelengths are divided by `factor`, short ones kept, the band between
+// interpolated smoothly.
+at::Tensor Llama3Frequencies(const RopeScaling& rs, const at::Tensor& inv_freq) {
+  const double old_len = static_cast<double>(rs.original_max_position);
+  const double low_wavelen = old_len / rs.low_freq_factor;
+  const double high_wavelen = old_len / rs.high_freq_factor;
+  at::Tensor wavelen = 2 * M_PI / inv_freq;
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq);
+  at::Tensor smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+  at::Tensor smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled;
+  at::Tensor medium = at::logical_not(wavelen < high_wavelen).logical_and(at::logical_not(wavelen > low_wavelen));
+  return at::where(medium, smoothed, scaled);
+}
+
+// YaRN: dimensions that turn more than beta_fast times over the original context keep their
+// frequency, those turning fewer than beta_slow times are divided by `factor`, and a linear ramp
+// blends the dimensions between.
+at::Tensor YarnFrequencies(const RopeScaling& rs, double theta, int64_t dim, const at::Tensor& inv_freq) {
+  const double old_len = static_cast<double>(rs.original_max_position);
+  auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) * std::log(old_len / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+  };
+  double low = correction_dim(rs.beta_fast), high = correction_dim(rs.beta_slow);
+  if (rs.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  const at::Tensor ramp = ((at::arange(dim / 2, inv_freq.options()) - low) / (high - low)).clamp(0, 1);
+  const at::Tensor keep = 1 - ramp;  // the share of the unscaled frequency
+  return inv_freq / rs.factor * (1 - keep) + inv_freq * keep;
+}
+
+}  // namespace
+
 Rope MakeRope(const TransformerConfig& c, int64_t seq, c10::Device device) {
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   at::Tensor inv_freq =
       1.0 / at::pow(c.rope_theta, at::arange(0, c.head_dim, 2, f64) / static_cast<double>(c.head_dim));
   const RopeScaling& rs = c.rope_scaling;
-  if (rs.factor > 0) {
-    // Llama-3: long wavelengths are divided by `factor`, short ones kept, the band between
-    // interpolated smoothly.
-    const double old_len = static_cast<double>(rs.original_max_position);
-    const double low_wavelen = old_len / rs.low_freq_factor;
-    const double high_wavelen = old_len / rs.high_freq_factor;
-    at::Tensor wavelen = 2 * M_PI / inv_freq;
-    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq);
-    at::Tensor smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-    at::Tensor smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled;
-    at::Tensor medium = at::logical_not(wavelen < high_wavelen).logical_and(at::logical_not(wavelen > low_wavelen));
-    inv_freq = at::where(medium, smoothed, scaled);
+  double scale = 1;
+  if (rs.factor > 0 && rs.yarn) {
+    inv_freq = YarnFrequencies(rs, c.rope_theta, c.head_dim, inv_freq);
+    scale = rs.attention_factor;
+  } else if (rs.factor > 0) {
+    inv_freq = Llama3Frequencies(rs, inv_freq);
   }
   at::Tensor pos = at::arange(seq, f64);
   at::Tensor freqs = at::outer(pos, inv_freq);
   at::Tensor emb = at::cat({freqs, freqs}, -1);
-  return {emb.cos().to(device, at::kFloat), emb.sin().to(device, at::kFloat)};
+  return {(emb.cos() * scale).to(device, at::kFloat), (emb.sin() * scale).to(device, at::kFloat)};
 }
 
 TokenLayout DocumentLayout(const Rope& table, const at::Tensor& positions) {
@@ -113,28 +175,68 @@ TokenLayout DocumentLayout(const Rope& table, const at::Tensor& positions) {
   return layout;
 }
 
-namespace {
+namespace parts {
 
+namespace {
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
+}  // namespace
 
-// x [b, heads, s, d]; cos/sin [s, d] or [b, 1, s, d] fp32.
 at::Tensor ApplyRope(const at::Tensor& x, const Rope& rope) {
   const at::Tensor cos = rope.cos.to(x.scalar_type());
   const at::Tensor sin = rope.sin.to(x.scalar_type());
   return x * cos + RotateHalf(x) * sin;
 }
 
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  // Normalise in fp32 like the reference implementations, then scale in the weight's dtype.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, bool scale_in_fp32) {
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (scale_in_fp32) return (w.to(at::kFloat) * y).to(x.scalar_type());
   return w * y.to(x.scalar_type());
 }
 
-}  // namespace
+at::Tensor RepeatKv(const at::Tensor& x, int64_t rep) { return rep == 1 ? x : x.repeat_interleave(rep, 1); }
+
+at::Tensor AttendMask(const TokenLayout& layout, int64_t s, int64_t window, c10::Device device) {
+  at::Tensor mask = layout.attn_mask.defined()
+                        ? layout.attn_mask
+                        : at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(device)).tril();
+  if (window > 0) {  // key j is visible from query i when i - window < j (transformers' sliding overlay)
+    const at::Tensor band = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1 - window);
+    mask = mask.logical_and(band);
+  }
+  return mask;
+}
+
+at::Tensor GroupedExperts(const at::Tensor& x, const MoeRouting& routing, int64_t num_experts,
+                          int64_t experts_per_token, const ExpertFfn& ffn) {
+  const int64_t h = x.size(-1), k = experts_per_token;
+  const at::Tensor flat = x.reshape({-1, h});
+  // Pair p = token * k + choice, sorted by expert, then choice, then token, and gathered once.
+  const at::Tensor pair_expert = routing.experts.reshape({-1});
+  const int64_t T = flat.size(0);
+  const at::Tensor pair = at::arange(T * k, pair_expert.options());
+  const at::Tensor key = pair_expert * (k * T) + at::remainder(pair, k) * T + at::div(pair, k, "floor");
+  const at::Tensor order = at::argsort(key, /*stable=*/true, 0);
+  const at::Tensor token_of = at::div(order, k, "floor");
+  const at::Tensor rows = flat.index_select(0, token_of);
+  const at::Tensor weights = routing.weights.reshape({-1}).index_select(0, order);
+  const at::Tensor counts = routing.counts.contiguous();
+  const int64_t* count = counts.data_ptr<int64_t>();
+  std::vector<at::Tensor> outs;
+  int64_t start = 0;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (count[e] == 0) continue;
+    outs.push_back(ffn(e, rows.narrow(0, start, count[e])));
+    start += count[e];
+  }
+  const at::Tensor y = at::cat(outs, 0) * weights.unsqueeze(1);
+  return at::zeros_like(flat).index_add(0, token_of, y.to(flat.scalar_type())).view(x.sizes());
+}
+
+}  // namespace parts
 
 MoeRouting RouteTokens(const TransformerConfig& c, const at::Tensor& router_weight, const at::Tensor& x,
                        const RoutingDecision* replay) {
@@ -184,115 +286,120 @@ RoutingDecision UnpackRouting(const at::Tensor& packed, int64_t num_experts, int
 
 at::Tensor MoeExperts(const TransformerConfig& c, const at::Tensor& gate_up, const at::Tensor& down,
                       const at::Tensor& x, const MoeRouting& routing) {
-  const int64_t h = x.size(-1), k = c.experts_per_token;
-  const at::Tensor flat = x.reshape({-1, h});
-  // Token-expert pairs (pair p = token * k + choice) sorted by expert, then by choice, then by
-  // token — the order transformers' per-expert loop visits them in, so each expert's GEMMs sum
-  // their rows in the same order — and gathered once.
-  const at::Tensor pair_expert = routing.experts.reshape({-1});
-  const int64_t T = flat.size(0);
-  const at::Tensor pair = at::arange(T * k, pair_expert.options());
-  const at::Tensor key = pair_expert * (k * T) + at::remainder(pair, k) * T + at::div(pair, k, "floor");
-  const at::Tensor order = at::argsort(key, /*stable=*/true, 0);
-  const at::Tensor token_of = at::div(order, k, "floor");
-  const at::Tensor rows = flat.index_select(0, token_of);
-  const at::Tensor weights = routing.weights.reshape({-1}).index_select(0, order);
-  const at::Tensor counts = routing.counts.contiguous();
-  const int64_t* count = counts.data_ptr<int64_t>();
   // One unbind for all experts: indexing the stacked weight per expert would make autograd
   // allocate a full-size zero gradient for each.
   const std::vector<at::Tensor> gu = gate_up.unbind(0), dn = down.unbind(0);
-  std::vector<at::Tensor> outs;
-  int64_t start = 0;
-  for (int64_t e = 0; e < c.num_experts; ++e) {
-    if (count[e] == 0) continue;
-    const at::Tensor xe = rows.narrow(0, start, count[e]);
+  return parts::GroupedExperts(x, routing, c.num_experts, c.experts_per_token, [&](int64_t e, const at::Tensor& xe) {
     const std::vector<at::Tensor> g_u = at::linear(xe, gu[static_cast<size_t>(e)]).chunk(2, -1);
-    outs.push_back(at::linear(at::silu(g_u[0]) * g_u[1], dn[static_cast<size_t>(e)]));
-    start += count[e];
-  }
-  const at::Tensor y = at::cat(outs, 0) * weights.unsqueeze(1);
-  return at::zeros_like(flat).index_add(0, token_of, y.to(flat.scalar_type())).view(x.sizes());
+    return at::linear(at::silu(g_u[0]) * g_u[1], dn[static_cast<size_t>(e)]);
+  });
 }
 
 at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens) {
   return at::embedding(weight, tokens);
 }
 
-at::Tensor BlockForward(const TransformerConfig& c, const std::vector<at::Tensor>& w, const at::Tensor& x,
-                        const TokenLayout& layout, const RoutingDecision* replay, RoutingDecision* record) {
-  const Rope& rope = layout.rope;
-  const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
+namespace {
+
+// A block's weights by role, from BlockForward's `w` (LayerParams order).
+struct BlockWeights {
+  at::Tensor in_norm, post_norm, q_norm, k_norm, sinks;
+  at::Tensor proj[4], bias[4];  // q, k, v, o (biases undefined without attention_bias)
+  // Dense: gate, up, down. Qwen3-MoE: router, gate_up, down. GPT-OSS: router weight and bias,
+  // gate_up and its bias, down and its bias.
+  std::vector<at::Tensor> mlp;
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> adapters;  // LoRA A, B by module
+};
+
+BlockWeights SplitBlockWeights(const TransformerConfig& c, const std::vector<at::Tensor>& w) {
+  BlockWeights bw;
   size_t i = 0;
-  const at::Tensor& in_norm = w[i++];
-  const at::Tensor& wq = w[i++];
-  const at::Tensor& wk = w[i++];
-  const at::Tensor& wv = w[i++];
-  const at::Tensor& wo = w[i++];
-  at::Tensor q_norm, k_norm;
+  bw.in_norm = w[i++];
+  for (int p = 0; p < 4; ++p) {
+    bw.proj[p] = w[i++];
+    if (c.attention_bias) bw.bias[p] = w[i++];
+  }
   if (c.qk_norm) {
-    q_norm = w[i++];
-    k_norm = w[i++];
+    bw.q_norm = w[i++];
+    bw.k_norm = w[i++];
   }
-  const at::Tensor& post_norm = w[i++];
-  // Dense: gate, up, down projections; sparse: router, stacked gate_up, stacked down.
-  const at::Tensor& wg = w[i++];
-  const at::Tensor& wu = w[i++];
-  const at::Tensor& wd = w[i++];
-  const bool sparse = wu.dim() == 3;
-  // LoRA adapters follow, A then B per targeted module.
-  std::map<std::string, std::pair<at::Tensor, at::Tensor>> adapters;
-  if (c.lora.rank > 0) {
-    for (const std::string& m : LoraModules()) {
-      if (!c.lora.Targets(m)) continue;
-      at::Tensor a = w[i++];
-      at::Tensor bb = w[i++];
-      adapters[m] = {a, bb};
-    }
+  if (c.gpt_oss()) bw.sinks = w[i++];
+  bw.post_norm = w[i++];
+  const size_t mlp = c.gpt_oss() ? 6 : 3;
+  bw.mlp.assign(w.begin() + static_cast<std::ptrdiff_t>(i), w.begin() + static_cast<std::ptrdiff_t>(i + mlp));
+  i += mlp;
+  for (const std::string& m : LoraModules()) {
+    if (!c.lora.Targets(m)) continue;
+    bw.adapters[m] = {w[i], w[i + 1]};
+    i += 2;
   }
+  return bw;
+}
+
+// The block's attention output (before o_proj) for the normed input hn [b, s, h].
+at::Tensor BlockAttention(const TransformerConfig& c, int block, const BlockWeights& bw, const at::Tensor& hn,
+                          const TokenLayout& layout,
+                          const std::function<at::Tensor(const at::Tensor&, int, const char*)>& linear) {
+  const int64_t b = hn.size(0), s = hn.size(1), d = c.head_dim;
+  at::Tensor q = linear(hn, 0, "q_proj").view({b, s, c.num_heads, d});
+  at::Tensor k = linear(hn, 1, "k_proj").view({b, s, c.num_kv_heads, d});
+  at::Tensor v = linear(hn, 2, "v_proj").view({b, s, c.num_kv_heads, d});
+  if (c.qk_norm) {
+    q = parts::RmsNorm(q, bw.q_norm, c.rms_eps);
+    k = parts::RmsNorm(k, bw.k_norm, c.rms_eps);
+  }
+  q = parts::ApplyRope(q.transpose(1, 2), layout.rope);
+  k = parts::RepeatKv(parts::ApplyRope(k.transpose(1, 2), layout.rope), c.num_heads / c.num_kv_heads);
+  v = parts::RepeatKv(v.transpose(1, 2), c.num_heads / c.num_kv_heads);
+  at::Tensor a;
+  if (c.gpt_oss()) {
+    const int64_t window = c.SlidingBlock(block) ? c.sliding_window : 0;
+    a = SinkAttention(q, k, v, bw.sinks, parts::AttendMask(layout, s, window, hn.device()));
+  } else if (layout.attn_mask.defined()) {
+    a = at::scaled_dot_product_attention(q, k, v, layout.attn_mask, 0.0, /*is_causal=*/false);
+  } else {
+    a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  }
+  return a.transpose(1, 2).reshape({b, s, c.num_heads * d});
+}
+
+}  // namespace
+
+at::Tensor BlockForward(const TransformerConfig& c, int block, const std::vector<at::Tensor>& w, const at::Tensor& x,
+                        const TokenLayout& layout, const RoutingDecision* replay, RoutingDecision* record) {
+  const BlockWeights bw = SplitBlockWeights(c, w);
   const double lora_scale = c.lora.rank > 0 ? c.lora.alpha / c.lora.rank : 0.0;
-  auto linear = [&](const at::Tensor& in, const at::Tensor& weight, const char* module) {
-    at::Tensor y = at::linear(in, weight);
-    auto it = adapters.find(module);
-    if (it != adapters.end()) y = y + at::linear(at::linear(in, it->second.first), it->second.second) * lora_scale;
+  // A projection with its LoRA adapter, when the module has one.
+  auto adapted = [&](const at::Tensor& in, const at::Tensor& weight, const at::Tensor& bias, const char* module) {
+    at::Tensor y = at::linear(in, weight, bias);
+    auto it = bw.adapters.find(module);
+    if (it != bw.adapters.end()) y = y + at::linear(at::linear(in, it->second.first), it->second.second) * lora_scale;
     return y;
   };
-
-  at::Tensor hn = RmsNorm(x, in_norm, c.rms_eps);
-  at::Tensor q = linear(hn, wq, "q_proj").view({b, s, c.num_heads, d});
-  at::Tensor k = linear(hn, wk, "k_proj").view({b, s, c.num_kv_heads, d});
-  at::Tensor v = linear(hn, wv, "v_proj").view({b, s, c.num_kv_heads, d});
-  if (c.qk_norm) {
-    q = RmsNorm(q, q_norm, c.rms_eps);
-    k = RmsNorm(k, k_norm, c.rms_eps);
-  }
-  q = ApplyRope(q.transpose(1, 2), rope);
-  k = ApplyRope(k.transpose(1, 2), rope);
-  v = v.transpose(1, 2);
-  if (c.num_kv_heads != c.num_heads) {
-    const int64_t rep = c.num_heads / c.num_kv_heads;
-    k = k.repeat_interleave(rep, 1);
-    v = v.repeat_interleave(rep, 1);
-  }
-  at::Tensor a = layout.attn_mask.defined()
-                     ? at::scaled_dot_product_attention(q, k, v, layout.attn_mask, 0.0, /*is_causal=*/false)
-                     : at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-  a = a.transpose(1, 2).reshape({b, s, c.num_heads * d});
-  at::Tensor h1 = x + linear(a, wo, "o_proj");
-  at::Tensor hn2 = RmsNorm(h1, post_norm, c.rms_eps);
-  if (sparse) {
-    const MoeRouting routing = RouteTokens(c, wg, hn2, replay);
+  auto linear = [&](const at::Tensor& in, int p, const char* module) {
+    return adapted(in, bw.proj[p], bw.bias[p], module);
+  };
+  const bool fp32_norms = c.gpt_oss();
+  at::Tensor hn = parts::RmsNorm(x, bw.in_norm, c.rms_eps, fp32_norms);
+  at::Tensor h1 = x + linear(BlockAttention(c, block, bw, hn, layout, linear), 3, "o_proj");
+  at::Tensor hn2 = parts::RmsNorm(h1, bw.post_norm, c.rms_eps, fp32_norms);
+  const std::vector<at::Tensor>& m = bw.mlp;
+  if (c.SparseBlock(block)) {
+    const MoeRouting routing =
+        c.gpt_oss() ? GptOssRoute(c, m[0], m[1], hn2, replay) : RouteTokens(c, m[0], hn2, replay);
     if (record) {
       *record = {routing.experts, routing.counts,
                  c.router_aux_loss_coef > 0 ? routing.probs.sum(0) : at::Tensor()};  // the aux loss's only input
     }
-    return h1 + MoeExperts(c, wu, wd, hn2, routing);
+    if (c.gpt_oss()) return h1 + GptOssExperts(c, GptOssExpertWeights{m[2], m[3], m[4], m[5]}, hn2, routing);
+    return h1 + MoeExperts(c, m[1], m[2], hn2, routing);
   }
-  return h1 + linear(at::silu(linear(hn2, wg, "gate_proj")) * linear(hn2, wu, "up_proj"), wd, "down_proj");
+  const at::Tensor gate = adapted(hn2, m[0], {}, "gate_proj"), up = adapted(hn2, m[1], {}, "up_proj");
+  return h1 + adapted(at::silu(gate) * up, m[2], {}, "down_proj");
 }
 
 at::Tensor FinalNorm(const TransformerConfig& c, const at::Tensor& norm_weight, const at::Tensor& x) {
-  return RmsNorm(x, norm_weight, c.rms_eps);
+  return parts::RmsNorm(x, norm_weight, c.rms_eps, /*scale_in_fp32=*/c.gpt_oss());
 }
 
 namespace {

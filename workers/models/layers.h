@@ -1,7 +1,7 @@
 // layers.h — the model as pure functions of (weights, inputs): token embedding, decoder block
-// (RMSNorm, GQA attention with RoPE incl. Llama-3 scaling, Qwen3 q/k-norm, causal mask, SwiGLU
-// MLP, residuals) and the head (final RMSNorm + LM head + cross-entropy in token chunks, so the
-// full-vocabulary logits never exist).
+// (RMSNorm, GQA attention with RoPE incl. Llama-3 and YaRN scaling, Qwen3 q/k-norm, causal mask,
+// SwiGLU MLP or experts, residuals; GPT-OSS's parts in gpt_oss.h) and the head (final RMSNorm + LM head + cross-entropy
+// in token chunks, so the full-vocabulary logits never exist).
 //
 // Contract: stateless and thread-safe; weights are passed per call in LayerParams() order.
 // Autograd is whatever the caller's GradMode says (forward stages run without it).
@@ -76,11 +76,11 @@ at::Tensor PackRouting(const RoutingDecision& d);
 // not E + T*k for the given E and k, or whose counts do not add up to T*k.
 RoutingDecision UnpackRouting(const at::Tensor& packed, int64_t num_experts, int64_t experts_per_token);
 
-// x [b, s, h] -> [b, s, h]; w in LayerParams(cfg, block layer) order (a sparse block's: the
-// router and the stacked experts, told apart from a dense MLP by the experts' 3-d shape). A
-// sparse block routes with `replay` when given (its experts on x's device), else live; `record`,
-// when given, receives the routing used. Dense blocks ignore both.
-at::Tensor BlockForward(const TransformerConfig& cfg, const std::vector<at::Tensor>& w, const at::Tensor& x,
+// Decoder block `block` (0-based: it decides dense or sparse, full or sliding attention):
+// x [b, s, h] -> [b, s, h]; w in LayerParams(cfg, block + 1) order. A sparse block routes with
+// `replay` when given (its experts on x's device), else live; `record`, when given, receives the
+// routing used. Dense blocks ignore both.
+at::Tensor BlockForward(const TransformerConfig& cfg, int block, const std::vector<at::Tensor>& w, const at::Tensor& x,
                         const TokenLayout& layout, const RoutingDecision* replay = nullptr,
                         RoutingDecision* record = nullptr);
 

@@ -9,8 +9,8 @@
 namespace rp::workers::models {
 
 absl::Status TransformerConfig::Validate() const {
-  if (family != "llama" && family != "qwen3") {
-    return absl::InvalidArgumentError(absl::StrCat("model family '", family, "': expected llama or qwen3"));
+  if (family != "llama" && family != "qwen3" && family != "gpt_oss") {
+    return absl::InvalidArgumentError(absl::StrCat("model family '", family, "': expected llama, qwen3 or gpt_oss"));
   }
   if (vocab <= 0 || hidden <= 0 || intermediate <= 0 || num_blocks <= 0 || num_heads <= 0 || num_kv_heads <= 0 ||
       head_dim <= 0) {
@@ -74,7 +74,7 @@ absl::Status TransformerConfig::Validate() const {
             absl::StrCat("model: mlp_only_layers names block ", b, "; the model has blocks 0..", num_blocks - 1));
       }
     }
-    if (family != "qwen3") return absl::InvalidArgumentError("model: experts are supported for the qwen3 family");
+    if (family == "llama") return absl::InvalidArgumentError("model: experts need the qwen3 or gpt_oss family");
     for (const std::string& t : lora.targets) {
       if (lora.rank > 0 && (t == "gate_proj" || t == "up_proj" || t == "down_proj")) {
         return absl::InvalidArgumentError(
@@ -88,7 +88,20 @@ absl::Status TransformerConfig::Validate() const {
     return absl::InvalidArgumentError("model: rope_theta must be a finite number > 0");
   }
   if (!(rms_eps > 0) || !(rms_eps < 1)) return absl::InvalidArgumentError("model: rms_eps must lie in (0, 1)");
-  if (rope_scaling.factor != 0) {
+  if (absl::Status st = ValidateGptOss(); !st.ok()) return st;
+  if (rope_scaling.factor != 0 && rope_scaling.yarn) {
+    const RopeScaling& r = rope_scaling;
+    for (double v : {r.factor, r.beta_fast, r.beta_slow, r.attention_factor}) {
+      if (!(v > 0) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            "model: yarn rope scaling needs finite factor, beta_fast, beta_slow and "
+            "attention_factor > 0");
+      }
+    }
+    if (r.original_max_position <= 0 || r.original_max_position > (int64_t{1} << 24)) {
+      return absl::InvalidArgumentError("model: yarn rope scaling needs original_max_position in [1, 2^24]");
+    }
+  } else if (rope_scaling.factor != 0) {
     const RopeScaling& r = rope_scaling;
     if (!(r.factor > 0) || !std::isfinite(r.factor) || !(r.low_freq_factor > 0) || !std::isfinite(r.low_freq_factor) ||
         !(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor) ||
@@ -104,6 +117,39 @@ absl::Status TransformerConfig::Validate() const {
                                                    " must be a finite number >= 0, and 0 without experts"));
   }
   return absl::OkStatus();
+}
+
+absl::Status TransformerConfig::ValidateGptOss() const {
+  if (!gpt_oss()) {
+    if (attention_bias || sliding_window != 0 || !sliding_layers.empty()) {
+      return absl::InvalidArgumentError(
+          "model: attention biases and sliding-window attention are supported for the gpt_oss family only");
+    }
+    return absl::OkStatus();
+  }
+  if (num_experts == 0 || decoder_sparse_step != 1 || !mlp_only_layers.empty() || qk_norm) {
+    return absl::InvalidArgumentError(
+        "model: a gpt_oss model has experts in every block (num_local_experts > 0, no dense MLP layers) and no q/k "
+        "norm");
+  }
+  if (sliding_window < 0 || sliding_window > (int64_t{1} << 24) || (!sliding_layers.empty() && sliding_window == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: sliding_window ", sliding_window, " must lie in 1..2^24 when a block slides"));
+  }
+  for (int b : sliding_layers) {
+    if (b < 0 || b >= num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: sliding layer ", b, " is not a block; the model has blocks 0..", num_blocks - 1));
+    }
+  }
+  if (!(swiglu_alpha > 0) || !std::isfinite(swiglu_alpha) || !(swiglu_limit > 0) || !std::isfinite(swiglu_limit)) {
+    return absl::InvalidArgumentError("model: swiglu_alpha and swiglu_limit must be finite numbers > 0");
+  }
+  return absl::OkStatus();
+}
+
+bool TransformerConfig::SlidingBlock(int block) const {
+  return std::find(sliding_layers.begin(), sliding_layers.end(), block) != sliding_layers.end();
 }
 
 bool TransformerConfig::SparseBlock(int block) const {

@@ -110,12 +110,14 @@ TEST(DocumentMasks, TheBlockSeesOnlyItsOwnDocument) {
   at::Tensor positions = at::cat({at::arange(4, at::kLong), at::arange(5, at::kLong)}).reshape({1, 9});
   const auto cpu = c10::Device(c10::kCPU);
   at::Tensor packed = workers::models::BlockForward(
-      cfg, w, x, workers::models::DocumentLayout(workers::models::MakeRope(cfg, 9, cpu), positions));
-  at::Tensor first = workers::models::BlockForward(cfg, w, x.narrow(1, 0, 4), workers::models::MakeRope(cfg, 4, cpu));
-  at::Tensor second = workers::models::BlockForward(cfg, w, x.narrow(1, 4, 5), workers::models::MakeRope(cfg, 5, cpu));
+      cfg, 0, w, x, workers::models::DocumentLayout(workers::models::MakeRope(cfg, 9, cpu), positions));
+  at::Tensor first =
+      workers::models::BlockForward(cfg, 0, w, x.narrow(1, 0, 4), workers::models::MakeRope(cfg, 4, cpu));
+  at::Tensor second =
+      workers::models::BlockForward(cfg, 0, w, x.narrow(1, 4, 5), workers::models::MakeRope(cfg, 5, cpu));
   EXPECT_TRUE(at::allclose(packed.narrow(1, 0, 4), first, 1e-5, 1e-6));
   EXPECT_TRUE(at::allclose(packed.narrow(1, 4, 5), second, 1e-5, 1e-6));
-  at::Tensor plain = workers::models::BlockForward(cfg, w, x, workers::models::MakeRope(cfg, 9, cpu));
+  at::Tensor plain = workers::models::BlockForward(cfg, 0, w, x, workers::models::MakeRope(cfg, 9, cpu));
   EXPECT_FALSE(at::allclose(plain.narrow(1, 4, 5), second, 1e-3, 1e-4));  // the mask matters
 }
 

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "scheduler/engine.h"
 #include "scheduler/planning/model_config.h"
 #include "scheduler/runtime/controller.h"
@@ -55,9 +57,8 @@ std::vector<planning::ModelConfig> EngineModels() {
   out.push_back(moe);
   for (const std::string& name : planning::ModelPresetNames()) {
     planning::ModelConfig m = *planning::ModelPreset(name);
-    if (m.family == "gpt_oss") continue;  // not in the engine yet
     m.lora.rank = 0;
-    if (m.is_moe()) {  // the Qwen3-MoE presets, full and with attention adapters
+    if (m.is_moe()) {  // the MoE presets, full and with attention adapters
       out.push_back(m);
       m.lora.rank = 8;
       m.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -93,7 +94,7 @@ TEST(ModelAdapter, ThePlannersParameterCountIsTheEnginesLayout) {
 }
 
 TEST(ModelAdapter, HostStateBytesIsWhatAStoreAndItsMomentsTake) {
-  for (const char* name : {"llama-tiny", "qwen3-tiny"}) {
+  for (const char* name : {"llama-tiny", "qwen3-tiny", "gpt-oss-tiny"}) {
     for (int rank : {0, 4}) {
       planning::ModelConfig m = *planning::ModelPreset(name);
       m.lora.rank = rank;
@@ -116,7 +117,9 @@ TEST(ModelAdapter, HostStateBytesIsWhatAStoreAndItsMomentsTake) {
 // momentum and Lion (one buffer), Adafactor (factored row and column variances), and a LoRA base that is
 // mapped (the store adopts views: stand-ins for a model file's tensors) rather than allocated.
 TEST(ModelAdapter, HostStateBytesIsWhatAJobHoldsAfterAStep) {
-  for (int rank : {0, 2, 10, 12}) {  // 10 and 12: the tiny MoE model, full and LoRA rank 2
+  // 10 and 12: the tiny Qwen3-MoE model, full and LoRA rank 2; 20 and 22: GPT-OSS's tiny preset
+  // (biases: vectors and [E, n] matrices Adafactor factors).
+  for (int rank : {0, 2, 10, 12, 20, 22}) {
     for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
       // AdamW, AdamW bf16 moments, SGD momentum, Lion, Adafactor (factored: rows + columns per matrix)
       for (int optimizer = 0; optimizer < 5; ++optimizer) {
@@ -126,7 +129,9 @@ TEST(ModelAdapter, HostStateBytesIsWhatAJobHoldsAfterAStep) {
           SCOPED_TRACE(::testing::Message() << "rank " << rank << " async " << (mode == planning::OptimizerMode::kAsync)
                                             << " optimizer " << optimizer << " mapped " << mapped);
           JobSpec spec;
-          spec.model = rank >= 10 ? TinyMoe() : *planning::ModelPreset("llama-tiny");
+          spec.model = rank >= 20   ? *planning::ModelPreset("gpt-oss-tiny")
+                       : rank >= 10 ? TinyMoe()
+                                    : *planning::ModelPreset("llama-tiny");
           spec.model.lora.rank = rank % 10;
           spec.precision = Precision::kBFloat16;
           spec.optimizer_mode = mode;
@@ -186,9 +191,19 @@ TEST(ModelAdapter, RoundTripsAndRefusesWhatTheEngineCannotRun) {
     EXPECT_EQ(back->rope_scaling.factor, c->rope_scaling.factor);
     EXPECT_EQ(back->lora.targets, c->lora.targets);
   }
-  auto moe = ToTransformerConfig(*planning::ModelPreset("gpt-oss-20b"));
-  ASSERT_FALSE(moe.ok());
-  EXPECT_NE(moe.status().message().find("gpt_oss"), std::string::npos) << moe.status();
+  // GPT-OSS's own fields survive the round trip.
+  auto gpt = ToTransformerConfig(*planning::ModelPreset("gpt-oss-20b"));
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  auto gpt_back = ToTransformerConfig(FromTransformerConfig(*gpt));
+  ASSERT_TRUE(gpt_back.ok()) << gpt_back.status();
+  EXPECT_TRUE(gpt_back->gpt_oss() && gpt_back->attention_bias && gpt_back->rope_scaling.yarn);
+  EXPECT_EQ(gpt_back->sliding_layers.size(), 12u);
+  EXPECT_EQ(gpt_back->sliding_window, 128);
+  EXPECT_DOUBLE_EQ(gpt_back->rope_scaling.attention_factor, 0.1 * std::log(32.0) + 1);
+  EXPECT_DOUBLE_EQ(gpt_back->swiglu_limit, 7.0);
+  planning::ModelConfig dense_gpt = *planning::ModelPreset("gpt-oss-tiny");
+  dense_gpt.num_experts = 0;
+  EXPECT_FALSE(ToTransformerConfig(dense_gpt).ok());
   planning::ModelConfig bad = *planning::ModelPreset("qwen3-tiny");
   bad.num_kv_heads = 3;
   EXPECT_EQ(ValidateModel(bad).code(), absl::StatusCode::kInvalidArgument);

@@ -18,6 +18,7 @@
 #include "scheduler/engine.h"
 #include "tests/support/engine_values.h"
 #include "tests/support/run_command.h"
+#include "tests/unit/workers/io/hf_models_fixture.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/hf_export.h"
 #include "workers/io/hf_tensors.h"
@@ -34,24 +35,6 @@ using namespace std::chrono_literals;
 
 using rp::testing::ReadWholeFile;
 using rp::testing::RunCommand;
-
-class HfModels : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = (fs::temp_directory_path() / ("rp_hf_models_" + std::to_string(getpid()))).string();
-    fs::remove_all(dir_);
-    std::string out;
-    if (RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py " + dir_, &out) != 0) {
-      error_ = out;
-    }
-  }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-  void SetUp() override {
-    if (!error_.empty()) GTEST_SKIP() << "transformers is not available to make the models: " << error_;
-  }
-  static std::string dir_, error_;
-};
-std::string HfModels::dir_, HfModels::error_;
 
 void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect_scaling) {
   auto cfg = ReadHfConfig(model_dir);
@@ -132,86 +115,6 @@ void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect
 TEST_F(HfModels, Llama3WithRopeScalingMatchesTransformers) { TrainAndCompare(dir_ + "/llama", false, true); }
 TEST_F(HfModels, Qwen3WithTiedEmbeddingsMatchesTransformers) { TrainAndCompare(dir_ + "/qwen3", true, false); }
 
-// Two iterations of one job on `devices` with `partition` and the optimizer `mode` over the
-// reference's tokens: the per-iteration stats, and the engine (for parameters and export).
-struct MoeRun {
-  std::unique_ptr<scheduler::Engine> engine;
-  scheduler::JobId id = 0;
-  std::vector<scheduler::IterationStats> stats;
-};
-MoeRun RunTwoSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
-                   const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens) {
-  MoeRun r;
-  auto engine = scheduler::Engine::Create({devices});
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  r.engine = *std::move(engine);
-  scheduler::JobSpec spec;
-  spec.model = rp::testing::ModelOf(cfg);
-  spec.hf_dir = model_dir;
-  spec.precision = scheduler::Precision::kFloat32;
-  spec.optimizer.lr = 1e-3;
-  spec.optimizer.weight_decay = 0;
-  spec.optimizer.eps = 1e-8;
-  spec.optimizer_mode = mode;
-  spec.microbatches = 4;  // one sequence each: at least one per worker in a round
-  spec.partition = partition;
-  auto id = r.engine->Submit(spec);
-  EXPECT_TRUE(id.ok()) << id.status();
-  if (!id.ok()) return r;
-  r.id = *id;
-  EXPECT_TRUE(r.engine->FeedBatch(r.id, rp::testing::ToBatch(tokens)).ok());
-  EXPECT_TRUE(r.engine->FeedBatch(r.id, rp::testing::ToBatch(tokens)).ok());
-  EXPECT_TRUE(r.engine->CloseInput(r.id).ok());
-  for (int i = 0; i < 300 && *r.engine->State(r.id) != scheduler::JobState::kSucceeded; ++i) {
-    auto ev = r.engine->AwaitEvents(r.id, 100ms);
-    for (const auto& e : *ev) {
-      if (e.kind == scheduler::JobEvent::Kind::kIteration) r.stats.push_back(e.stats);
-    }
-  }
-  auto rest = r.engine->AwaitEvents(r.id, 0ms);
-  for (const auto& e : *rest) {
-    if (e.kind == scheduler::JobEvent::Kind::kIteration) r.stats.push_back(e.stats);
-  }
-  return r;
-}
-
-// Losses and gradient norms of both steps, and every weight after them, against a reference
-// made by transformers (2 sparse blocks: 4 expert tensors checked).
-void ExpectTrainedLikeReference(const MoeRun& run, SafetensorsFile& ref, const planning::Partition& partition,
-                                bool async) {
-  const at::Tensor losses = *ref.Read("losses", at::kDouble);
-  const at::Tensor norms = *ref.Read("grad_norms", at::kDouble);
-  ASSERT_EQ(run.stats.size(), 2u);
-  for (int s = 0; s < 2; ++s) {
-    EXPECT_EQ(run.stats[s].partition, partition.ToString());
-    EXPECT_NEAR(run.stats[s].loss, losses[s].item<double>(), 2e-5) << "loss of step " << s + 1;
-    EXPECT_NEAR(run.stats[s].grad_norm, norms[s].item<double>(), 1e-4 * norms[s].item<double>())
-        << "gradient norm of step " << s + 1;
-  }
-  auto shapes = run.engine->ParameterShapes(run.id);
-  ASSERT_TRUE(shapes.ok());
-  int experts_checked = 0;
-  for (const auto& [name, shape] : *shapes) {
-    const at::Tensor want = *ref.Read("after." + name, at::kFloat);
-    const at::Tensor got = rp::testing::ParameterTensor(*run.engine, run.id, name);
-    // Every weight within 2e-6 + 1e-4 |w| of transformers', except where a step's gradient is
-    // below 2e-5 (the tensors' median is ~2e-3): those sums nearly cancel, so summation order
-    // moves them by percents, and AdamW's m / (sqrt(v) + 1e-8) makes that a visible part of a
-    // step of lr = 1e-3. Measured on the worst one (layers.2.self_attn.q_proj, element 736):
-    // transformers itself in fp64 gives a second gradient 1.2 % off its fp32 one and a weight
-    // 3.3e-6 away, ours 1e-5 away. Those elements, under 1 % of a tensor, get 4e-4.
-    at::Tensor small = (*ref.Read("grad." + name, at::kFloat)).abs().lt(2e-5);
-    if (!async) small = small.logical_or((*ref.Read("grad2." + name, at::kFloat)).abs().lt(2e-5));
-    const at::Tensor diff = (got - want).abs();
-    const at::Tensor tight = diff.le(2e-6 + 1e-4 * want.abs());
-    const at::Tensor loose = small.logical_and(diff.le(4e-4));
-    EXPECT_TRUE(tight.logical_or(loose).all().item<bool>()) << name << " max diff " << diff.max().item<float>();
-    EXPECT_LE(tight.logical_not().sum().item<int64_t>(), std::max<int64_t>(1, want.numel() / 100)) << name;
-    experts_checked += name.find("mlp.experts.") != std::string::npos;
-  }
-  EXPECT_EQ(experts_checked, 4);  // gate_up and down of the two sparse blocks
-}
-
 // Qwen3-MoE (six experts, top-2, renormalised; block 1 dense by mlp_only_layers) from the hub's
 // layout, against transformers' own model: losses, gradient norms and every weight after two
 // AdamW steps, on one and three CPU workers, with partitions that cut between the sparse blocks
@@ -245,46 +148,15 @@ TEST_F(HfModels, Qwen3MoeTrainsLikeTransformersOnEveryPartitionAndMode) {
     for (const Case& c : cases) {
       SCOPED_TRACE(c.devices + " " + c.partition.ToString() + (async ? " async" : " sync"));
       MoeRun run = RunTwoSteps(*cfg, dir, c.devices, c.partition, mode, tokens);
-      ExpectTrainedLikeReference(run, **ref, c.partition, async);
-      auto shapes = run.engine->ParameterShapes(run.id);
-      ASSERT_TRUE(shapes.ok());
+      ExpectTrainedLikeReference(run, **ref, c.partition, async, 4);
       if (c.devices != "cpu:3" || async) continue;
-      // Export in the hub's layout (two shards) and load it with transformers.
+      // Export in the hub's layout (two shards, experts one by one); transformers and our loader
+      // read it back.
       const std::string out = dir + "-export-" + std::to_string(c.partition.num_stages());
-      HfExportOptions o;
-      o.dtype = at::kFloat;
-      o.shard_bytes = 40 * 1024;
-      auto bytes = ExportHfModel(out, *cfg, rp::testing::NamedShapes(*shapes),
-                                 rp::testing::ParameterFetch(*run.engine, run.id), o);
-      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      ExpectExportLoadsInTransformers(run, *cfg, out, "model.layers.2.mlp.experts.gate_up_proj");
       auto index = ReadWholeFile(out + "/model.safetensors.index.json");
       EXPECT_NE(index.find("model.layers.2.mlp.experts.5.up_proj.weight"), std::string::npos);
       EXPECT_EQ(index.find("gate_up_proj"), std::string::npos);
-      // transformers loads it and holds exactly the engine's weights (fp32 both ways).
-      std::vector<TensorDecl> decls;
-      std::vector<at::Tensor> values;
-      for (const auto& [name, shape] : *shapes) {
-        decls.push_back({name, at::kFloat, shape});
-        values.push_back(rp::testing::ParameterTensor(*run.engine, run.id, name));
-      }
-      SafetensorsWriter engine_weights;
-      ASSERT_TRUE(engine_weights.Open(out + ".engine.safetensors", decls).ok());
-      for (const at::Tensor& v : values) ASSERT_TRUE(engine_weights.Add(v).ok());
-      ASSERT_TRUE(engine_weights.Finish().ok());
-      std::string log;
-      EXPECT_EQ(RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py --check-equal " + out +
-                               " " + out + ".engine.safetensors",
-                           &log),
-                0)
-          << log;
-      // And our own loader reads the export back (stacking the experts again).
-      auto again_cfg = ReadHfConfig(out);
-      ASSERT_TRUE(again_cfg.ok()) << again_cfg.status();
-      HostModelStore again(*again_cfg, at::kFloat, 99);
-      ASSERT_TRUE(LoadHfWeights(out, &again).ok());
-      const std::string gu = "model.layers.2.mlp.experts.gate_up_proj";
-      EXPECT_TRUE(
-          at::equal(again.param(again.FindParam(gu)).fp32, rp::testing::ParameterTensor(*run.engine, run.id, gu)));
     }
   }
 }
@@ -311,7 +183,7 @@ TEST_F(HfModels, Qwen3MoeRouterAuxLossTrainsLikeTransformers) {
       const bool async = mode == planning::OptimizerMode::kAsync;
       SCOPED_TRACE(devices + " " + partition.ToString() + (async ? " async" : " sync"));
       const MoeRun run = RunTwoSteps(*cfg, dir, devices, partition, mode, tokens);
-      ExpectTrainedLikeReference(run, async ? **ref_async : **ref, partition, async);
+      ExpectTrainedLikeReference(run, async ? **ref_async : **ref, partition, async, 4);
     }
   }
   models::TransformerConfig off = *cfg;
@@ -527,7 +399,7 @@ TEST(HfDirCorrupt, ConfigAndShardDefectsAreCleanErrors) {
                 "num_hidden_layers": 1, "num_attention_heads": 2})",
             "attention biases"},
            {R"({"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
-                "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn"}})",
+                "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "dynamic"}})",
             "not supported"}}) {
     auto r = ParseHfConfig(json);
     ASSERT_FALSE(r.ok()) << json;

@@ -1,13 +1,15 @@
 """Creates tiny Hugging Face models with `transformers` (the independent reference) for the
 engine's model-I/O tests, and records what `transformers` computes on fixed tokens.
 
-  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3,qwen3moe,qwen3moe_ties,qwen3moe_aux}/ (save_pretrained: the hub's
+  make_hf_models.py OUT_DIR        -> OUT_DIR/{llama,qwen3,qwen3moe,qwen3moe_ties,qwen3moe_aux,gptoss}/ (save_pretrained: the hub's
                                       layout, experts one by one) and .../reference.safetensors with
                                       tokens, losses, grad norms, first-step gradients and weights
-                                      after two AdamW steps; qwen3moe also reference_async.safetensors
+                                      after two AdamW steps; qwen3moe, qwen3moe_aux and gptoss also reference_async.safetensors
                                       (staleness 1: both steps apply the gradient at the first weights)
+                                      OUT_DIR/gptoss_mxfp4/ (experts stored as MXFP4 blocks and scales)
                                       and OUT_DIR/{lora,lora_moe}/ (base, PEFT adapter, peft's two steps)
-  make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe, qwen3moe_ties or qwen3moe_aux) and its references
+  make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe, qwen3moe_ties, qwen3moe_aux, gptoss
+                                             or gptoss_mxfp4) and its references
   make_hf_models.py --check-close EXPORT_DIR REFERENCE_DIR
                                    -> the export holds the reference's trained weights (tolerances in
                                       check_close)
@@ -17,11 +19,12 @@ engine's model-I/O tests, and records what `transformers` computes on fixed toke
                                    -> loads the engine's export with transformers and compares
                                       every tensor with the reference model's trained weights
 """
+import json
 import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
 LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]
 
@@ -61,6 +64,9 @@ def make(out, only=None):
                                        tie_word_embeddings=False, num_experts=6, num_experts_per_tok=2,
                                        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
                                        output_router_logits=True, router_aux_loss_coef=0.05),
+        # GPT-OSS: sinks, a 4-token window in blocks 0 and 2 (sequences of 24), YaRN, biases, a
+        # SwiGLU limit low enough to clamp, and the router's aux loss.
+        "gptoss": gpt_oss_config(16, output_router_logits=True, router_aux_loss_coef=0.05),
     }
     tokens = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(7))
     for name, cfg in configs.items():
@@ -73,20 +79,86 @@ def make(out, only=None):
             for n, p in model.named_parameters():
                 if n.endswith("norm.weight"):
                     p.uniform_(0.5, 1.5)
+                if name.startswith("gptoss"):
+                    gpt_oss_weights(n, p)
                 if name == "qwen3moe_ties" and n.endswith("mlp.gate.weight"):
                     p[0] *= 3
                     p[1] = p[0] + 1e-4 * torch.randn_like(p[0])
         model.save_pretrained(f"{out}/{name}", safe_serialization=True)
-        backward = aux_backward if name == "qwen3moe_aux" else plain_backward
+        backward = aux_backward if name in ("qwen3moe_aux", "gptoss") else plain_backward
         save_file(train_steps(model, tokens, backward), f"{out}/{name}/reference.safetensors")
-        if name in ("qwen3moe", "qwen3moe_aux"):
+        if name in ("qwen3moe", "qwen3moe_aux", "gptoss"):
             make_async_reference(f"{out}/{name}", tokens, backward)
+    if not only or only == "gptoss_mxfp4":
+        make_mxfp4(out, tokens)
     if only:
         print("made", only)
         return
     make_lora(out, configs["llama"], tokens)
     make_lora(out, configs["qwen3moe"], tokens, name="lora_moe", targets=["q_proj", "k_proj", "v_proj", "o_proj"])
     print("made", ", ".join(configs), "and LoRA adapters (llama, qwen3moe)")
+
+
+def gpt_oss_config(expert_width, **kw):
+    return GptOssConfig(vocab_size=96, hidden_size=32, intermediate_size=expert_width, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                        num_experts_per_tok=2, sliding_window=4, max_position_embeddings=64, rms_norm_eps=1e-5,
+                        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                         "truncate": False, "original_max_position_embeddings": 16,
+                                         "rope_theta": 150000.0},
+                        swiglu_limit=0.2, tie_word_embeddings=False, **kw)
+
+
+def gpt_oss_weights(name, p):
+    """Biases and sinks that matter (transformers starts expert biases at 0, sinks near 0), and
+    queries and keys large enough for peaked attention (so windows, sinks and rope show)."""
+    if name.endswith("q_proj.weight") or name.endswith("k_proj.weight"):
+        p.mul_(10)
+    elif name.endswith("sinks"):
+        p.normal_(0, 1)
+    elif name.endswith("bias"):
+        p.normal_(0, 0.1)
+
+
+def make_mxfp4(out, tokens):
+    """A GPT-OSS whose experts are stored as the hub stores openai's: MXFP4 `_blocks` (two E2M1
+    values per byte) and `_scales` (E8M0), random; everything else fp32. The reference trains the
+    model transformers' convert_moe_packed_tensors dequantises them to (and records those weights
+    as `loaded.`)."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    torch.manual_seed(4321)
+    cfg = gpt_oss_config(32)
+    cfg._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(cfg).float()
+    gen = torch.Generator().manual_seed(5)
+    tensors, loaded = {}, {}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            gpt_oss_weights(n, p)
+            if n.endswith("experts.gate_up_proj") or n.endswith("experts.down_proj"):
+                e, a, b = p.shape  # stored transposed: [E, b, a/32, 16] blocks, [E, b, a/32] scales
+                blocks = torch.randint(0, 256, (e, b, a // 32, 16), dtype=torch.uint8, generator=gen)
+                scales = torch.randint(119, 124, (e, b, a // 32), dtype=torch.uint8, generator=gen)
+                p.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+                tensors[n + "_blocks"], tensors[n + "_scales"] = blocks, scales
+                loaded["loaded." + n] = p.detach().clone()
+            else:
+                tensors[n] = p.detach().clone().contiguous()
+    d = f"{out}/gptoss_mxfp4"
+    model.save_pretrained(d, safe_serialization=True)  # config.json (and fp32 weights, replaced below)
+    save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+    with open(f"{d}/config.json") as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(f"{d}/config.json", "w") as f:
+        json.dump(config, f, indent=2)
+    ref = train_steps(model, tokens, aux_backward if cfg.output_router_logits else plain_backward)
+    ref.update(loaded)
+    save_file(ref, f"{d}/reference.safetensors")
 
 
 def plain_backward(model, tokens):

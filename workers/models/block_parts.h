@@ -1,0 +1,40 @@
+// block_parts.h — pieces every family's decoder block is built from (layers.cc, gpt_oss.cc):
+// RMSNorm, rotary embedding, grouped-query key/value repetition, the attention mask of a block,
+// and the expert grouping of a sparse block. Internal to workers/models: users call layers.h.
+//
+// Contract: stateless and thread-safe; autograd is whatever the caller's GradMode says.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "workers/models/layers.h"
+
+namespace rp::workers::models::parts {
+
+// Normalised in fp32, then scaled: in x's dtype (Llama, Qwen3) or, with `scale_in_fp32`, in
+// fp32 and cast after (GPT-OSS keeps its norms in fp32).
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, bool scale_in_fp32 = false);
+
+// x [b, heads, s, d]; the rope's cos/sin [s, d] or [b, 1, s, d] (fp32).
+at::Tensor ApplyRope(const at::Tensor& x, const Rope& rope);
+
+// [b, kv_heads, s, d] -> [b, kv_heads * rep, s, d], each head repeated in place.
+at::Tensor RepeatKv(const at::Tensor& x, int64_t rep);
+
+// What a query of a sequence of `s` tokens may attend to: bool, true = may attend; the layout's
+// document mask or the causal mask, narrowed to the last `window` positions when window > 0.
+// Shape [s, s] or [b, 1, s, s] on `device`.
+at::Tensor AttendMask(const TokenLayout& layout, int64_t s, int64_t window, c10::Device device);
+
+// The experts' output for x [.., h] under `routing`: the token-expert pairs sorted by expert (then
+// by choice, then by token: the order transformers' per-expert loops visit them in), the rows
+// gathered once, `ffn(e, rows)` on each routed expert's rows, and one scatter-add of the outputs
+// weighted by the routing weights. Never a dense all-experts pass.
+using ExpertFfn = std::function<at::Tensor(int64_t expert, const at::Tensor& rows)>;
+at::Tensor GroupedExperts(const at::Tensor& x, const MoeRouting& routing, int64_t num_experts,
+                          int64_t experts_per_token, const ExpertFfn& ffn);
+
+}  // namespace rp::workers::models::parts
