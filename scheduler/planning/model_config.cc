@@ -171,7 +171,8 @@ std::vector<ModelConfig> AllModels() {
     m.push_back(c);
   }
   {
-    // A byte-level GPT-OSS small enough to train on a CPU: 8 experts, top-2, sliding/full blocks.
+    // A byte-level GPT-OSS small enough to train on a CPU: 8 experts, top-2, blocks 0 and 2
+    // attending to 16 positions, 1 and 3 to all.
     ModelConfig c = m.back();
     c.name = "gpt-oss-tiny";
     c.vocab = 256;
@@ -183,7 +184,7 @@ std::vector<ModelConfig> AllModels() {
     c.num_experts = 8;
     c.active_experts = 2;
     c.expert_intermediate = 96;
-    c.sliding_window = 32;
+    c.sliding_window = 16;
     c.sliding_layers = {0, 2};
     c.rope_scaling.original_max_position = 64;
     m.push_back(c);

@@ -839,58 +839,72 @@ TEST_F(DaemonTest, LoraJobTrainsAndExportsAPeftAdapterOrMergedWeights) {
 namespace rp::testing {
 namespace {
 
-// A Qwen3-MoE job through roundpiped from a Hugging Face directory in the hub's layout (made by
-// transformers itself): two streamed steps with transformers' losses, an export in the hub's
-// layout that transformers loads with the trained weights; broken directories are refused with
-// INVALID_ARGUMENT naming the field or the tensor, and the daemon carries on.
-TEST_F(DaemonTest, Qwen3MoeJobFromAnHfDirTrainsLikeTransformersAndExports) {
-  const std::string made = root_ + "/data/hf";
-  std::string log;
-  if (RunCommand(std::string(RP_VENV_PYTHON) +
-                     " " RP_SOURCE_DIR "/tests/unit/workers/io/make_hf_models.py --only qwen3moe " + made,
-                 &log) != 0) {
-    GTEST_SKIP() << "transformers is not available to make the model: " << log;
+// MoE jobs through roundpiped from Hugging Face directories (made by transformers itself): two
+// streamed steps with transformers' losses, an export in the hub's layout that transformers loads
+// with the trained weights; broken directories are refused with INVALID_ARGUMENT naming the field
+// or the tensor, and the daemon carries on.
+class MoeDaemonTest : public DaemonTest {
+ protected:
+  // Makes make_hf_models.py's `model`, trains it two steps (sequences of 24, micro-batches of 1,
+  // sync) and checks the losses and the export, which must hold tensor `exported_name`. Returns
+  // the model directory (empty when transformers is missing: the test is then skipped).
+  std::string TrainsLikeTransformersAndExports(const std::string& model, const std::string& exported_name,
+                                               v1::JobSpec* spec) {
+    const std::string made = root_ + "/data/hf";
+    std::string log;
+    if (RunCommand(std::string(RP_VENV_PYTHON) + " " RP_SOURCE_DIR "/tests/unit/workers/io/make_hf_models.py --only " +
+                       model + " " + made,
+                   &log) != 0) {
+      return "";
+    }
+    const std::string dir = made + "/" + model;
+    EXPECT_TRUE(StartDaemon());
+    auto c = daemon_.Connect();
+    spec->mutable_model()->set_hf_dir(dir);
+    spec->set_precision(v1::PRECISION_FP32);
+    spec->mutable_optimizer()->set_lr(1e-3);
+    spec->mutable_optimizer()->set_mode(v1::OPTIMIZER_MODE_SYNC);
+    spec->mutable_batching()->set_global_batch(4);
+    spec->mutable_batching()->set_micro_batch(1);
+    spec->mutable_batching()->set_sequence_length(24);
+    auto job = c->Submit(*spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return dir;
+    Watcher w(*c, job->id());
+    auto ref = workers::io::SafetensorsFile::Open(dir + "/reference.safetensors");
+    EXPECT_TRUE(ref.ok()) << ref.status();
+    const at::Tensor tokens = (*(*ref)->Read("tokens", at::kLong)).to(at::kInt).contiguous();
+    const at::Tensor want_losses = *(*ref)->Read("losses", at::kDouble);
+    std::vector<int32_t> stream(tokens.data_ptr<int32_t>(), tokens.data_ptr<int32_t>() + tokens.numel());
+    stream.insert(stream.end(), stream.begin(), stream.end());  // the same batch twice, as the reference
+    auto summary = c->StreamTokens(job->id(), stream, 4, 24);
+    EXPECT_TRUE(summary.ok()) << summary.status();
+    EXPECT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+    const std::vector<double> losses = w.Losses();
+    EXPECT_EQ(losses.size(), 2u);
+    for (size_t s = 0; s < std::min<size_t>(2, losses.size()); ++s) {
+      EXPECT_NEAR(losses[s], want_losses[static_cast<int64_t>(s)].item<double>(), 2e-5) << "step " << s + 1;
+    }
+    auto path = c->Export(job->id(), root_ + "/data/" + model + "-export");
+    EXPECT_TRUE(path.ok()) << path.status();
+    if (!path.ok()) return dir;
+    EXPECT_TRUE(ReadSafetensors(*path + "/model.safetensors").count(exported_name));
+    EXPECT_EQ(
+        RunCommand(std::string(RP_VENV_PYTHON) +
+                       " " RP_SOURCE_DIR "/tests/unit/workers/io/make_hf_models.py --check-close " + *path + " " + dir,
+                   &log),
+        0)
+        << log;
+    return dir;
   }
-  const std::string dir = made + "/qwen3moe";
-  ASSERT_TRUE(StartDaemon());
-  auto c = daemon_.Connect();
-  v1::JobSpec spec;
-  spec.mutable_model()->set_hf_dir(dir);
-  spec.set_precision(v1::PRECISION_FP32);
-  spec.mutable_optimizer()->set_lr(1e-3);
-  spec.mutable_optimizer()->set_mode(v1::OPTIMIZER_MODE_SYNC);
-  spec.mutable_batching()->set_global_batch(4);
-  spec.mutable_batching()->set_micro_batch(1);
-  spec.mutable_batching()->set_sequence_length(24);
-  auto job = c->Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  Watcher w(*c, job->id());
-  auto ref = workers::io::SafetensorsFile::Open(dir + "/reference.safetensors");
-  ASSERT_TRUE(ref.ok()) << ref.status();
-  const at::Tensor tokens = (*(*ref)->Read("tokens", at::kLong)).to(at::kInt).contiguous();
-  const at::Tensor want_losses = *(*ref)->Read("losses", at::kDouble);
-  std::vector<int32_t> stream(tokens.data_ptr<int32_t>(), tokens.data_ptr<int32_t>() + tokens.numel());
-  stream.insert(stream.end(), stream.begin(), stream.end());  // the same batch twice, as the reference
-  auto summary = c->StreamTokens(job->id(), stream, 4, 24);
-  ASSERT_TRUE(summary.ok()) << summary.status();
-  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
-  const std::vector<double> losses = w.Losses();
-  ASSERT_EQ(losses.size(), 2u);
-  for (int s = 0; s < 2; ++s) {
-    EXPECT_NEAR(losses[static_cast<size_t>(s)], want_losses[s].item<double>(), 2e-5) << "step " << s + 1;
-  }
-  auto path = c->Export(job->id(), root_ + "/data/moe-export");
-  ASSERT_TRUE(path.ok()) << path.status();
-  const auto exported = ReadSafetensors(*path + "/model.safetensors");
-  EXPECT_TRUE(exported.count("model.layers.2.mlp.experts.5.down_proj.weight"));
-  EXPECT_FALSE(exported.count("model.layers.2.mlp.experts.gate_up_proj"));
-  EXPECT_EQ(
-      RunCommand(std::string(RP_VENV_PYTHON) +
-                     " " RP_SOURCE_DIR "/tests/unit/workers/io/make_hf_models.py --check-close " + *path + " " + dir,
-                 &log),
-      0)
-      << log;
+};
 
+TEST_F(MoeDaemonTest, Qwen3MoeJobFromAnHfDirTrainsLikeTransformersAndExports) {
+  v1::JobSpec spec;
+  const std::string dir =
+      TrainsLikeTransformersAndExports("qwen3moe", "model.layers.2.mlp.experts.5.down_proj.weight", &spec);
+  if (dir.empty()) GTEST_SKIP() << "transformers is not available to make the model";
+  auto c = daemon_.Connect();
   // Broken directories: top-k above the experts; an expert tensor missing.
   const std::string bad_topk = root_ + "/data/bad-topk";
   std::filesystem::create_directories(bad_topk);
@@ -922,7 +936,30 @@ TEST_F(DaemonTest, Qwen3MoeJobFromAnHfDirTrainsLikeTransformersAndExports) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find(needle), std::string::npos) << st;
   }
-  EXPECT_TRUE(c->Get(job->id()).ok());  // still serving
+  EXPECT_TRUE(c->List().ok());  // still serving
+  EXPECT_EQ(daemon_.Stop(), 0) << daemon_.Output();
+}
+
+// GPT-OSS (sinks, sliding blocks, YaRN, biases, clamped SwiGLU, the router's aux loss from its
+// config.json) the same way: its export keeps the experts stacked, as the hub does; a config.json
+// whose layer_types does not cover every block is refused naming the field.
+TEST_F(MoeDaemonTest, GptOssJobFromAnHfDirTrainsLikeTransformersAndExports) {
+  v1::JobSpec spec;
+  const std::string dir = TrainsLikeTransformersAndExports("gptoss", "model.layers.2.mlp.experts.gate_up_proj", &spec);
+  if (dir.empty()) GTEST_SKIP() << "transformers is not available to make the model";
+  auto c = daemon_.Connect();
+  const std::string bad_types = root_ + "/data/bad-layer-types";
+  std::filesystem::create_directories(bad_types);
+  std::filesystem::copy_file(dir + "/model.safetensors", bad_types + "/model.safetensors");
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  cfg["layer_types"] = {"sliding_attention", "full_attention"};
+  std::ofstream(bad_types + "/config.json") << cfg.dump();
+  v1::JobSpec bad = spec;
+  bad.mutable_model()->set_hf_dir(bad_types);
+  auto st = c->Submit(bad).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("layer_types must list 3 entries"), std::string::npos) << st;
+  EXPECT_TRUE(c->List().ok());  // still serving
   EXPECT_EQ(daemon_.Stop(), 0) << daemon_.Output();
 }
 

@@ -103,11 +103,11 @@ TEST(Engine, TrainsAJobAndMatchesTheReference) {
 // on three workers: a repeated batch's loss falls. With the router's auxiliary loss on (coef
 // 0.5), the first step's loss — same seed, same weights — exceeds the cross-entropy alone by
 // coef · aux, and aux is near k = 2 for a fresh router (near-uniform probabilities).
-std::vector<double> MoeTinyLosses(double aux_coef) {
+std::vector<double> MoeTinyLosses(double aux_coef, const char* preset = "qwen3-moe-tiny") {
   auto engine = Engine::Create({"cpu:3"});
   EXPECT_TRUE(engine.ok()) << engine.status();
   JobSpec spec;
-  spec.model = *planning::ModelPreset("qwen3-moe-tiny");
+  spec.model = *planning::ModelPreset(preset);
   spec.model.router_aux_loss_coef = aux_coef;
   spec.precision = Precision::kFloat32;
   spec.optimizer.lr = 3e-3;
@@ -126,6 +126,17 @@ std::vector<double> MoeTinyLosses(double aux_coef) {
 
 TEST(Engine, TheQwen3MoeTinyPresetLearnsWithAndWithoutItsRouterAuxLoss) {
   const std::vector<double> plain = MoeTinyLosses(0), with_aux = MoeTinyLosses(0.5);
+  ASSERT_EQ(plain.size(), 12u);
+  ASSERT_EQ(with_aux.size(), 12u);
+  EXPECT_LT(plain.back(), 0.8 * plain.front());
+  EXPECT_LT(with_aux.back(), 0.8 * with_aux.front());
+  EXPECT_NEAR(with_aux[0] - plain[0], 0.5 * 2, 0.1);
+}
+
+// GPT-OSS's tiny preset (sliding blocks of a 16-token window over 32-token sequences, sinks,
+// YaRN, biases, clamped SwiGLU) the same way.
+TEST(Engine, TheGptOssTinyPresetLearnsWithAndWithoutItsRouterAuxLoss) {
+  const std::vector<double> plain = MoeTinyLosses(0, "gpt-oss-tiny"), with_aux = MoeTinyLosses(0.5, "gpt-oss-tiny");
   ASSERT_EQ(plain.size(), 12u);
   ASSERT_EQ(with_aux.size(), 12u);
   EXPECT_LT(plain.back(), 0.8 * plain.front());
