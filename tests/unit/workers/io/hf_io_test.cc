@@ -550,6 +550,11 @@ TEST_F(HfModels, LoraOnQwen3MoeTrainsLikePeftAndExportsForPeft) {
   LoraTrainsLikePeft(dir_ + "/lora_moe", 2 * 4 * 3);  // A and B, 4 targets, 3 blocks
 }
 
+// The same on GPT-OSS's biased q/k/v/o projections (sinks, sliding blocks, experts frozen).
+TEST_F(HfModels, LoraOnGptOssTrainsLikePeftAndExportsForPeft) {
+  LoraTrainsLikePeft(dir_ + "/lora_gptoss", 2 * 4 * 3);  // A and B, 4 targets, 3 blocks
+}
+
 // A LoRA job on a model directory: its checkpoints leave the base out; once the job ended its
 // base parameters are read from model.hf_dir (rounded to the job's precision, as the store held
 // them) and checked against the checkpoint's record, so a base file changed since is reported,

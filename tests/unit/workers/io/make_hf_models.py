@@ -7,7 +7,7 @@ engine's model-I/O tests, and records what `transformers` computes on fixed toke
                                       after two AdamW steps; qwen3moe, qwen3moe_aux and gptoss also reference_async.safetensors
                                       (staleness 1: both steps apply the gradient at the first weights)
                                       OUT_DIR/gptoss_mxfp4/ (experts stored as MXFP4 blocks and scales)
-                                      and OUT_DIR/{lora,lora_moe}/ (base, PEFT adapter, peft's two steps)
+                                      and OUT_DIR/{lora,lora_moe,lora_gptoss}/ (base, PEFT adapter, peft's two steps)
   make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe, qwen3moe_ties, qwen3moe_aux, gptoss
                                              or gptoss_mxfp4) and its references
   make_hf_models.py --check-close EXPORT_DIR REFERENCE_DIR
@@ -96,7 +96,10 @@ def make(out, only=None):
         return
     make_lora(out, configs["llama"], tokens)
     make_lora(out, configs["qwen3moe"], tokens, name="lora_moe", targets=["q_proj", "k_proj", "v_proj", "o_proj"])
-    print("made", ", ".join(configs), "and LoRA adapters (llama, qwen3moe)")
+    gpt = gpt_oss_config(16)
+    gpt._attn_implementation = "eager"
+    make_lora(out, gpt, tokens, name="lora_gptoss", targets=["q_proj", "k_proj", "v_proj", "o_proj"])
+    print("made", ", ".join(configs), "and LoRA adapters (llama, qwen3moe, gptoss)")
 
 
 def gpt_oss_config(expert_width, **kw):
@@ -242,6 +245,10 @@ def make_lora(out, cfg, tokens, name="lora", targets=LORA_TARGETS):
     from peft import LoraConfig, PeftModel, get_peft_model
     torch.manual_seed(99)
     base = AutoModelForCausalLM.from_config(cfg).float()
+    if cfg.model_type == "gpt_oss":
+        with torch.no_grad():
+            for n, p in base.named_parameters():
+                gpt_oss_weights(n, p)
     base.save_pretrained(f"{out}/{name}/base", safe_serialization=True)
     lcfg = LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, init_lora_weights=False,
                       task_type="CAUSAL_LM")
