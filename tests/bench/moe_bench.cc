@@ -13,6 +13,9 @@
 //   per-token     the same output token by token, expert by expert (what grouping avoids)
 //   replayed      the MoE block again, its recompute replaying the forward's routing (packed to
 //                 the host form and back, as between the stages) instead of routing again
+//   GPT-OSS       a GPT-OSS block of the same sizes (replaying its routing): attention with sinks
+//                 over a 128-token window (eager: the scores exist), q/k/v/o, router and expert
+//                 biases, the clamped SwiGLU on interleaved gate/up columns
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -64,12 +67,18 @@ int main(int argc, char** argv) {
   moe.num_experts = 32;
   moe.experts_per_token = 4;
   moe.expert_intermediate = 256;
+  TransformerConfig gpt = moe;
+  gpt.family = "gpt_oss";
+  gpt.qk_norm = false;
+  gpt.attention_bias = true;
+  gpt.sliding_window = 128;
+  gpt.sliding_layers = {0};
   TransformerConfig dense = moe;
   dense.num_experts = 0;
   dense.experts_per_token = 0;
   dense.expert_intermediate = 0;
   dense.intermediate = moe.experts_per_token * moe.expert_intermediate;
-  const std::vector<at::Tensor> wm = Weights(moe), wd = Weights(dense);
+  const std::vector<at::Tensor> wm = Weights(moe), wd = Weights(dense), wg = Weights(gpt);
   const at::Tensor x = at::randn({1, tokens, moe.hidden});
   const at::Tensor dy = at::randn({1, tokens, moe.hidden});
   const auto rope = rp::workers::models::MakeRope(moe, tokens, at::kCPU);
@@ -121,7 +130,8 @@ int main(int argc, char** argv) {
                            {"dense block, same active FLOPs", [&] { stage(dense, wd, false); }, {}},
                            {"grouped sparse MLP (forward)", grouped, {}},
                            {"per-token loop (forward)", per_token, {}},
-                           {"MoE block, recompute replays routing", [&] { stage(moe, wm, true); }, {}}};
+                           {"MoE block, recompute replays routing", [&] { stage(moe, wm, true); }, {}},
+                           {"GPT-OSS block, same sizes (replays)", [&] { stage(gpt, wg, true); }, {}}};
   for (int r = 0; r < 6; ++r) {
     for (Row& row : rows) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -140,5 +150,6 @@ int main(int argc, char** argv) {
   std::printf("MoE / dense block: %.2fx; per-token loop / grouped: %.1fx (outputs differ by at most %.2g)\n",
               Median(rows[0].t) / Median(rows[1].t), Median(rows[3].t) / Median(rows[2].t), diff);
   std::printf("MoE block with the routing replayed / routed again: %.2fx\n", Median(rows[4].t) / Median(rows[0].t));
+  std::printf("GPT-OSS block / Qwen3-MoE block (both replaying): %.2fx\n", Median(rows[5].t) / Median(rows[4].t));
   return 0;
 }
