@@ -14,7 +14,7 @@
 //   replayed      the MoE block again, its recompute replaying the forward's routing (packed to
 //                 the host form and back, as between the stages) instead of routing again
 //   GPT-OSS       a GPT-OSS block of the same sizes (replaying its routing): attention with sinks
-//                 over a 128-token window (eager: the scores exist), q/k/v/o, router and expert
+//                 over a 128-token window (one fused attention call), q/k/v/o, router and expert
 //                 biases, the clamped SwiGLU on interleaved gate/up columns
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -13,13 +12,28 @@ namespace rp::workers::models {
 
 at::Tensor SinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& sinks,
                          const at::Tensor& mask) {
-  const int64_t b = q.size(0), heads = q.size(1), s = q.size(2), keys = k.size(2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).to(at::kFloat) * scale;
-  scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
-  const at::Tensor sink = sinks.to(at::kFloat).view({1, heads, 1, 1}).expand({b, heads, s, 1});
-  const at::Tensor probs = at::softmax(at::cat({scores, sink}, -1), -1);
-  return at::matmul(probs.narrow(-1, 0, keys).to(v.scalar_type()), v);
+  // The sink as one more key, first in line, that every query sees: queries get a column of ones,
+  // real keys a column of zeros and the sink key zeros with sink/scale in that column, so its
+  // score is exactly the sink logit; its value is zero. Seven more zero columns keep the head
+  // width a multiple of 8 for the fused kernels; the output's extra columns are dropped.
+  const int64_t b = q.size(0), heads = q.size(1), s = q.size(2), d = q.size(3), keys = k.size(2);
+  constexpr int64_t kPad = 8;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const at::TensorOptions o = q.options();
+  const at::Tensor q_aug = at::cat({q, at::ones({b, heads, s, 1}, o), at::zeros({b, heads, s, kPad - 1}, o)}, -1);
+  const at::Tensor sink_key =
+      at::cat({at::zeros({b, heads, 1, d}, o),
+               (sinks / scale).to(q.scalar_type()).view({1, heads, 1, 1}).expand({b, heads, 1, 1}),
+               at::zeros({b, heads, 1, kPad - 1}, o)},
+              -1);
+  const at::Tensor k_aug = at::cat({sink_key, at::cat({k, at::zeros({b, heads, keys, kPad}, o)}, -1)}, 2);
+  const at::Tensor v_aug =
+      at::cat({at::zeros({b, heads, 1, d + kPad}, o), at::cat({v, at::zeros({b, heads, keys, kPad}, o)}, -1)}, 2);
+  std::vector<int64_t> sink_col = mask.sizes().vec();
+  sink_col.back() = 1;
+  const at::Tensor mask_aug = at::cat({at::ones(sink_col, mask.options()), mask}, -1);
+  return at::scaled_dot_product_attention(q_aug, k_aug, v_aug, mask_aug, 0.0, /*is_causal=*/false, scale)
+      .narrow(-1, 0, d);
 }
 
 MoeRouting GptOssRoute(const TransformerConfig& c, const at::Tensor& weight, const at::Tensor& bias,

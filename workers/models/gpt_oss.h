@@ -15,9 +15,10 @@
 namespace rp::workers::models {
 
 // q, k, v [b, H, s, d] (k and v already repeated to H heads); sinks [H]; mask bool [s, s] or
-// [b, 1, s, s], true = may attend (every row must allow at least its own position). Scores
-// q·kᵀ/√d, masked, and the head's sink logit share one fp32 softmax; the sink's share is dropped,
-// so a row's weights sum to less than 1. -> [b, H, s, d]. Materialises the [b, H, s, s] scores.
+// [b, 1, s, s], true = may attend. Scores q·kᵀ/√d, masked, and the head's sink logit share one
+// softmax; the sink's share is dropped, so a row's weights sum to less than 1. -> [b, H, s, d].
+// Runs as one scaled_dot_product_attention (the sink as an extra key with a zero value, the head
+// width padded by 8), so the fused kernels apply and no [b, H, s, s] scores are kept.
 at::Tensor SinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& sinks,
                          const at::Tensor& mask);
 

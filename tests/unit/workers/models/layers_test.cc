@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "workers/models/gpt_oss.h"
+
 namespace rp::workers::models {
 namespace {
 
@@ -131,6 +133,54 @@ TEST(MoeRouting, ReplayEqualsLiveRoutingAndDamagedRecordsAreRefused) {
   bad_counts[0] += 1;
   EXPECT_THROW(UnpackRouting(bad_counts, 5, 2), std::invalid_argument);
   EXPECT_THROW(UnpackRouting(packed.to(at::kLong), 5, 2), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace rp::workers::models
+
+namespace rp::workers::models {
+namespace {
+
+// GPT-OSS's attention as transformers' eager path writes it: scores, the mask, the sink logit
+// appended, one softmax, the sink's column dropped.
+at::Tensor EagerSinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& sinks,
+                              const at::Tensor& mask) {
+  const int64_t b = q.size(0), heads = q.size(1), s = q.size(2);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  scores = scores.masked_fill(mask.logical_not(), -1e30);
+  const at::Tensor p = at::softmax(at::cat({scores, sinks.view({1, heads, 1, 1}).expand({b, heads, s, 1})}, -1), -1);
+  return at::matmul(p.narrow(-1, 0, k.size(2)), v);
+}
+
+// SinkAttention (one fused attention with the sink as an extra key) equals the eager formula in
+// its output and in the gradients of q, k, v and the sinks, under a sliding-window causal mask
+// and under per-row document masks.
+TEST(GptOss, SinkAttentionEqualsTheEagerFormulaWithItsGradients) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  const int64_t b = 2, heads = 3, s = 11, d = 8;
+  const at::Tensor q0 = at::randn({b, heads, s, d}, gen) * 2, k0 = at::randn({b, heads, s, d}, gen) * 2;
+  const at::Tensor v0 = at::randn({b, heads, s, d}, gen), sinks0 = at::randn({heads}, gen) * 2;
+  const at::Tensor dy = at::randn({b, heads, s, d}, gen);
+  const at::Tensor causal = at::ones({s, s}, at::kBool).tril();
+  const at::Tensor window = causal.logical_and(at::ones({s, s}, at::kBool).triu(-3));  // 4 positions
+  at::Tensor positions = at::cat({at::arange(5, at::kLong), at::arange(6, at::kLong)}).repeat({b, 1});
+  positions[1] = at::arange(s, at::kLong);
+  const Rope none{at::zeros({s, d}), at::ones({s, d})};
+  const at::Tensor documents = DocumentLayout(none, positions).attn_mask;
+  for (const at::Tensor& mask : {causal, window, documents}) {
+    std::vector<at::Tensor> got, want;
+    for (bool eager : {false, true}) {
+      at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+      at::Tensor v = v0.clone().requires_grad_(true), sinks = sinks0.clone().requires_grad_(true);
+      at::Tensor y = eager ? EagerSinkAttention(q, k, v, sinks, mask) : SinkAttention(q, k, v, sinks, mask);
+      y.backward(dy);
+      (eager ? want : got) = {y, q.grad(), k.grad(), v.grad(), sinks.grad()};
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-5))
+          << "output/q/k/v/sinks " << i << " max diff " << (got[i] - want[i]).abs().max().item<double>();
+    }
+  }
 }
 
 }  // namespace
