@@ -125,6 +125,8 @@ LayerCost BlockCost(const ModelConfig& m, const AnalyticOptions& opt, const Anal
   // Saved for backward: norm in/out, q/k/v, attention output (+ softmax stats), o-proj input,
   // MLP intermediates.
   c.act_bytes_per_token = static_cast<int64_t>(t.db * (6 * h + 2 * q + 2 * kv + act_mlp));
+  // A sparse block's backward also holds the forward's routing, replayed (int64 experts per token).
+  if (m.SparseBlock(b)) c.act_bytes_per_token += 8 * m.active_experts;
   return c;
 }
 

@@ -28,8 +28,10 @@
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/planning/report.h"
 
-ABSL_FLAG(std::string, model, "qwen3-1.7b",
-          "Model preset: qwen3-1.7b, llama-3.1-8b, gpt-oss-20b, qwen3-32b, qwen3-235b-a22b (LoRA r=32)");
+ABSL_FLAG(
+    std::string, model, "qwen3-1.7b",
+    "Model preset: the paper's qwen3-1.7b, llama-3.1-8b, gpt-oss-20b, qwen3-32b, qwen3-235b-a22b (LoRA r=32); "
+    "also qwen3-30b-a3b, gpt-oss-120b (full fine-tuning needs more than a 24 GB GPU per block), the tiny presets");
 ABSL_FLAG(std::string, device, "rtx4090", "Device preset for the analytic cost model: rtx4090, a800, h200");
 ABSL_FLAG(int, gpus, 8, "Number of GPU workers N");
 ABSL_FLAG(int, microbatches, 16, "Micro-batches per iteration M");
