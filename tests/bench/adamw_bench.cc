@@ -17,7 +17,8 @@
 //   ours Adafactor  cpu_adafactor.h on the parameter as a [n/4096, 4096] matrix: three passes
 //               (p, g read; g read; p, g read, p and the bf16 master written: 26 B/param), state
 //               of rows + columns only; torch Adafactor: torch.optim.Adafactor's per-tensor op
-//               sequence (_single_tensor_adafactor) on the same matrix, no master
+//               sequence (_single_tensor_adafactor) on the same matrix, no master; the AVX2 and
+//               scalar rows force those paths of ours (what hosts without AVX-512 run)
 //   triad       a = b + s*c on the same pool, streaming stores, 12 B/element
 //   in place    p, m, v = x * 0.5 + g: the optimizer's own streams without its arithmetic, 28 B
 // The measured bandwidth is the better of the last two, at the same thread count. "GB/s" counts
@@ -225,21 +226,28 @@ void RunSize(int64_t n, int threads, int rounds) {
   const int64_t af_cols = 4096, af_rows = n / af_cols;
   at::Tensor afp = p, af_row = at::zeros({af_rows, 1}), af_col = at::zeros({1, af_cols});
   int64_t af_step = 0;
-  rows.push_back({"ours Adafactor (+ bf16 master)", 26, [&] {
-                    rp::workers::AdafactorBuffers b;
-                    b.param = afp.data_ptr<float>();
-                    b.grad = g.data_ptr<float>();
-                    b.row_var = af_row.data_ptr<float>();
-                    b.col_var = af_col.data_ptr<float>();
-                    b.master = master.data_ptr();
-                    b.master_dtype = rp::workers::MasterDtype::kBFloat16;
-                    rp::workers::AdafactorShape s;
-                    s.rows = af_rows;
-                    s.cols = af_cols;
-                    rp::workers::AdafactorHyper h;
-                    h.step = ++af_step;
-                    rp::workers::FusedAdafactor(b, s, h, rp::workers::SimdPath::kAuto, &pool);
-                  }});
+  auto adafactor = [&](rp::workers::SimdPath path) {
+    return [&, path] {
+      rp::workers::AdafactorBuffers b;
+      b.param = afp.data_ptr<float>();
+      b.grad = g.data_ptr<float>();
+      b.row_var = af_row.data_ptr<float>();
+      b.col_var = af_col.data_ptr<float>();
+      b.master = master.data_ptr();
+      b.master_dtype = rp::workers::MasterDtype::kBFloat16;
+      rp::workers::AdafactorShape s;
+      s.rows = af_rows;
+      s.cols = af_cols;
+      rp::workers::AdafactorHyper h;
+      h.step = ++af_step;
+      rp::workers::FusedAdafactor(b, s, h, path, &pool);
+    };
+  };
+  rows.push_back({"ours Adafactor (+ bf16 master)", 26, adafactor(rp::workers::SimdPath::kAuto)});
+  if (rp::workers::SimdPathSupported(rp::workers::SimdPath::kAvx2)) {
+    rows.push_back({"ours Adafactor, AVX2 path", 26, adafactor(rp::workers::SimdPath::kAvx2)});
+  }
+  rows.push_back({"ours Adafactor, scalar path", 26, adafactor(rp::workers::SimdPath::kScalar)});
   at::Tensor tafp = tp.view({af_rows, af_cols}), tafg = tg.view({af_rows, af_cols});
   at::Tensor taf_row = at::zeros({af_rows, 1}), taf_col = at::zeros({1, af_cols});
   int64_t taf_step = 0;

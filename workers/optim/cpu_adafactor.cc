@@ -210,9 +210,106 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void ApplyRowsAvx512(c
   }
 }
 
-bool UseAvx512(SimdPath path) {
-  if (path == SimdPath::kScalar || path == SimdPath::kAvx2) return false;
-  return SimdPathSupported(SimdPath::kAvx512);
+// ---- the same passes 8 columns at a time (AVX2), for hosts without AVX-512
+__attribute__((target("avx2,fma"))) inline double Sum8(__m256 x) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
+__attribute__((target("avx2,fma,f16c"))) void SumsRowsAvx2(const AdafactorBuffers& b, const AdafactorShape& s,
+                                                           float gscale, float beta, int64_t u0, int64_t u1, Sums& out,
+                                                           float* colf) {
+  const __m256 gs = _mm256_set1_ps(gscale);
+  for (int64_t u = u0; u < u1; ++u) {
+    const float* p = b.param + u * s.cols;
+    const float* g = b.grad + u * s.cols;
+    float* col = colf + (u / s.rows) * s.cols;
+    __m256 ap = _mm256_setzero_ps(), ag = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= s.cols; c += 8) {
+      const __m256 pv = _mm256_loadu_ps(p + c);
+      const __m256 gv = _mm256_mul_ps(_mm256_loadu_ps(g + c), gs);
+      const __m256 g2 = _mm256_mul_ps(gv, gv);
+      ap = _mm256_fmadd_ps(pv, pv, ap);
+      ag = _mm256_add_ps(ag, g2);
+      _mm256_storeu_ps(col + c, _mm256_add_ps(_mm256_loadu_ps(col + c), g2));
+    }
+    double psq = Sum8(ap), rsq = Sum8(ag);
+    SumsRowScalar(b, s, gscale, u, c, colf, psq, rsq);
+    FinishRow(b, s, beta, u, psq, rsq, out);
+  }
+}
+
+// The update's 8 values at column c of row u.
+__attribute__((target("avx2,fma"))) inline __m256 Update8(const float* g, const float* cs, const float* ics, int64_t c,
+                                                          __m256 gs, __m256 row, __m256 inv_row, __m256 eps_sq,
+                                                          __m256 inv_eps) {
+  const __m256 above = _mm256_cmp_ps(_mm256_mul_ps(row, _mm256_loadu_ps(cs + c)), eps_sq, _CMP_GE_OQ);
+  const __m256 scale = _mm256_blendv_ps(inv_eps, _mm256_mul_ps(inv_row, _mm256_loadu_ps(ics + c)), above);
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g + c), gs), scale);
+}
+
+// A row's per-column factors, as the row loops of both AVX2 passes read them.
+struct RowFactors {
+  const float* g;
+  const float* cs;
+  const float* ics;
+  __m256 row, inv_row;
+};
+__attribute__((target("avx2,fma"))) inline RowFactors RowOf(const AdafactorBuffers& b, const AdafactorShape& s,
+                                                            const Factors& f, int64_t u) {
+  const int64_t k = u / s.rows;
+  return {b.grad + u * s.cols, f.col_scaled.data() + k * s.cols, f.inv_sqrt_col.data() + k * s.cols,
+          _mm256_set1_ps(b.row_var[u]), _mm256_set1_ps(f.inv_sqrt_row[static_cast<size_t>(u)])};
+}
+
+__attribute__((target("avx2,fma,f16c"))) double UpdateSquaresRowsAvx2(const AdafactorBuffers& b,
+                                                                      const AdafactorShape& s, float gscale,
+                                                                      const Factors& f, int64_t u0, int64_t u1) {
+  const __m256 gs = _mm256_set1_ps(gscale), eps_sq = _mm256_set1_ps(f.eps_sq), inv_eps = _mm256_set1_ps(f.inv_eps);
+  double sum = 0;
+  for (int64_t u = u0; u < u1; ++u) {
+    const RowFactors r = RowOf(b, s, f, u);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= s.cols; c += 8) {
+      const __m256 x = Update8(r.g, r.cs, r.ics, c, gs, r.row, r.inv_row, eps_sq, inv_eps);
+      acc = _mm256_fmadd_ps(x, x, acc);
+    }
+    sum += Sum8(acc);
+    sum += UpdateSquaresScalar(b, s, gscale, f, u, c);
+  }
+  return sum;
+}
+
+__attribute__((target("avx2,fma,f16c"))) void ApplyRowsAvx2(const AdafactorBuffers& b, const AdafactorShape& s,
+                                                            float gscale, const Factors& f, float decay, bool decays,
+                                                            float step, int64_t u0, int64_t u1) {
+  const __m256 gs = _mm256_set1_ps(gscale), eps_sq = _mm256_set1_ps(f.eps_sq), inv_eps = _mm256_set1_ps(f.inv_eps);
+  const __m256 dv = _mm256_set1_ps(decay), sv = _mm256_set1_ps(step);
+  for (int64_t u = u0; u < u1; ++u) {
+    float* p = b.param + u * s.cols;
+    const RowFactors r = RowOf(b, s, f, u);
+    int64_t c = 0;
+    for (; c + 8 <= s.cols; c += 8) {
+      const __m256 x = Update8(r.g, r.cs, r.ics, c, gs, r.row, r.inv_row, eps_sq, inv_eps);
+      __m256 v = _mm256_loadu_ps(p + c);
+      if (decays) v = _mm256_mul_ps(v, dv);
+      v = _mm256_add_ps(v, _mm256_mul_ps(sv, x));  // not fused: the scalar loop's rounding
+      _mm256_storeu_ps(p + c, v);
+      StoreMaster8(b.master, b.master_dtype, u * s.cols + c, v);
+    }
+    ApplyScalar(b, s, gscale, f, decay, decays, step, u, c);
+  }
+}
+
+// The vector width a step runs at: the one asked for when this CPU has it (kAuto: the widest),
+// else the next narrower.
+SimdPath ResolvePath(SimdPath path) {
+  if (path == SimdPath::kScalar) return path;
+  if (path != SimdPath::kAvx2 && SimdPathSupported(SimdPath::kAvx512)) return SimdPath::kAvx512;
+  return SimdPathSupported(SimdPath::kAvx2) ? SimdPath::kAvx2 : SimdPath::kScalar;
 }
 
 // One step's fixed inputs, shared by its three passes.
@@ -220,7 +317,8 @@ struct Pass {
   const AdafactorBuffers& b;
   const AdafactorShape& s;
   OptimizerThreads* pool;
-  bool factored, avx512;
+  bool factored;
+  SimdPath simd;  // resolved: kScalar, kAvx2 or kAvx512
   float gscale, beta;
   int64_t units, unit_len;  // factored: rows of `cols`; unfactored: single elements
 };
@@ -245,8 +343,10 @@ double SumSquaresPass(const Pass& p, float eps1, Factors& f) {
     std::vector<float> colf(width, 0.0f);
     for (int64_t r0 = u0; r0 < u1; r0 += kColumnFlushRows) {
       const int64_t r1 = std::min(u1, r0 + kColumnFlushRows);
-      if (p.avx512) {
+      if (p.simd == SimdPath::kAvx512) {
         SumsRowsAvx512(b, s, p.gscale, p.beta, r0, r1, out, colf.data());
+      } else if (p.simd == SimdPath::kAvx2) {
+        SumsRowsAvx2(b, s, p.gscale, p.beta, r0, r1, out, colf.data());
       } else {
         SumsRowsScalar(b, s, p.gscale, p.beta, r0, r1, out, colf.data());
       }
@@ -294,8 +394,10 @@ double UpdateSquaresPass(const Pass& p, const Factors& f) {
         const double x = UnfactoredUpdate(p, f, u);
         sum += x * x;
       }
-    } else if (p.avx512) {
+    } else if (p.simd == SimdPath::kAvx512) {
       sum = UpdateSquaresRowsAvx512(p.b, p.s, p.gscale, f, u0, u1);
+    } else if (p.simd == SimdPath::kAvx2) {
+      sum = UpdateSquaresRowsAvx2(p.b, p.s, p.gscale, f, u0, u1);
     } else {
       for (int64_t u = u0; u < u1; ++u) sum += UpdateSquaresScalar(p.b, p.s, p.gscale, f, u, 0);
     }
@@ -316,8 +418,10 @@ void ApplyPass(const Pass& p, const Factors& f, float decay, bool decays, float 
         p.b.param[u] = v;
         StoreMaster(p.b.master, p.b.master_dtype, u, v);
       }
-    } else if (p.avx512) {
+    } else if (p.simd == SimdPath::kAvx512) {
       ApplyRowsAvx512(p.b, p.s, p.gscale, f, decay, decays, step, u0, u1);
+    } else if (p.simd == SimdPath::kAvx2) {
+      ApplyRowsAvx2(p.b, p.s, p.gscale, f, decay, decays, step, u0, u1);
     } else {
       for (int64_t u = u0; u < u1; ++u) ApplyScalar(p.b, p.s, p.gscale, f, decay, decays, step, u, 0);
     }
@@ -337,7 +441,7 @@ void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& s, const Ad
                s,
                pool,
                factored,
-               UseAvx512(path),
+               ResolvePath(path),
                h.maximize ? -h.grad_scale : h.grad_scale,
                static_cast<float>(std::pow(t, h.beta2_decay)),  // 1 - beta2_t
                factored ? s.batch * s.rows : n,

@@ -64,18 +64,6 @@ void ScalarRange(const AdamWBuffers& b, int64_t begin, int64_t end, const Consts
   }
 }
 
-// bf16 round-to-nearest-even of 8 floats (NaN stays NaN).
-__attribute__((target("avx2,fma"))) inline __m128i Bf16x8(__m256 x) {
-  __m256i u = _mm256_castps_si256(x);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
-  r = _mm256_srli_epi32(r, 16);
-  __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
-  return _mm_packus_epi32(lo, hi);
-}
-
 __attribute__((target("avx2,fma,f16c"))) void Avx2Range(const AdamWBuffers& b, int64_t begin, int64_t end,
                                                         const Consts& c, bool amsgrad) {
   const __m256 decay = _mm256_set1_ps(c.decay), omb1 = _mm256_set1_ps(c.one_m_b1), b2 = _mm256_set1_ps(c.b2),
@@ -98,20 +86,7 @@ __attribute__((target("avx2,fma,f16c"))) void Avx2Range(const AdamWBuffers& b, i
     _mm256_storeu_ps(b.exp_avg + i, m);
     _mm256_storeu_ps(b.exp_avg_sq + i, v);
     _mm256_storeu_ps(b.param + i, p);
-    switch (b.master_dtype) {
-      case MasterDtype::kFloat32:
-        _mm256_storeu_ps(static_cast<float*>(b.master) + i, p);
-        break;
-      case MasterDtype::kBFloat16:
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(b.master) + i), Bf16x8(p));
-        break;
-      case MasterDtype::kFloat16:
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(b.master) + i),
-                         _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        break;
-      case MasterDtype::kNone:
-        break;
-    }
+    StoreMaster8(b.master, b.master_dtype, i, p);
   }
   ScalarRange(b, i, end, c, amsgrad);  // the tail
 }

@@ -145,15 +145,18 @@ TEST_F(AdafactorVsTorch, EqualsTorchOverFortyStepsWithDefaultsAndWithEveryTerm) 
   for (const std::string which : {"defaults", "every_term"}) {
     const Reference ref = MakeReference(Dir(), which);
     if (!ref.error.empty()) GTEST_SKIP() << "torch.optim.Adafactor is not available: " << ref.error;
-    for (int variant = 0; variant < 4; ++variant) {
+    for (int variant = 0; variant < 6; ++variant) {
       OptimizerThreads* p = variant % 2 ? &pool : nullptr;
-      const SimdPath path = variant < 2 ? SimdPath::kScalar : SimdPath::kAvx512;
-      if (path == SimdPath::kAvx512 && !SimdPathSupported(path)) continue;
+      const SimdPath path = variant < 2 ? SimdPath::kScalar : variant < 4 ? SimdPath::kAvx2 : SimdPath::kAvx512;
+      if (path != SimdPath::kScalar && !SimdPathSupported(path)) continue;
       const Ours ours = RunKernel(ref, HyperOf(which), p, path);
       for (int k = 0; k < kShapes; ++k) {
         const std::string K = std::to_string(k);
-        const std::string what =
-            which + (p ? " threaded" : "") + (path == SimdPath::kScalar ? " scalar" : " avx512") + " shape " + K;
+        const std::string what = which + (p ? " threaded" : "") +
+                                 (path == SimdPath::kScalar ? " scalar"
+                                  : path == SimdPath::kAvx2 ? " avx2"
+                                                            : " avx512") +
+                                 " shape " + K;
         ExpectClose(ours.param[static_cast<size_t>(k)], ref.Get("p." + K), what + " param");
         EXPECT_TRUE(
             at::equal(ours.master[static_cast<size_t>(k)], ours.param[static_cast<size_t>(k)].to(at::kBFloat16)))
