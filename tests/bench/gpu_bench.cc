@@ -52,6 +52,10 @@ ABSL_FLAG(double, max_seq_seconds, 400,
 ABSL_FLAG(double, stage_memory_gib, 0,
           "per-stage GPU memory cap for the automatic partition (0 = the engine default: 90 % of the card / 2)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON here");
+ABSL_FLAG(int, blocks, 0,
+          "decoder blocks (0 = the preset's): a model of the preset's shape, shorter (e.g. gpt-oss-20b with 4 of its "
+          "24 blocks fits a host of 128 GiB)");
+ABSL_FLAG(int, lora_rank, 0, "LoRA rank on q/k/v/o (0 = full fine-tuning); the base stays frozen in bf16");
 
 namespace {
 
@@ -87,21 +91,29 @@ double GemmTflops(bool cuda) {
   return 2.0 * n * n * n / Median(t) / 1e12;
 }
 
-// Hardware FLOPs of one iteration: forward, backward (2x forward) and the recompute of every
-// layer outside the fused stage B_1; causal attention counted at half the square; the LM head
-// computed once forward and twice backward. (FlashAttention's own backward recompute is not
-// counted: the figure is conservative.)
+// Hardware FLOPs of one iteration: forward, backward (2x forward; 1x with LoRA, whose frozen base
+// needs no weight gradients) and the recompute of every layer outside the fused stage B_1; causal
+// attention counted at half the square (a sliding block: its window); a sparse block counts its
+// router and its k active experts; the LM head computed once forward and twice backward.
+// (FlashAttention's own backward recompute is not counted: the figure is conservative.)
 double IterationFlops(const TransformerConfig& c, const Partition& p, int64_t tokens, int64_t seq) {
   const double q = static_cast<double>(c.num_heads * c.head_dim), kv = static_cast<double>(c.num_kv_heads * c.head_dim);
-  const double h = static_cast<double>(c.hidden), f = static_cast<double>(c.intermediate);
-  const double block_fwd = 2.0 * (h * (q + 2 * kv) + q * h + 3 * h * f) + 2.0 * static_cast<double>(seq) * q;
+  const double h = static_cast<double>(c.hidden), s = static_cast<double>(seq);
+  auto block_fwd = [&](int b) {
+    const double mlp = c.SparseBlock(b) ? h * c.num_experts +
+                                              3.0 * h * static_cast<double>(c.expert_intermediate) * c.experts_per_token
+                                        : 3.0 * h * static_cast<double>(c.intermediate);
+    const double ctx = c.SlidingBlock(b) ? std::min(s / 2, static_cast<double>(c.sliding_window)) : s / 2;
+    return 2.0 * (h * (q + 2 * kv) + q * h + mlp) + 4.0 * ctx * q;
+  };
   const double head_fwd = 2.0 * h * static_cast<double>(c.vocab);
   const int L = c.num_layers();
   const int fused_first = L - p.fused;
+  const int backward = c.lora.rank > 0 ? 1 : 2;
   double per_token = 0;
   for (int l = 1; l < L; ++l) {
-    const double fwd = l == L - 1 ? head_fwd : block_fwd;
-    per_token += fwd * (l >= fused_first ? 3 : 4);
+    const double fwd = l == L - 1 ? head_fwd : block_fwd(l - 1);
+    per_token += fwd * (1 + backward + (l >= fused_first ? 0 : 1));
   }
   return per_token * static_cast<double>(tokens);
 }
@@ -233,6 +245,14 @@ int main(int argc, char** argv) {
   const std::string devices = absl::GetFlag(FLAGS_devices);
   const bool cuda = IsCuda(devices);
   auto planned = rp::planning::ModelPreset(absl::GetFlag(FLAGS_model));
+  if (planned.ok() && absl::GetFlag(FLAGS_blocks) > 0) {
+    planned->num_blocks = absl::GetFlag(FLAGS_blocks);
+    std::erase_if(planned->sliding_layers, [&](int b) { return b >= planned->num_blocks; });
+  }
+  if (planned.ok()) {
+    planned->lora = {};
+    planned->lora.rank = absl::GetFlag(FLAGS_lora_rank);
+  }
   auto preset = planned.ok() ? rp::scheduler::runtime::ToTransformerConfig(*planned)
                              : absl::StatusOr<TransformerConfig>(planned.status());
   if (!preset.ok()) {
@@ -257,9 +277,10 @@ int main(int argc, char** argv) {
                   prop.multiProcessorCount);
     }
   }
-  std::printf("model %s: %d blocks, hidden %ld, vocab %ld; seq %ld x %ld per micro-batch, M = %d, %s, bf16\n",
-              absl::GetFlag(FLAGS_model).c_str(), cfg.num_blocks, static_cast<long>(cfg.hidden),
-              static_cast<long>(cfg.vocab), static_cast<long>(seq),
+  std::printf("model %s%s: %d blocks, hidden %ld, vocab %ld; seq %ld x %ld per micro-batch, M = %d, %s, bf16\n",
+              absl::GetFlag(FLAGS_model).c_str(),
+              cfg.lora.rank > 0 ? absl::StrCat(" (LoRA r=", cfg.lora.rank, " on q/k/v/o)").c_str() : "", cfg.num_blocks,
+              static_cast<long>(cfg.hidden), static_cast<long>(cfg.vocab), static_cast<long>(seq),
               static_cast<long>(absl::GetFlag(FLAGS_sequences_per_microbatch)), M, absl::GetFlag(FLAGS_mode).c_str());
   std::fflush(stdout);
   const double peak = GemmTflops(cuda);

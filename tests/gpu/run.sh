@@ -11,7 +11,8 @@
 # There it unpacks .devdeps/*.deb into a private prefix (never into /), configures the engine
 # only (-DRP_WITH_SERVER=OFF: no gRPC/protobuf/prometheus needed) against the machine's own
 # LibTorch (python3 -c 'import torch'), builds the GPU tests and the GPU benchmark with every
-# core, runs the tests (ctest label "gpu"), then the benchmark, and prints a short table last.
+# core, runs the tests (ctest label "gpu"), then the benchmark (Qwen3-1.7B; then a GPT-OSS-20B
+# shaped LoRA run when time is left), and prints a short table last.
 # Full logs go to $OUT (build.log, gpu_tests.log, gpu_tests.xml, bench.log, bench.json).
 #   RP_GPU_BUDGET_S   wall-clock budget for the whole script (default 480): the benchmark's
 #                     optional parts are dropped when time runs short
@@ -127,9 +128,24 @@ timeout $((REMAIN - 15)) "$BUILD/tests/bench/gpu_bench" --devices=cuda:0 --model
 BENCH_RC=$?
 set -e
 say "bench: rc=$BENCH_RC ($(($(date +%s) - t0)) s)"
+# GPT-OSS-20B's shape (4 of its 24 blocks: sinks, sliding blocks, 32 experts top-4 with biases),
+# LoRA r=16 on q/k/v/o, seq 2048: tokens/s and HFU over active FLOPs, when time is left.
+REMAIN=$(left)
+MOE_RC=skipped
+if [ "$REMAIN" -gt 200 ]; then
+  t0=$(date +%s)
+  set +e
+  timeout $((REMAIN - 15)) "$BUILD/tests/bench/gpu_bench" --devices=cuda:0 --model=gpt-oss-20b --blocks=4 \
+    --lora_rank=16 --seq=2048 --microbatches=8 --warmup=3 --iterations=2 --resident=false \
+    --json="$OUT/bench_gpt_oss.json" >"$OUT/bench_gpt_oss.log" 2>&1
+  MOE_RC=$?
+  set -e
+  say "bench gpt-oss-20b (4 blocks, LoRA): rc=$MOE_RC ($(($(date +%s) - t0)) s)"
+fi
 echo
 echo "=== summary ($(($(date +%s) - START)) s) ==="
 cat "$SUMMARY"
 echo "--- gpu_bench ---"
 tail -32 "$OUT/bench.log"
+[ -f "$OUT/bench_gpt_oss.log" ] && { echo "--- gpu_bench gpt-oss-20b ---"; tail -16 "$OUT/bench_gpt_oss.log"; }
 [ "$TEST_RC" = 0 ] && [ "$BENCH_RC" = 0 ]

@@ -1,9 +1,13 @@
 #include "tests/unit/workers/io/hf_models_fixture.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <functional>
 
 #include "tests/support/engine_values.h"
 #include "tests/support/run_command.h"
@@ -16,17 +20,47 @@ namespace rp::workers::io {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using rp::testing::ReadWholeFile;
 using rp::testing::RunCommand;
 
 std::string HfModels::dir_, HfModels::error_;
 
+namespace {
+
+// The models are made once per version of make_hf_models.py (ctest runs every test in its own
+// process, and making them all takes tens of seconds): into a cache directory named by the
+// script's hash, under a file lock so parallel tests wait for the first; each test process then
+// works on its own copy (tests write exports and broken variants next to the models).
+absl::StatusOr<std::string> CachedModels() {
+  const std::string script = ReadWholeFile(RP_TEST_DIR "/make_hf_models.py");
+  const fs::path cache =
+      fs::temp_directory_path() / ("rp_hf_models_cache_" + std::to_string(std::hash<std::string>{}(script)));
+  const int lock = ::open((cache.string() + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) return absl::InternalError("cannot lock the model cache");
+  std::string out;
+  if (!fs::exists(cache / ".complete")) {
+    fs::remove_all(cache);
+    if (RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py " + cache.string(), &out) != 0) {
+      ::close(lock);
+      return absl::UnavailableError(out);
+    }
+    std::ofstream(cache / ".complete") << "made\n";
+  }
+  ::close(lock);
+  return cache.string();
+}
+
+}  // namespace
+
 void HfModels::SetUpTestSuite() {
   dir_ = (fs::temp_directory_path() / ("rp_hf_models_" + std::to_string(getpid()))).string();
   fs::remove_all(dir_);
-  std::string out;
-  if (RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py " + dir_, &out) != 0) {
-    error_ = out;
+  auto cache = CachedModels();
+  if (!cache.ok()) {
+    error_ = std::string(cache.status().message());
+    return;
   }
+  fs::copy(*cache, dir_, fs::copy_options::recursive);
 }
 
 void HfModels::TearDownTestSuite() { fs::remove_all(dir_); }
