@@ -106,7 +106,11 @@ LayerCost BlockCost(const ModelConfig& m, const AnalyticOptions& opt, const Anal
     mlp_rate = t.mm_rate;
     act_mlp = 3 * i;
   }
-  const double lora_flops = t.lora ? tokens * 2 * static_cast<double>(m.BlockLoraParams()) : 0.0;
+  double lora_flops = t.lora ? tokens * 2 * static_cast<double>(m.BlockLoraParams()) : 0.0;
+  if (t.lora && m.SparseBlock(b)) {  // expert adapters: only the k routed experts' run per token
+    for (const auto& [in, out] : m.ExpertLoraShapes())
+      lora_flops += tokens * 2 * m.active_experts * m.lora.rank * (in + out);
+  }
   // Elementwise traffic: norms, rope, residuals, activation function (about 12 reads/writes of
   // an h-wide row and 3 of the MLP width per token), plus reading the block's weights once.
   const double ew_bytes =
@@ -121,7 +125,7 @@ LayerCost BlockCost(const ModelConfig& m, const AnalyticOptions& opt, const Anal
   c.bwd_s = fwd + bwd;
   c.fused_s = fwd + bwd;
   c.param_bytes = m.BlockParams() * opt.dtype_bytes;
-  c.trainable_bytes = (t.lora ? m.BlockLoraParams() : m.BlockParams()) * opt.grad_bytes;
+  c.trainable_bytes = (t.lora ? m.BlockLoraParams(b) : m.BlockParams()) * opt.grad_bytes;
   // Saved for backward: norm in/out, q/k/v, attention output (+ softmax stats), o-proj input,
   // MLP intermediates.
   c.act_bytes_per_token = static_cast<int64_t>(t.db * (6 * h + 2 * q + 2 * kv + act_mlp));

@@ -284,6 +284,7 @@ int64_t ModelConfig::BlockLoraParams() const {
   // Adapter A (rank x in) + B (out x rank) per target projection.
   int64_t n = 0;
   for (const std::string& t : lora.targets) {
+    if (t.rfind("experts.", 0) == 0) continue;  // ExpertLoraShapes
     const int64_t in = t == "o_proj" ? q : t == "down_proj" ? inter : hidden;
     const int64_t out = t == "q_proj"                          ? q
                         : (t == "k_proj" || t == "v_proj")     ? kv
@@ -294,10 +295,33 @@ int64_t ModelConfig::BlockLoraParams() const {
   return n;
 }
 
+std::vector<std::pair<int64_t, int64_t>> ModelConfig::ExpertLoraShapes() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (lora.rank <= 0 || !is_moe()) return out;
+  if (lora.Targets("experts.gate_up_proj")) out.emplace_back(hidden, 2 * expert_intermediate);
+  if (lora.Targets("experts.down_proj")) out.emplace_back(expert_intermediate, hidden);
+  return out;
+}
+
+int64_t ModelConfig::BlockLoraParams(int block) const {
+  int64_t n = BlockLoraParams();
+  if (SparseBlock(block)) {
+    for (const auto& [in, out] : ExpertLoraShapes()) n += static_cast<int64_t>(lora.rank) * num_experts * (in + out);
+  }
+  return n;
+}
+
+int64_t ModelConfig::LoraParams() const {
+  int64_t experts = 0;
+  for (const auto& [in, out] : ExpertLoraShapes())
+    experts += static_cast<int64_t>(lora.rank) * num_experts * (in + out);
+  return num_blocks * BlockLoraParams() + SparseBlockCount() * experts;
+}
+
 int64_t ModelConfig::LayerParams(int l) const {
   if (l == 0) return EmbeddingParams();
   if (l == num_layers() - 1) return HeadParams();
-  return BlockParams(l - 1) + BlockLoraParams();
+  return BlockParams(l - 1) + BlockLoraParams(l - 1);
 }
 
 int64_t AdafactorStateElements(const ModelConfig& m) {
@@ -324,6 +348,7 @@ int64_t AdafactorStateElements(const ModelConfig& m) {
     const int64_t inter = m.is_moe() ? m.expert_intermediate : m.intermediate;
     const int64_t r = m.lora.rank;
     for (const std::string& t : m.lora.targets) {  // A [r, in], B [out, r]
+      if (t.rfind("experts.", 0) == 0) continue;
       const int64_t in = t == "o_proj" ? q : t == "down_proj" ? inter : h;
       const int64_t out = t == "q_proj"                          ? q
                           : (t == "k_proj" || t == "v_proj")     ? kv
@@ -331,7 +356,9 @@ int64_t AdafactorStateElements(const ModelConfig& m) {
                                                                  : h;
       block += (r + in) + (out + r);
     }
-    return static_cast<int64_t>(m.num_blocks) * block;
+    int64_t experts = 0;  // A [r·E, in], B [out, r·E]
+    for (const auto& [in, out] : m.ExpertLoraShapes()) experts += (r * m.num_experts + in) + (out + r * m.num_experts);
+    return static_cast<int64_t>(m.num_blocks) * block + m.SparseBlockCount() * experts;
   }
 }
 
@@ -349,7 +376,7 @@ int64_t HostStateBytes(const ModelConfig& m, const HostStateOptions& o) {
   if (m.lora.rank <= 0) {
     bytes = base * trained;
   } else {
-    const double adapters = static_cast<double>(m.num_blocks) * static_cast<double>(m.BlockLoraParams());
+    const double adapters = static_cast<double>(m.LoraParams());
     bytes = (o.mapped_base ? 0.0 : base * o.master_bytes) + adapters * trained;
   }
   if (o.factored_moments) bytes += 4.0 * static_cast<double>(AdafactorStateElements(m));

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,7 +35,8 @@ struct RopeScalingSpec {
 };
 
 // LoRA fine-tuning (PEFT's LoRA) on `targets` among q_proj k_proj v_proj o_proj gate_proj
-// up_proj down_proj; rank 0 = full fine-tuning.
+// up_proj down_proj, and experts.gate_up_proj experts.down_proj (a sparse block's stacked
+// experts, PEFT's target_parameters); rank 0 = full fine-tuning.
 struct LoraSpec {
   int rank = 0;
   double alpha = 16;
@@ -87,8 +89,14 @@ struct ModelConfig {
   int64_t EmbeddingParams() const { return vocab * hidden; }
   int64_t HeadParams() const { return (tied_embeddings ? 0 : vocab * hidden) + hidden; }
   int64_t TotalParams() const;  // base parameters (tied embedding once), adapters excluded
-  // Trainable LoRA parameters of one block (0 without LoRA).
+  // Trainable LoRA parameters of one block on its projections (0 without LoRA) / of block
+  // `block`, a sparse one's expert adapters included (experts.* targets: r·E·(in + out) each) /
+  // of the whole model.
   int64_t BlockLoraParams() const;
+  int64_t BlockLoraParams(int block) const;
+  int64_t LoraParams() const;
+  // One expert's (in, out) features for each targeted stacked expert tensor.
+  std::vector<std::pair<int64_t, int64_t>> ExpertLoraShapes() const;
   // Parameters of engine layer l (0 = embedding, 1..num_blocks, head) including its adapters.
   int64_t LayerParams(int l) const;
 };

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "workers/io/confined_fs.h"
@@ -250,6 +251,24 @@ absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
   for (const auto& t : j["target_modules"]) {
     if (!t.is_string()) return absl::InvalidArgumentError("adapter_config.json: target_modules must be strings");
     c.targets.push_back(t.get<std::string>());
+  }
+  // PEFT's target_parameters: the stacked experts, named by any suffix ending in
+  // experts.gate_up_proj / experts.down_proj.
+  if (j.contains("target_parameters") && !j["target_parameters"].is_null()) {
+    if (!j["target_parameters"].is_array()) {
+      return absl::InvalidArgumentError("adapter_config.json: target_parameters must be a list");
+    }
+    for (const auto& t : j["target_parameters"]) {
+      const std::string name = t.is_string() ? t.get<std::string>() : "";
+      const std::string which = absl::EndsWith(name, "experts.gate_up_proj") ? "experts.gate_up_proj"
+                                : absl::EndsWith(name, "experts.down_proj")  ? "experts.down_proj"
+                                                                             : "";
+      if (which.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("adapter_config.json: target_parameters entry '", name,
+                                                       "' is not supported (experts.gate_up_proj, experts.down_proj)"));
+      }
+      c.targets.push_back(which);
+    }
   }
   auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
   if (flag("use_dora") || flag("use_rslora")) {

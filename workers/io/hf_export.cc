@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -17,6 +18,7 @@
 #include "workers/io/atomic_dir.h"
 #include "workers/io/hub_experts.h"
 #include "workers/io/safetensors_writer.h"
+#include "workers/models/layers.h"
 
 namespace rp::workers::io {
 namespace fs = std::filesystem;
@@ -217,11 +219,17 @@ absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const model
     if (absl::Status st = w.Add(*t); !st.ok()) return fail(st);
   }
   if (absl::Status st = w.Finish(); !st.ok()) return fail(st);
+  // Modules go to target_modules; the stacked experts (experts.*) to target_parameters.
+  std::vector<std::string> modules, parameters;
+  for (const std::string& t : config.lora.targets) {
+    (t.rfind("experts.", 0) == 0 ? parameters : modules).push_back(t.rfind("experts.", 0) == 0 ? "mlp." + t : t);
+  }
   nlohmann::json j = {{"peft_type", "LORA"},    {"task_type", "CAUSAL_LM"},
                       {"r", config.lora.rank},  {"lora_alpha", config.lora.alpha},
-                      {"lora_dropout", 0.0},    {"target_modules", config.lora.targets},
+                      {"lora_dropout", 0.0},    {"target_modules", modules},
                       {"bias", "none"},         {"fan_in_fan_out", false},
                       {"inference_mode", true}, {"base_model_name_or_path", nullptr}};
+  if (!parameters.empty()) j["target_parameters"] = parameters;
   if (absl::Status st = out->WriteFile("adapter_config.json", j.dump(2)); !st.ok()) return fail(st);
   if (absl::Status st = out->Commit(); !st.ok()) return fail(st);
   return total;
@@ -239,9 +247,20 @@ absl::StatusOr<int64_t> ExportMergedLora(const std::string& dir, const models::T
   models::TransformerConfig plain = config;
   plain.lora = {};
   const double scale = config.lora.alpha / config.lora.rank;
+  std::map<std::string, models::ExpertLora> experts;  // stacked experts with adapters, by name
+  for (int b = 0; b < config.num_blocks; ++b) {
+    for (const models::ExpertLora& t : models::ExpertLoraTargets(config, b)) experts[t.base] = t;
+  }
   auto merged = [&](const std::string& name) -> absl::StatusOr<at::Tensor> {
     auto w = fetch(name);
     if (!w.ok()) return w;
+    if (auto it = experts.find(name); it != experts.end()) {
+      auto a = fetch(it->second.a);
+      auto b = fetch(it->second.b);
+      if (!a.ok()) return a;
+      if (!b.ok()) return b;
+      return *w + models::ExpertLoraDelta(config, *a, *b);
+    }
     const std::string stem = name.substr(0, name.size() - std::string(".weight").size());
     const bool has = std::any_of(tensors.begin(), tensors.end(),
                                  [&](const NamedShape& t) { return t.first == stem + ".lora_A.weight"; });

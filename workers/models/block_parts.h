@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "workers/models/layers.h"
 
@@ -36,5 +37,14 @@ at::Tensor AttendMask(const TokenLayout& layout, int64_t s, int64_t window, c10:
 using ExpertFfn = std::function<at::Tensor(int64_t expert, const at::Tensor& rows)>;
 at::Tensor GroupedExperts(const at::Tensor& x, const MoeRouting& routing, int64_t num_experts,
                           int64_t experts_per_token, const ExpertFfn& ffn);
+
+// One expert's view of a stacked expert adapter (ExpertLoraTargets): A_e [r, in], B_e [out, r]
+// for every expert, or empty lists when `a` is undefined.
+struct ExpertAdapterViews {
+  std::vector<at::Tensor> a, b;
+};
+ExpertAdapterViews PerExpert(const at::Tensor& a, const at::Tensor& b, int64_t num_experts);
+// xe·W_eᵀ's adapter term (alpha/r)·(xe·A_eᵀ)·B_eᵀ for expert e, or undefined without one.
+at::Tensor AdapterTerm(const TransformerConfig& cfg, const ExpertAdapterViews& v, int64_t expert, const at::Tensor& xe);
 
 }  // namespace rp::workers::models::parts

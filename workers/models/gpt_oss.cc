@@ -55,17 +55,24 @@ MoeRouting GptOssRoute(const TransformerConfig& c, const at::Tensor& weight, con
 }
 
 at::Tensor GptOssExperts(const TransformerConfig& c, const GptOssExpertWeights& w, const at::Tensor& x,
-                         const MoeRouting& routing) {
+                         const MoeRouting& routing, const ExpertAdapters& lora) {
   // One unbind per tensor for all experts (see MoeExperts).
   const std::vector<at::Tensor> gu = w.gate_up.unbind(0), gub = w.gate_up_bias.unbind(0), dn = w.down.unbind(0),
                                 dnb = w.down_bias.unbind(0);
+  const parts::ExpertAdapterViews lgu = parts::PerExpert(lora.gate_up_a, lora.gate_up_b, c.num_experts);
+  const parts::ExpertAdapterViews ldn = parts::PerExpert(lora.down_a, lora.down_b, c.num_experts);
   const double alpha = c.swiglu_alpha, limit = c.swiglu_limit;
   return parts::GroupedExperts(x, routing, c.num_experts, c.experts_per_token, [&](int64_t e, const at::Tensor& xe) {
     const size_t i = static_cast<size_t>(e);
-    const at::Tensor g_u = at::matmul(xe, gu[i]) + gub[i];
+    at::Tensor g_u = at::matmul(xe, gu[i]);
+    if (at::Tensor d = parts::AdapterTerm(c, lgu, e, xe); d.defined()) g_u = g_u + d;
+    g_u = g_u + gub[i];
     const at::Tensor gate = g_u.slice(-1, 0, std::nullopt, 2).clamp_max(limit);
     const at::Tensor up = g_u.slice(-1, 1, std::nullopt, 2).clamp(-limit, limit);
-    return at::matmul((up + 1) * (gate * at::sigmoid(gate * alpha)), dn[i]) + dnb[i];
+    const at::Tensor act = (up + 1) * (gate * at::sigmoid(gate * alpha));
+    at::Tensor out = at::matmul(act, dn[i]);
+    if (at::Tensor d = parts::AdapterTerm(c, ldn, e, act); d.defined()) out = out + d;
+    return out + dnb[i];
   });
 }
 

@@ -38,7 +38,8 @@ struct GptOssExpertWeights {
 };
 // The experts' output for x [.., h] under `routing`, grouped by expert as MoeExperts:
 // per expert (clamp(up, ±limit) + 1) · g·sigmoid(alpha·g), g = min(gate, limit), times down.
+// `lora` adds each expert's adapters (layers.h ExpertLoraTargets).
 at::Tensor GptOssExperts(const TransformerConfig& cfg, const GptOssExpertWeights& w, const at::Tensor& x,
-                         const MoeRouting& routing);
+                         const MoeRouting& routing, const ExpertAdapters& lora = {});
 
 }  // namespace rp::workers::models

@@ -94,8 +94,35 @@ std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
       out.push_back({base + ".lora_A.weight", {r, in_f}, false, 1});
       out.push_back({base + ".lora_B.weight", {out_f, r}, false, 2});
     }
+    for (const ExpertLora& t : ExpertLoraTargets(c, layer - 1)) {
+      out.push_back({t.a, {r * c.num_experts, t.in}, false, 1});
+      out.push_back({t.b, {t.out, r * c.num_experts}, false, 2});
+    }
   }
   return out;
+}
+
+std::vector<ExpertLora> ExpertLoraTargets(const TransformerConfig& c, int block) {
+  std::vector<ExpertLora> out;
+  if (c.lora.rank <= 0 || !c.SparseBlock(block)) return out;
+  const bool gate_up = c.lora.Targets("experts.gate_up_proj"), down = c.lora.Targets("experts.down_proj");
+  const std::string p = absl::StrCat("model.layers.", block, ".mlp.experts.");
+  const int64_t h = c.hidden, i = c.expert_intermediate;
+  if (gate_up) {
+    const std::string stem = p + (down ? "base_layer." : "");
+    out.push_back(
+        {"experts.gate_up_proj", p + "gate_up_proj", stem + "lora_A.weight", stem + "lora_B.weight", h, 2 * i});
+  }
+  if (down) out.push_back({"experts.down_proj", p + "down_proj", p + "lora_A.weight", p + "lora_B.weight", i, h});
+  return out;
+}
+
+at::Tensor ExpertLoraDelta(const TransformerConfig& c, const at::Tensor& a, const at::Tensor& b) {
+  const int64_t e = c.num_experts, r = c.lora.rank;
+  const at::Tensor a3 = a.view({e, r, a.size(1)});                     // [E, r, in]
+  const at::Tensor b3 = b.view({b.size(0), r, e}).permute({2, 0, 1});  // [E, out, r]
+  const at::Tensor delta = at::bmm(b3, a3) * (c.lora.alpha / r);       // [E, out, in]
+  return c.gpt_oss() ? delta.transpose(1, 2).contiguous() : delta;
 }
 
 const std::vector<std::string>& LoraModules() {
@@ -236,6 +263,18 @@ at::Tensor GroupedExperts(const at::Tensor& x, const MoeRouting& routing, int64_
   return at::zeros_like(flat).index_add(0, token_of, y.to(flat.scalar_type())).view(x.sizes());
 }
 
+ExpertAdapterViews PerExpert(const at::Tensor& a, const at::Tensor& b, int64_t num_experts) {
+  if (!a.defined()) return {};
+  const int64_t r = a.size(0) / num_experts;
+  return {a.view({num_experts, r, a.size(1)}).unbind(0), b.view({b.size(0), r, num_experts}).unbind(2)};
+}
+
+at::Tensor AdapterTerm(const TransformerConfig& c, const ExpertAdapterViews& v, int64_t expert, const at::Tensor& xe) {
+  if (v.a.empty()) return {};
+  const size_t e = static_cast<size_t>(expert);
+  return at::linear(at::linear(xe, v.a[e]), v.b[e]) * (c.lora.alpha / c.lora.rank);
+}
+
 }  // namespace parts
 
 MoeRouting RouteTokens(const TransformerConfig& c, const at::Tensor& router_weight, const at::Tensor& x,
@@ -285,13 +324,20 @@ RoutingDecision UnpackRouting(const at::Tensor& packed, int64_t num_experts, int
 }
 
 at::Tensor MoeExperts(const TransformerConfig& c, const at::Tensor& gate_up, const at::Tensor& down,
-                      const at::Tensor& x, const MoeRouting& routing) {
+                      const at::Tensor& x, const MoeRouting& routing, const ExpertAdapters& lora) {
   // One unbind for all experts: indexing the stacked weight per expert would make autograd
   // allocate a full-size zero gradient for each.
   const std::vector<at::Tensor> gu = gate_up.unbind(0), dn = down.unbind(0);
+  const parts::ExpertAdapterViews lgu = parts::PerExpert(lora.gate_up_a, lora.gate_up_b, c.num_experts);
+  const parts::ExpertAdapterViews ldn = parts::PerExpert(lora.down_a, lora.down_b, c.num_experts);
   return parts::GroupedExperts(x, routing, c.num_experts, c.experts_per_token, [&](int64_t e, const at::Tensor& xe) {
-    const std::vector<at::Tensor> g_u = at::linear(xe, gu[static_cast<size_t>(e)]).chunk(2, -1);
-    return at::linear(at::silu(g_u[0]) * g_u[1], dn[static_cast<size_t>(e)]);
+    at::Tensor y = at::linear(xe, gu[static_cast<size_t>(e)]);
+    if (at::Tensor d = parts::AdapterTerm(c, lgu, e, xe); d.defined()) y = y + d;
+    const std::vector<at::Tensor> g_u = y.chunk(2, -1);
+    const at::Tensor act = at::silu(g_u[0]) * g_u[1];
+    at::Tensor out = at::linear(act, dn[static_cast<size_t>(e)]);
+    if (at::Tensor d = parts::AdapterTerm(c, ldn, e, act); d.defined()) out = out + d;
+    return out;
   });
 }
 
@@ -309,9 +355,10 @@ struct BlockWeights {
   // gate_up and its bias, down and its bias.
   std::vector<at::Tensor> mlp;
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> adapters;  // LoRA A, B by module
+  ExpertAdapters experts;                                             // LoRA on the stacked experts
 };
 
-BlockWeights SplitBlockWeights(const TransformerConfig& c, const std::vector<at::Tensor>& w) {
+BlockWeights SplitBlockWeights(const TransformerConfig& c, int block, const std::vector<at::Tensor>& w) {
   BlockWeights bw;
   size_t i = 0;
   bw.in_norm = w[i++];
@@ -331,6 +378,16 @@ BlockWeights SplitBlockWeights(const TransformerConfig& c, const std::vector<at:
   for (const std::string& m : LoraModules()) {
     if (!c.lora.Targets(m)) continue;
     bw.adapters[m] = {w[i], w[i + 1]};
+    i += 2;
+  }
+  for (const ExpertLora& t : ExpertLoraTargets(c, block)) {
+    if (t.target == "experts.gate_up_proj") {
+      bw.experts.gate_up_a = w[i];
+      bw.experts.gate_up_b = w[i + 1];
+    } else {
+      bw.experts.down_a = w[i];
+      bw.experts.down_b = w[i + 1];
+    }
     i += 2;
   }
   return bw;
@@ -367,7 +424,7 @@ at::Tensor BlockAttention(const TransformerConfig& c, int block, const BlockWeig
 
 at::Tensor BlockForward(const TransformerConfig& c, int block, const std::vector<at::Tensor>& w, const at::Tensor& x,
                         const TokenLayout& layout, const RoutingDecision* replay, RoutingDecision* record) {
-  const BlockWeights bw = SplitBlockWeights(c, w);
+  const BlockWeights bw = SplitBlockWeights(c, block, w);
   const double lora_scale = c.lora.rank > 0 ? c.lora.alpha / c.lora.rank : 0.0;
   // A projection with its LoRA adapter, when the module has one.
   auto adapted = [&](const at::Tensor& in, const at::Tensor& weight, const at::Tensor& bias, const char* module) {
@@ -391,8 +448,10 @@ at::Tensor BlockForward(const TransformerConfig& c, int block, const std::vector
       *record = {routing.experts, routing.counts,
                  c.router_aux_loss_coef > 0 ? routing.probs.sum(0) : at::Tensor()};  // the aux loss's only input
     }
-    if (c.gpt_oss()) return h1 + GptOssExperts(c, GptOssExpertWeights{m[2], m[3], m[4], m[5]}, hn2, routing);
-    return h1 + MoeExperts(c, m[1], m[2], hn2, routing);
+    if (c.gpt_oss()) {
+      return h1 + GptOssExperts(c, GptOssExpertWeights{m[2], m[3], m[4], m[5]}, hn2, routing, bw.experts);
+    }
+    return h1 + MoeExperts(c, m[1], m[2], hn2, routing, bw.experts);
   }
   const at::Tensor gate = adapted(hn2, m[0], {}, "gate_proj"), up = adapted(hn2, m[1], {}, "up_proj");
   return h1 + adapted(at::silu(gate) * up, m[2], {}, "down_proj");

@@ -28,10 +28,27 @@ struct ParamSpec {
 // The projections LoRA may target, in the order their adapters follow a block's base weights.
 const std::vector<std::string>& LoraModules();
 
+// LoRA on a sparse block's stacked experts, as PEFT's target_parameters (peft >= 0.17) lays it
+// out: for target experts.gate_up_proj or experts.down_proj one A [r·E, in] whose rows are expert
+// by expert (expert e: rows e·r .. e·r + r) and one B [out, r·E] whose columns are rank by rank
+// (expert e: columns j·E + e). Expert e's map in -> out becomes W_e + (alpha/r)·B_e·A_e. Named as
+// PEFT names them: with both targets the gate_up adapter is under "experts.base_layer." (PEFT
+// wraps that parameter first), otherwise under "experts.".
+struct ExpertLora {
+  std::string target;       // experts.gate_up_proj or experts.down_proj
+  std::string base;         // the stacked parameter it adapts
+  std::string a, b;         // the adapters' names
+  int64_t in = 0, out = 0;  // one expert's features
+};
+// The expert adapters of block `block` (0-based) in LayerParams order; empty for a dense block.
+std::vector<ExpertLora> ExpertLoraTargets(const TransformerConfig& cfg, int block);
+// Every expert's (alpha/r)·B_e·A_e in its base tensor's layout ([E, out, in]; GPT-OSS [E, in, out]).
+at::Tensor ExpertLoraDelta(const TransformerConfig& cfg, const at::Tensor& a, const at::Tensor& b);
+
 // Parameters of engine layer `layer` in the order the forward functions take them. With tied
 // embeddings the head lists model.embed_tokens.weight (the same parameter as layer 0). With LoRA
-// a block's adapters (A then B per targeted module, LoraModules() order) follow its base weights,
-// named like PEFT's: model.layers.0.self_attn.q_proj.lora_A.weight.
+// a block's adapters (A then B per targeted module, LoraModules() order, then ExpertLoraTargets)
+// follow its base weights, named like PEFT's: model.layers.0.self_attn.q_proj.lora_A.weight.
 std::vector<ParamSpec> LayerParams(const TransformerConfig& cfg, int layer);
 // Every parameter of the model in engine order (layer by layer), a tied one once: what a
 // HostModelStore holds, known without allocating it.
@@ -97,11 +114,15 @@ struct MoeRouting {
 };
 MoeRouting RouteTokens(const TransformerConfig& cfg, const at::Tensor& router_weight, const at::Tensor& x,
                        const RoutingDecision* replay = nullptr);
+// A sparse block's expert adapters (ExpertLoraTargets), undefined where not targeted.
+struct ExpertAdapters {
+  at::Tensor gate_up_a, gate_up_b, down_a, down_b;
+};
 // The experts' output for x [.., h] under `routing`: tokens grouped by expert (one gather, one
 // GEMM pair per expert on its rows, one weighted scatter-add), never a dense all-experts pass.
-// gate_up [E, 2I, h] (gate rows first), down [E, h, I].
+// gate_up [E, 2I, h] (gate rows first), down [E, h, I]; `lora` adds each expert's adapters.
 at::Tensor MoeExperts(const TransformerConfig& cfg, const at::Tensor& gate_up, const at::Tensor& down,
-                      const at::Tensor& x, const MoeRouting& routing);
+                      const at::Tensor& x, const MoeRouting& routing, const ExpertAdapters& lora = {});
 
 // The final RMSNorm (differentiable), applied before the chunked head.
 at::Tensor FinalNorm(const TransformerConfig& cfg, const at::Tensor& norm_weight, const at::Tensor& x);

@@ -46,10 +46,17 @@ absl::Status TransformerConfig::Validate() const {
   }
   if (lora.rank > 0 && lora.targets.empty()) return absl::InvalidArgumentError("model: lora needs target modules");
   for (const std::string& t : lora.targets) {
-    static const char* kModules[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    static const char* kModules[] = {"q_proj",           "k_proj",  "v_proj",    "o_proj",
+                                     "gate_proj",        "up_proj", "down_proj", "experts.gate_up_proj",
+                                     "experts.down_proj"};
     if (std::find(std::begin(kModules), std::end(kModules), t) == std::end(kModules)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model: lora target '", t, "' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: lora target '", t,
+                       "' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
+                       "experts.gate_up_proj, experts.down_proj"));
+    }
+    if (lora.rank > 0 && t.rfind("experts.", 0) == 0 && num_experts == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model: lora target '", t, "' needs a model with experts"));
     }
   }
   if (num_experts != 0 || experts_per_token != 0 || expert_intermediate != 0) {
@@ -79,8 +86,8 @@ absl::Status TransformerConfig::Validate() const {
       if (lora.rank > 0 && (t == "gate_proj" || t == "up_proj" || t == "down_proj")) {
         return absl::InvalidArgumentError(
             absl::StrCat("model: lora target '", t,
-                         "' on a mixture-of-experts model (adapters on expert projections are not "
-                         "supported yet; target the attention projections)"));
+                         "' on a mixture-of-experts model: target the experts as experts.gate_up_proj / "
+                         "experts.down_proj (PEFT's target_parameters), or the attention projections"));
       }
     }
   }

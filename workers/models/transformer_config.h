@@ -33,7 +33,10 @@ struct RopeScaling {
 struct LoraConfig {
   int rank = 0;  // 0 = full fine-tuning
   double alpha = 16;
-  std::vector<std::string> targets;  // among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+  // Among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj (modules), and on a sparse
+  // block's stacked experts experts.gate_up_proj, experts.down_proj (PEFT's target_parameters:
+  // one adapter per expert, see layers.h ExpertLoraTargets).
+  std::vector<std::string> targets;
   bool Targets(const std::string& module) const;
 };
 

@@ -661,7 +661,7 @@ TEST(EngineCheckpoint, LoraCheckpointsHoldOnlyTheAdaptersAndRefuseAnotherBase) {
     for (int64_t d : t.shape) n *= d;
     adapter_params += n;
   }
-  EXPECT_EQ(adapter_params, spec.model.num_blocks * spec.model.BlockLoraParams());
+  EXPECT_EQ(adapter_params, spec.model.LoraParams());
   auto meta = workers::io::VerifyCheckpoint(ckpt);
   ASSERT_TRUE(meta.ok()) << meta.status();
   EXPECT_EQ(meta->base_fingerprint.size(), 8u);

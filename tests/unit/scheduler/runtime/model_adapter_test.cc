@@ -58,10 +58,12 @@ std::vector<planning::ModelConfig> EngineModels() {
   for (const std::string& name : planning::ModelPresetNames()) {
     planning::ModelConfig m = *planning::ModelPreset(name);
     m.lora.rank = 0;
-    if (m.is_moe()) {  // the MoE presets, full and with attention adapters
+    if (m.is_moe()) {  // the MoE presets: full, attention adapters, adapters on the experts too
       out.push_back(m);
       m.lora.rank = 8;
       m.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+      out.push_back(m);
+      m.lora.targets = {"q_proj", "experts.gate_up_proj", "experts.down_proj"};
       out.push_back(m);
       continue;
     }
@@ -84,7 +86,7 @@ TEST(ModelAdapter, ThePlannersParameterCountIsTheEnginesLayout) {
       (p.name.find(".lora_") != std::string::npos ? adapters : base) += Numel(p.shape);
     }
     EXPECT_EQ(m.TotalParams(), base) << m.name << " lora " << m.lora.rank;
-    EXPECT_EQ(m.num_blocks * m.BlockLoraParams(), adapters) << m.name << " lora " << m.lora.rank;
+    EXPECT_EQ(m.LoraParams(), adapters) << m.name << " lora " << m.lora.rank;
     for (int l = 1; l <= m.num_blocks; l += std::max(1, m.num_blocks - 1)) {
       int64_t layer = 0;
       for (const auto& p : workers::models::LayerParams(*c, l)) layer += Numel(p.shape);

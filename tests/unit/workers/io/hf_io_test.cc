@@ -555,6 +555,14 @@ TEST_F(HfModels, LoraOnGptOssTrainsLikePeftAndExportsForPeft) {
   LoraTrainsLikePeft(dir_ + "/lora_gptoss", 2 * 4 * 3);  // A and B, 4 targets, 3 blocks
 }
 
+// LoRA on the stacked experts themselves (PEFT's target_parameters: one rank-r adapter per
+// expert in two stacked tensors): Qwen3-MoE with both expert tensors and q/v (the dense block has
+// no experts to adapt), GPT-OSS with gate_up alone and q.
+TEST_F(HfModels, LoraOnStackedExpertsTrainsLikePeftsTargetParameters) {
+  LoraTrainsLikePeft(dir_ + "/lora_moe_experts", 2 * 2 * 3 + 2 * 2 * 2);  // q, v on 3 blocks; 2 on 2 sparse
+  LoraTrainsLikePeft(dir_ + "/lora_gptoss_experts", 2 * 3 + 2 * 3);       // q and gate_up on 3 blocks
+}
+
 // A LoRA job on a model directory: its checkpoints leave the base out; once the job ended its
 // base parameters are read from model.hf_dir (rounded to the job's precision, as the store held
 // them) and checked against the checkpoint's record, so a base file changed since is reported,

@@ -7,7 +7,8 @@ engine's model-I/O tests, and records what `transformers` computes on fixed toke
                                       after two AdamW steps; qwen3moe, qwen3moe_aux and gptoss also reference_async.safetensors
                                       (staleness 1: both steps apply the gradient at the first weights)
                                       OUT_DIR/gptoss_mxfp4/ (experts stored as MXFP4 blocks and scales)
-                                      and OUT_DIR/{lora,lora_moe,lora_gptoss}/ (base, PEFT adapter, peft's two steps)
+                                      and OUT_DIR/{lora,lora_moe,lora_gptoss,lora_moe_experts,lora_gptoss_experts}/ (base, PEFT
+                                      adapter, peft's two steps)
   make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe, qwen3moe_ties, qwen3moe_aux, gptoss
                                              or gptoss_mxfp4) and its references
   make_hf_models.py --check-close EXPORT_DIR REFERENCE_DIR
@@ -99,7 +100,12 @@ def make(out, only=None):
     gpt = gpt_oss_config(16)
     gpt._attn_implementation = "eager"
     make_lora(out, gpt, tokens, name="lora_gptoss", targets=["q_proj", "k_proj", "v_proj", "o_proj"])
-    print("made", ", ".join(configs), "and LoRA adapters (llama, qwen3moe, gptoss)")
+    # LoRA on the stacked experts (PEFT's target_parameters): both of Qwen3-MoE's, GPT-OSS's gate_up.
+    make_lora(out, configs["qwen3moe"], tokens, name="lora_moe_experts", targets=["q_proj", "v_proj"],
+              target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    make_lora(out, gpt, tokens, name="lora_gptoss_experts", targets=["q_proj"],
+              target_parameters=["mlp.experts.gate_up_proj"])
+    print("made", ", ".join(configs), "and LoRA adapters (llama, qwen3moe, gptoss, experts)")
 
 
 def gpt_oss_config(expert_width, **kw):
@@ -239,7 +245,7 @@ def make_async_reference(model_dir, tokens, backward):
     save_file(ref, f"{model_dir}/reference_async.safetensors")
 
 
-def make_lora(out, cfg, tokens, name="lora", targets=LORA_TARGETS):
+def make_lora(out, cfg, tokens, name="lora", targets=LORA_TARGETS, target_parameters=None):
     """A base model and a PEFT LoRA adapter (random A and B), trained 2 AdamW steps by peft:
     OUT/NAME/{base,adapter,reference.safetensors}."""
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -251,7 +257,7 @@ def make_lora(out, cfg, tokens, name="lora", targets=LORA_TARGETS):
                 gpt_oss_weights(n, p)
     base.save_pretrained(f"{out}/{name}/base", safe_serialization=True)
     lcfg = LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, init_lora_weights=False,
-                      task_type="CAUSAL_LM")
+                      task_type="CAUSAL_LM", target_parameters=target_parameters)
     model = get_peft_model(base, lcfg)
     model.save_pretrained(f"{out}/{name}/adapter", safe_serialization=True)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
