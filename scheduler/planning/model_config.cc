@@ -34,6 +34,22 @@ RopeScalingSpec GptOssYarn() {
   return r;
 }
 
+// The CPU-sized presets' shape: byte-level (vocab 256), 4 blocks of width 128, 4 heads of 32
+// (2 kv heads); their MoE ones have 8 experts of width 96, top-2.
+void TinyShape(ModelConfig& c) {
+  c.vocab = 256;
+  c.hidden = 128;
+  c.num_blocks = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;
+}
+void TinyExperts(ModelConfig& c) {
+  c.num_experts = 8;
+  c.active_experts = 2;
+  c.expert_intermediate = 96;
+}
+
 std::vector<ModelConfig> AllModels() {
   std::vector<ModelConfig> m;
   {
@@ -149,16 +165,9 @@ std::vector<ModelConfig> AllModels() {
     c.family = "qwen3_moe";
     c.qk_norm = true;
     c.rope_theta = 1000000;
-    c.vocab = 256;
-    c.hidden = 128;
+    TinyShape(c);
     c.intermediate = 352;
-    c.num_blocks = 4;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 32;
-    c.num_experts = 8;
-    c.active_experts = 2;
-    c.expert_intermediate = 96;
+    TinyExperts(c);
     m.push_back(c);
   }
   {
@@ -175,15 +184,8 @@ std::vector<ModelConfig> AllModels() {
     // attending to 16 positions, 1 and 3 to all.
     ModelConfig c = m.back();
     c.name = "gpt-oss-tiny";
-    c.vocab = 256;
-    c.hidden = 128;
-    c.num_blocks = 4;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 32;
-    c.num_experts = 8;
-    c.active_experts = 2;
-    c.expert_intermediate = 96;
+    TinyShape(c);
+    TinyExperts(c);
     c.sliding_window = 16;
     c.sliding_layers = {0, 2};
     c.rope_scaling.original_max_position = 64;
@@ -196,13 +198,8 @@ std::vector<ModelConfig> AllModels() {
     const bool qwen = c.name == "qwen3-tiny";
     c.family = qwen ? "qwen3" : "llama";
     c.qk_norm = c.tied_embeddings = qwen;
-    c.vocab = 256;
-    c.hidden = 128;
+    TinyShape(c);
     c.intermediate = 352;
-    c.num_blocks = 4;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 32;
     m.push_back(c);
   }
   return m;

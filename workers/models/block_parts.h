@@ -30,6 +30,12 @@ at::Tensor RepeatKv(const at::Tensor& x, int64_t rep);
 // Shape [s, s] or [b, 1, s, s] on `device`.
 at::Tensor AttendMask(const TokenLayout& layout, int64_t s, int64_t window, c10::Device device);
 
+// A router's choice from its scores [T, E] (the softmax, or GPT-OSS's logits): the top-k experts
+// (through the test hook when one is set, test_hooks.h), or replay's; fills r.experts and
+// r.counts and returns the scores at the chosen experts [T, k], with their gradient.
+at::Tensor SelectExperts(const TransformerConfig& cfg, const at::Tensor& scores, const RoutingDecision* replay,
+                         MoeRouting& r);
+
 // The experts' output for x [.., h] under `routing`: the token-expert pairs sorted by expert (then
 // by choice, then by token: the order transformers' per-expert loops visit them in), the rows
 // gathered once, `ffn(e, rows)` on each routed expert's rows, and one scatter-add of the outputs

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <tuple>
 #include <vector>
 
 #include "workers/models/block_parts.h"
@@ -40,15 +39,7 @@ MoeRouting GptOssRoute(const TransformerConfig& c, const at::Tensor& weight, con
                        const at::Tensor& x, const RoutingDecision* replay) {
   const at::Tensor logits = at::linear(x.reshape({-1, x.size(-1)}), weight, bias);  // [T, E]
   MoeRouting r;
-  at::Tensor top;
-  if (replay) {
-    r.experts = replay->experts;
-    r.counts = replay->counts;
-    top = logits.gather(-1, r.experts);
-  } else {
-    std::tie(top, r.experts) = at::topk(logits, c.experts_per_token, -1);
-    r.counts = at::bincount(r.experts.reshape({-1}), {}, c.num_experts).cpu();
-  }
+  const at::Tensor top = parts::SelectExperts(c, logits, replay, r);
   r.weights = at::softmax(top, -1);
   if (c.router_aux_loss_coef > 0) r.probs = at::softmax(logits, -1, at::kFloat);
   return r;

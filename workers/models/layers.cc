@@ -263,6 +263,25 @@ at::Tensor GroupedExperts(const at::Tensor& x, const MoeRouting& routing, int64_
   return at::zeros_like(flat).index_add(0, token_of, y.to(flat.scalar_type())).view(x.sizes());
 }
 
+at::Tensor SelectExperts(const TransformerConfig& c, const at::Tensor& scores, const RoutingDecision* replay,
+                         MoeRouting& r) {
+  if (replay) {
+    r.experts = replay->experts;
+    r.counts = replay->counts;
+    return scores.gather(-1, r.experts);
+  }
+  at::Tensor top;
+  const RouterSelectionHook* hook = RouterSelectionHookSlot().load(std::memory_order_relaxed);
+  if (hook) {
+    r.experts = std::get<1>(at::topk((*hook)(scores.detach()), c.experts_per_token, -1));
+    top = scores.gather(-1, r.experts);
+  } else {
+    std::tie(top, r.experts) = at::topk(scores, c.experts_per_token, -1);
+  }
+  r.counts = at::bincount(r.experts.reshape({-1}), {}, c.num_experts).cpu();
+  return top;
+}
+
 ExpertAdapterViews PerExpert(const at::Tensor& a, const at::Tensor& b, int64_t num_experts) {
   if (!a.defined()) return {};
   const int64_t r = a.size(0) / num_experts;
@@ -284,21 +303,7 @@ MoeRouting RouteTokens(const TransformerConfig& c, const at::Tensor& router_weig
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
   MoeRouting r;
   r.probs = probs;
-  at::Tensor top_w;
-  if (replay) {
-    r.experts = replay->experts;
-    r.counts = replay->counts;
-    top_w = probs.gather(-1, r.experts);
-  } else {
-    const RouterSelectionHook* hook = RouterSelectionHookSlot().load(std::memory_order_relaxed);
-    if (hook) {
-      r.experts = std::get<1>(at::topk((*hook)(probs.detach()), c.experts_per_token, -1));
-      top_w = probs.gather(-1, r.experts);
-    } else {
-      std::tie(top_w, r.experts) = at::topk(probs, c.experts_per_token, -1);
-    }
-    r.counts = at::bincount(r.experts.reshape({-1}), {}, c.num_experts).cpu();
-  }
+  at::Tensor top_w = parts::SelectExperts(c, probs, replay, r);
   if (c.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
   r.weights = top_w.to(logits.scalar_type());
   return r;

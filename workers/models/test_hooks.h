@@ -1,9 +1,9 @@
-// test_hooks.h — a test-only hook on live MoE routing: it receives the router's fp32 softmax
-// [T, E] and returns the scores top-k selects on (the weights are still the softmax at the
-// selected experts). Tests use it to make a recompute route differently from its forward, the
-// way a lower-precision or another device's router could, and show that replayed routing
-// (RoutingDecision) is immune. Unset (the default) it costs one relaxed atomic load per sparse
-// block; replayed routing never calls it.
+// test_hooks.h — a test-only hook on live MoE routing: it receives the router's scores [T, E]
+// (Qwen3-MoE: the fp32 softmax; GPT-OSS: the logits) and returns the scores top-k selects on
+// (the weights still come from the router's own scores at the selected experts). Tests use it to make a recompute route
+// differently from its forward, the way a lower-precision or another device's router could, and show that replayed
+// routing (RoutingDecision) is immune. Unset (the default) it costs one relaxed atomic load per sparse block; replayed
+// routing never calls it.
 //
 // Contract: install before starting work and clear after everything finished; the hook itself
 // must be thread-safe (stages run on several threads).
