@@ -18,7 +18,8 @@
 //               (p, g read; g read; p, g read, p and the bf16 master written: 26 B/param), state
 //               of rows + columns only; torch Adafactor: torch.optim.Adafactor's per-tensor op
 //               sequence (_single_tensor_adafactor) on the same matrix, no master; the AVX2 and
-//               scalar rows force those paths of ours (what hosts without AVX-512 run)
+//               scalar rows force those paths of ours (what hosts without AVX-512 run; the
+//               SGD and Lion AVX2 rows likewise)
 //   triad       a = b + s*c on the same pool, streaming stores, 12 B/element
 //   in place    p, m, v = x * 0.5 + g: the optimizer's own streams without its arithmetic, 28 B
 // The measured bandwidth is the better of the last two, at the same thread count. "GB/s" counts
@@ -201,27 +202,39 @@ void RunSize(int64_t n, int threads, int rounds) {
   at::Tensor sgd_p = p, sbuf = m, lp2 = p, lbuf = v;
   at::Tensor tsp = tp, tsbuf = tm;
   bool sgd_first = true, torch_sgd_first = true;
-  rows.push_back({"ours SGD momentum 0.9 (+ bf16 master)", 22, [&] {
-                    rp::workers::MomentumBuffers b{sgd_p.data_ptr<float>(), g.data_ptr<float>(), sbuf.data_ptr<float>(),
-                                                   master.data_ptr(), rp::workers::MasterDtype::kBFloat16};
-                    rp::workers::SgdHyper h;
-                    h.lr = 1e-3f;
-                    h.momentum = 0.9f;
-                    h.first_step = sgd_first;
-                    sgd_first = false;
-                    rp::workers::FusedSgd(b, n, h, &pool);
-                  }});
+  auto sgd = [&](rp::workers::SimdPath path) {
+    return [&, path] {
+      rp::workers::MomentumBuffers b{sgd_p.data_ptr<float>(), g.data_ptr<float>(), sbuf.data_ptr<float>(),
+                                     master.data_ptr(), rp::workers::MasterDtype::kBFloat16};
+      rp::workers::SgdHyper h;
+      h.lr = 1e-3f;
+      h.momentum = 0.9f;
+      h.first_step = sgd_first;
+      sgd_first = false;
+      rp::workers::FusedSgd(b, n, h, path, &pool);
+    };
+  };
+  rows.push_back({"ours SGD momentum 0.9 (+ bf16 master)", 22, sgd(rp::workers::SimdPath::kAuto)});
+  if (rp::workers::SimdPathSupported(rp::workers::SimdPath::kAvx2)) {
+    rows.push_back({"ours SGD momentum, AVX2 path", 22, sgd(rp::workers::SimdPath::kAvx2)});
+  }
   rows.push_back({"torch fused SGD momentum 0.9 (_fused_sgd_)", 20, [&] {
                     at::_fused_sgd_({tsp}, {tg}, {tsbuf}, 0.0, 0.9, 1e-3, 0.0, false, false, torch_sgd_first);
                     torch_sgd_first = false;
                   }});
-  rows.push_back({"ours Lion (+ bf16 master)", 22, [&] {
-                    rp::workers::MomentumBuffers b{lp2.data_ptr<float>(), g.data_ptr<float>(), lbuf.data_ptr<float>(),
-                                                   master.data_ptr(), rp::workers::MasterDtype::kBFloat16};
-                    rp::workers::LionHyper h;
-                    h.weight_decay = 0.01f;
-                    rp::workers::FusedLion(b, n, h, &pool);
-                  }});
+  auto lion = [&](rp::workers::SimdPath path) {
+    return [&, path] {
+      rp::workers::MomentumBuffers b{lp2.data_ptr<float>(), g.data_ptr<float>(), lbuf.data_ptr<float>(),
+                                     master.data_ptr(), rp::workers::MasterDtype::kBFloat16};
+      rp::workers::LionHyper h;
+      h.weight_decay = 0.01f;
+      rp::workers::FusedLion(b, n, h, path, &pool);
+    };
+  };
+  rows.push_back({"ours Lion (+ bf16 master)", 22, lion(rp::workers::SimdPath::kAuto)});
+  if (rp::workers::SimdPathSupported(rp::workers::SimdPath::kAvx2)) {
+    rows.push_back({"ours Lion, AVX2 path", 22, lion(rp::workers::SimdPath::kAvx2)});
+  }
   // Adafactor on the same values as a matrix (the factored case every weight matrix takes).
   const int64_t af_cols = 4096, af_rows = n / af_cols;
   at::Tensor afp = p, af_row = at::zeros({af_rows, 1}), af_col = at::zeros({1, af_cols});

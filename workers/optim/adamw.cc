@@ -125,7 +125,7 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
     h.maximize = opt_.maximize;
     h.step = step_;
     h.grad_scale = static_cast<float>(grad_multiplier);
-    FusedAdafactor(b, s, h, SimdPath::kAuto, Pool());
+    FusedAdafactor(b, s, h, opt_.simd, Pool());
     return;
   }
   if (opt_.algorithm != OptimizerAlgorithm::kAdamW) {
@@ -149,7 +149,7 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
       h.maximize = opt_.maximize;
       h.first_step = first;
       h.grad_scale = static_cast<float>(grad_multiplier);
-      FusedSgd(b, p.fp32.numel(), h, Pool());
+      FusedSgd(b, p.fp32.numel(), h, opt_.simd, Pool());
     } else {
       LionHyper h;
       h.lr = static_cast<float>(lr);
@@ -158,7 +158,7 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
       h.weight_decay = static_cast<float>(opt_.weight_decay);
       h.maximize = opt_.maximize;
       h.grad_scale = static_cast<float>(grad_multiplier);
-      FusedLion(b, p.fp32.numel(), h, Pool());
+      FusedLion(b, p.fp32.numel(), h, opt_.simd, Pool());
     }
     return;
   }
@@ -189,8 +189,8 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
                              static_cast<uint16_t*>(v.data_ptr()),
                              write_master ? p.master.data_ptr() : nullptr,
                              master_dtype};
-    FusedAdamWBf16Moments(b, p.fp32.numel(), h, opt_.rounding_seed * 1000003u + static_cast<uint64_t>(i),
-                          SimdPath::kAuto, Pool());
+    FusedAdamWBf16Moments(b, p.fp32.numel(), h, opt_.rounding_seed * 1000003u + static_cast<uint64_t>(i), opt_.simd,
+                          Pool());
     return;
   }
   AdamWBuffers b;
@@ -203,7 +203,7 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
     b.master = p.master.data_ptr();
     b.master_dtype = master_dtype;
   }
-  FusedAdamW(b, p.fp32.numel(), h, SimdPath::kAuto, Pool());
+  FusedAdamW(b, p.fp32.numel(), h, opt_.simd, Pool());
 }
 
 absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad_divisor) {

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "workers/optim/cpu_adamw.h"
 #include "workers/optim/optimizer_threads.h"
 #include "workers/store/host_model_store.h"
 
@@ -51,6 +52,9 @@ struct AdamWOptions {
   bool maximize = false;
   // The optimizer's own threads for the fused step (optimizer_threads.h); 0 = every core.
   int threads = 0;
+  // The kernels' vector width (cpu_adamw.h SimdPath): kAuto = the widest this CPU has; tests and
+  // benchmarks force the narrower paths that other hosts run.
+  SimdPath simd = SimdPath::kAuto;
   // Moments stored as bf16 with stochastic rounding seeded by `rounding_seed`
   // (cpu_adamw.h, FusedAdamWBf16Moments); no amsgrad.
   bool bf16_moments = false;

@@ -304,14 +304,6 @@ __attribute__((target("avx2,fma,f16c"))) void ApplyRowsAvx2(const AdafactorBuffe
   }
 }
 
-// The vector width a step runs at: the one asked for when this CPU has it (kAuto: the widest),
-// else the next narrower.
-SimdPath ResolvePath(SimdPath path) {
-  if (path == SimdPath::kScalar) return path;
-  if (path != SimdPath::kAvx2 && SimdPathSupported(SimdPath::kAvx512)) return SimdPath::kAvx512;
-  return SimdPathSupported(SimdPath::kAvx2) ? SimdPath::kAvx2 : SimdPath::kScalar;
-}
-
 // One step's fixed inputs, shared by its three passes.
 struct Pass {
   const AdafactorBuffers& b;
@@ -441,7 +433,7 @@ void FusedAdafactor(const AdafactorBuffers& b, const AdafactorShape& s, const Ad
                s,
                pool,
                factored,
-               ResolvePath(path),
+               ResolveSimdPath(path),
                h.maximize ? -h.grad_scale : h.grad_scale,
                static_cast<float>(std::pow(t, h.beta2_decay)),  // 1 - beta2_t
                factored ? s.batch * s.rows : n,

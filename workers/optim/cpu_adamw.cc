@@ -230,14 +230,13 @@ bool HasF16c() {
   return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
 }
 
-SimdPath Resolve(SimdPath p) {
-  if (p != SimdPath::kAuto) return p;
-  if (SimdPathSupported(SimdPath::kAvx512)) return SimdPath::kAvx512;
-  if (SimdPathSupported(SimdPath::kAvx2)) return SimdPath::kAvx2;
-  return SimdPath::kScalar;
-}
-
 }  // namespace
+
+SimdPath ResolveSimdPath(SimdPath path) {
+  if (path == SimdPath::kScalar) return path;
+  if (path != SimdPath::kAvx2 && SimdPathSupported(SimdPath::kAvx512)) return SimdPath::kAvx512;
+  return SimdPathSupported(SimdPath::kAvx2) ? SimdPath::kAvx2 : SimdPath::kScalar;
+}
 
 bool SimdPathSupported(SimdPath p) {
   __builtin_cpu_init();
@@ -255,7 +254,7 @@ bool SimdPathSupported(SimdPath p) {
 }
 
 std::string BestSimdPathName() {
-  switch (Resolve(SimdPath::kAuto)) {
+  switch (ResolveSimdPath(SimdPath::kAuto)) {
     case SimdPath::kAvx512:
       return "avx512";
     case SimdPath::kAvx2:
@@ -268,8 +267,7 @@ std::string BestSimdPathName() {
 void FusedAdamW(const AdamWBuffers& b, int64_t n, const AdamWHyper& h, SimdPath path, OptimizerThreads* pool) {
   if (n <= 0) return;
   const Consts c = MakeConsts(h);
-  SimdPath use = Resolve(path);
-  if (!SimdPathSupported(use)) use = SimdPath::kScalar;
+  const SimdPath use = ResolveSimdPath(path);
   // Streaming (non-temporal) master stores once a pass is far larger than the caches: the
   // master is written only, so a cached store would first read every line (2 B/param more
   // traffic); a small tensor's master stays cached for the upload that follows.
@@ -305,8 +303,7 @@ void FusedAdamWBf16Moments(const AdamWBf16MomentBuffers& b, int64_t n, const Ada
   if (n <= 0) return;
   const Consts c = MakeConsts(h);
   const uint32_t key_m = RoundingKey(seed, h.step, 0), key_v = RoundingKey(seed, h.step, 1);
-  SimdPath use = Resolve(path);
-  if (!SimdPathSupported(use)) use = SimdPath::kScalar;
+  const SimdPath use = ResolveSimdPath(path);
   const std::function<void(int64_t, int64_t)> range = [&](int64_t begin, int64_t end) {
     if (use == SimdPath::kAvx512) {
       Avx512RangeBf16(b, begin, end, c, key_m, key_v);

@@ -77,5 +77,8 @@ uint16_t StochasticRoundBf16(float x, uint32_t bits);
 // The path kAuto picks on this CPU ("avx512", "avx2" or "scalar").
 std::string BestSimdPathName();
 bool SimdPathSupported(SimdPath p);
+// The path a kernel runs for `path`: kAuto the widest this CPU has; an explicit one when the CPU
+// has it, else the next narrower it has (kScalar always).
+SimdPath ResolveSimdPath(SimdPath path);
 
 }  // namespace rp::workers

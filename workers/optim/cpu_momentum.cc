@@ -92,21 +92,79 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void LionRangeAvx512(c
   LionRange(b, i, end, h);
 }
 
+// The same 8 elements at a time (AVX2), for hosts without AVX-512.
+__attribute__((target("avx2,fma,f16c"))) void SgdRangeAvx2(const MomentumBuffers& b, int64_t begin, int64_t end,
+                                                           const SgdHyper& h) {
+  const __m256 gs = _mm256_set1_ps(h.maximize ? -h.grad_scale : h.grad_scale);
+  const __m256 wd = _mm256_set1_ps(h.weight_decay), mom = _mm256_set1_ps(h.momentum);
+  const __m256 keep = _mm256_set1_ps(1.0f - h.dampening), neg_lr = _mm256_set1_ps(-h.lr);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 p = _mm256_loadu_ps(b.param + i);
+    __m256 d = _mm256_mul_ps(_mm256_loadu_ps(b.grad + i), gs);
+    if (h.weight_decay != 0) d = _mm256_fmadd_ps(wd, p, d);
+    if (b.buffer != nullptr) {
+      const __m256 m = h.first_step ? d : _mm256_fmadd_ps(mom, _mm256_loadu_ps(b.buffer + i), _mm256_mul_ps(keep, d));
+      _mm256_storeu_ps(b.buffer + i, m);
+      d = h.nesterov ? _mm256_fmadd_ps(mom, m, d) : m;
+    }
+    const __m256 np = _mm256_fmadd_ps(neg_lr, d, p);
+    _mm256_storeu_ps(b.param + i, np);
+    StoreMaster8(b.master, b.master_dtype, i, np);
+  }
+  SgdRange(b, i, end, h);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void LionRangeAvx2(const MomentumBuffers& b, int64_t begin, int64_t end,
+                                                            const LionHyper& h) {
+  const __m256 gs = _mm256_set1_ps(h.maximize ? -h.grad_scale : h.grad_scale);
+  const __m256 b1 = _mm256_set1_ps(h.beta1), one_m_b1 = _mm256_set1_ps(1.0f - h.beta1);
+  const __m256 b2 = _mm256_set1_ps(h.beta2), one_m_b2 = _mm256_set1_ps(1.0f - h.beta2);
+  const __m256 decay = _mm256_set1_ps(1.0f - h.lr * h.weight_decay), neg_lr = _mm256_set1_ps(-h.lr);
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f), minus_one = _mm256_set1_ps(-1.0f);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(b.grad + i), gs);
+    const __m256 m = _mm256_loadu_ps(b.buffer + i);
+    const __m256 c = _mm256_fmadd_ps(b1, m, _mm256_mul_ps(one_m_b1, g));
+    __m256 sign = _mm256_blendv_ps(zero, one, _mm256_cmp_ps(c, zero, _CMP_GT_OQ));
+    sign = _mm256_blendv_ps(sign, minus_one, _mm256_cmp_ps(c, zero, _CMP_LT_OQ));
+    sign = _mm256_blendv_ps(sign, c, _mm256_cmp_ps(c, c, _CMP_UNORD_Q));  // NaN stays NaN
+    const __m256 p = _mm256_fmadd_ps(neg_lr, sign, _mm256_mul_ps(_mm256_loadu_ps(b.param + i), decay));
+    _mm256_storeu_ps(b.buffer + i, _mm256_fmadd_ps(b2, m, _mm256_mul_ps(one_m_b2, g)));
+    _mm256_storeu_ps(b.param + i, p);
+    StoreMaster8(b.master, b.master_dtype, i, p);
+  }
+  LionRange(b, i, end, h);
+}
+
 }  // namespace
 
-void FusedSgd(const MomentumBuffers& b, int64_t n, const SgdHyper& h, OptimizerThreads* pool) {
+void FusedSgd(const MomentumBuffers& b, int64_t n, const SgdHyper& h, SimdPath path, OptimizerThreads* pool) {
   if (n <= 0) return;
-  const bool avx512 = SimdPathSupported(SimdPath::kAvx512);
+  const SimdPath simd = ResolveSimdPath(path);
   RunSliced(n, pool, [&](int64_t begin, int64_t end) {
-    avx512 ? SgdRangeAvx512(b, begin, end, h) : SgdRange(b, begin, end, h);
+    if (simd == SimdPath::kAvx512) {
+      SgdRangeAvx512(b, begin, end, h);
+    } else if (simd == SimdPath::kAvx2) {
+      SgdRangeAvx2(b, begin, end, h);
+    } else {
+      SgdRange(b, begin, end, h);
+    }
   });
 }
 
-void FusedLion(const MomentumBuffers& b, int64_t n, const LionHyper& h, OptimizerThreads* pool) {
+void FusedLion(const MomentumBuffers& b, int64_t n, const LionHyper& h, SimdPath path, OptimizerThreads* pool) {
   if (n <= 0) return;
-  const bool avx512 = SimdPathSupported(SimdPath::kAvx512);
+  const SimdPath simd = ResolveSimdPath(path);
   RunSliced(n, pool, [&](int64_t begin, int64_t end) {
-    avx512 ? LionRangeAvx512(b, begin, end, h) : LionRange(b, begin, end, h);
+    if (simd == SimdPath::kAvx512) {
+      LionRangeAvx512(b, begin, end, h);
+    } else if (simd == SimdPath::kAvx2) {
+      LionRangeAvx2(b, begin, end, h);
+    } else {
+      LionRange(b, begin, end, h);
+    }
   });
 }
 

@@ -2,8 +2,8 @@
 // SGD (momentum, dampening, Nesterov, L2 weight decay: torch.optim.SGD) and Lion (the sign of an
 // interpolated momentum, decoupled weight decay: Chen et al. 2023, "Symbolic Discovery of
 // Optimization Algorithms", Algorithm 2). One pass over (param, grad[, buffer]) that also writes
-// the master copy, in slices on the optimizer's threads: AVX-512 (fused multiply-adds, the
-// shared 16-wide master store) where the CPU has it, else a scalar loop.
+// the master copy, in slices on the optimizer's threads: AVX-512 or AVX2 (fused multiply-adds,
+// the shared master stores) where the CPU has them (`path`: ResolveSimdPath), else a scalar loop.
 //
 // Contract: pure functions over raw buffers the caller owns (not overlapping, `n` elements
 // each); thread-safe for distinct buffers.
@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "workers/optim/cpu_adamw.h"
 #include "workers/optim/fused_pass.h"
 #include "workers/optim/optimizer_threads.h"
 
@@ -34,7 +35,8 @@ struct SgdHyper {
   bool first_step = false;  // the buffer is set to the gradient (torch: a clone), not decayed
   float grad_scale = 1.0f;  // multiplies the gradient first (loss-scale removal x clipping)
 };
-void FusedSgd(const MomentumBuffers& b, int64_t n, const SgdHyper& h, OptimizerThreads* pool = nullptr);
+void FusedSgd(const MomentumBuffers& b, int64_t n, const SgdHyper& h, SimdPath path = SimdPath::kAuto,
+              OptimizerThreads* pool = nullptr);
 
 struct LionHyper {
   float lr = 1e-4f;
@@ -44,6 +46,7 @@ struct LionHyper {
   bool maximize = false;
   float grad_scale = 1.0f;
 };
-void FusedLion(const MomentumBuffers& b, int64_t n, const LionHyper& h, OptimizerThreads* pool = nullptr);
+void FusedLion(const MomentumBuffers& b, int64_t n, const LionHyper& h, SimdPath path = SimdPath::kAuto,
+               OptimizerThreads* pool = nullptr);
 
 }  // namespace rp::workers

@@ -1,6 +1,7 @@
 // SGD against torch::optim::SGD (momentum, dampening, Nesterov, weight decay) and Lion against a
 // written-out reference in plain tensor ops (torch has no Lion), over many steps on the same
-// gradients, through AdamW's dispatch (the engine's path), the master written in the same pass;
+// gradients, through AdamW's dispatch (the engine's path) on every vector width this CPU has
+// (scalar, AVX2, AVX-512), the master written in the same pass;
 // and a test that fails when a term is dropped (each option really changes the trajectory).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -65,32 +66,45 @@ AdamWOptions SgdOptions(const SgdCase& c) {
   return o;
 }
 
+// The vector widths a test runs: scalar, AVX2 and AVX-512 where this CPU has them.
+std::vector<SimdPath> Paths() {
+  std::vector<SimdPath> out = {SimdPath::kScalar};
+  for (SimdPath p : {SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (SimdPathSupported(p)) out.push_back(p);
+  }
+  return out;
+}
+
 TEST(Sgd, MatchesTorchSgdOverManySteps) {
-  for (const SgdCase& c : {SgdCase{0, 0, 0, false}, SgdCase{0.9, 0, 0, false}, SgdCase{0.9, 0.1, 0.01, false},
-                           SgdCase{0.9, 0, 0.01, true}}) {
-    SCOPED_TRACE(::testing::Message() << "momentum " << c.momentum << " dampening " << c.dampening << " wd "
-                                      << c.weight_decay << " nesterov " << c.nesterov);
-    HostModelStore store(Small(), at::kBFloat16, 3);
-    std::vector<at::Tensor> ref;
-    for (int i = 0; i < store.num_params(); ++i) ref.push_back(store.param(i).fp32.clone().set_requires_grad(true));
-    AdamWOptions o = SgdOptions(c);
-    o.threads = 2;
-    torch::optim::SGD theirs(ref, torch::optim::SGDOptions(o.lr)
-                                      .momentum(c.momentum)
-                                      .dampening(c.dampening)
-                                      .weight_decay(c.weight_decay)
-                                      .nesterov(c.nesterov));
-    for (int s = 0; s < kSteps; ++s) {
-      auto g = Grads(store, s);
-      for (size_t i = 0; i < ref.size(); ++i) ref[i].mutable_grad() = g[i].clone();
-      theirs.step();
-    }
-    const auto ours = RunOurs(o, store);
-    for (int i = 0; i < store.num_params(); ++i) {
-      const at::Tensor& want = ref[static_cast<size_t>(i)];
-      EXPECT_TRUE(at::allclose(ours[static_cast<size_t>(i)], want, 1e-5, 1e-6))
-          << store.param(i).name << " " << (ours[static_cast<size_t>(i)] - want).abs().max().item<float>();
-      EXPECT_TRUE(at::equal(store.param(i).master, store.param(i).fp32.to(at::kBFloat16))) << store.param(i).name;
+  for (SimdPath path : Paths()) {
+    for (const SgdCase& c : {SgdCase{0, 0, 0, false}, SgdCase{0.9, 0, 0, false}, SgdCase{0.9, 0.1, 0.01, false},
+                             SgdCase{0.9, 0, 0.01, true}}) {
+      SCOPED_TRACE(::testing::Message() << "momentum " << c.momentum << " dampening " << c.dampening << " wd "
+                                        << c.weight_decay << " nesterov " << c.nesterov << " path "
+                                        << static_cast<int>(path));
+      HostModelStore store(Small(), at::kBFloat16, 3);
+      std::vector<at::Tensor> ref;
+      for (int i = 0; i < store.num_params(); ++i) ref.push_back(store.param(i).fp32.clone().set_requires_grad(true));
+      AdamWOptions o = SgdOptions(c);
+      o.threads = 2;
+      o.simd = path;
+      torch::optim::SGD theirs(ref, torch::optim::SGDOptions(o.lr)
+                                        .momentum(c.momentum)
+                                        .dampening(c.dampening)
+                                        .weight_decay(c.weight_decay)
+                                        .nesterov(c.nesterov));
+      for (int s = 0; s < kSteps; ++s) {
+        auto g = Grads(store, s);
+        for (size_t i = 0; i < ref.size(); ++i) ref[i].mutable_grad() = g[i].clone();
+        theirs.step();
+      }
+      const auto ours = RunOurs(o, store);
+      for (int i = 0; i < store.num_params(); ++i) {
+        const at::Tensor& want = ref[static_cast<size_t>(i)];
+        EXPECT_TRUE(at::allclose(ours[static_cast<size_t>(i)], want, 1e-5, 1e-6))
+            << store.param(i).name << " " << (ours[static_cast<size_t>(i)] - want).abs().max().item<float>();
+        EXPECT_TRUE(at::equal(store.param(i).master, store.param(i).fp32.to(at::kBFloat16))) << store.param(i).name;
+      }
     }
   }
 }
@@ -98,34 +112,37 @@ TEST(Sgd, MatchesTorchSgdOverManySteps) {
 // Lion written out (the paper's Algorithm 2, as the common PyTorch implementations write it):
 // p <- p (1 - lr wd); p <- p - lr sign(beta1 m + (1 - beta1) g); m <- beta2 m + (1 - beta2) g.
 TEST(Lion, MatchesAWrittenOutReferenceOverManySteps) {
-  for (double wd : {0.0, 0.1}) {
-    SCOPED_TRACE(::testing::Message() << "weight decay " << wd);
-    HostModelStore store(Small(), at::kFloat, 3);
-    std::vector<at::Tensor> p, m;
-    for (int i = 0; i < store.num_params(); ++i) {
-      p.push_back(store.param(i).fp32.clone());
-      m.push_back(at::zeros_like(p.back()));
-    }
-    AdamWOptions o;
-    o.algorithm = OptimizerAlgorithm::kLion;
-    o.lr = 1e-3;
-    o.beta1 = 0.9;
-    o.beta2 = 0.99;
-    o.weight_decay = wd;
-    o.threads = 2;
-    for (int s = 0; s < kSteps; ++s) {
-      auto g = Grads(store, s);
-      for (size_t i = 0; i < p.size(); ++i) {
-        p[i].mul_(1 - o.lr * wd);
-        p[i].sub_(at::sign(m[i] * o.beta1 + g[i] * (1 - o.beta1)) * o.lr);
-        m[i] = m[i] * o.beta2 + g[i] * (1 - o.beta2);
+  for (SimdPath path : Paths()) {
+    for (double wd : {0.0, 0.1}) {
+      SCOPED_TRACE(::testing::Message() << "weight decay " << wd << " path " << static_cast<int>(path));
+      HostModelStore store(Small(), at::kFloat, 3);
+      std::vector<at::Tensor> p, m;
+      for (int i = 0; i < store.num_params(); ++i) {
+        p.push_back(store.param(i).fp32.clone());
+        m.push_back(at::zeros_like(p.back()));
       }
-    }
-    const auto ours = RunOurs(o, store);
-    for (int i = 0; i < store.num_params(); ++i) {
-      EXPECT_TRUE(at::allclose(ours[static_cast<size_t>(i)], p[static_cast<size_t>(i)], 1e-5, 1e-6))
-          << store.param(i).name;
-      EXPECT_TRUE(at::equal(store.param(i).master, store.param(i).fp32)) << store.param(i).name;
+      AdamWOptions o;
+      o.algorithm = OptimizerAlgorithm::kLion;
+      o.lr = 1e-3;
+      o.beta1 = 0.9;
+      o.beta2 = 0.99;
+      o.weight_decay = wd;
+      o.threads = 2;
+      o.simd = path;
+      for (int s = 0; s < kSteps; ++s) {
+        auto g = Grads(store, s);
+        for (size_t i = 0; i < p.size(); ++i) {
+          p[i].mul_(1 - o.lr * wd);
+          p[i].sub_(at::sign(m[i] * o.beta1 + g[i] * (1 - o.beta1)) * o.lr);
+          m[i] = m[i] * o.beta2 + g[i] * (1 - o.beta2);
+        }
+      }
+      const auto ours = RunOurs(o, store);
+      for (int i = 0; i < store.num_params(); ++i) {
+        EXPECT_TRUE(at::allclose(ours[static_cast<size_t>(i)], p[static_cast<size_t>(i)], 1e-5, 1e-6))
+            << store.param(i).name;
+        EXPECT_TRUE(at::equal(store.param(i).master, store.param(i).fp32)) << store.param(i).name;
+      }
     }
   }
 }
