@@ -300,19 +300,22 @@ std::vector<std::pair<int64_t, int64_t>> ModelConfig::ExpertLoraShapes() const {
   return out;
 }
 
-int64_t ModelConfig::BlockLoraParams(int block) const {
-  int64_t n = BlockLoraParams();
-  if (SparseBlock(block)) {
-    for (const auto& [in, out] : ExpertLoraShapes()) n += static_cast<int64_t>(lora.rank) * num_experts * (in + out);
-  }
+namespace {
+// The expert adapters of one sparse block: A [r·E, in] and B [out, r·E] per targeted tensor.
+int64_t ExpertAdapterParams(const ModelConfig& m) {
+  int64_t n = 0;
+  for (const auto& [in, out] : m.ExpertLoraShapes())
+    n += static_cast<int64_t>(m.lora.rank) * m.num_experts * (in + out);
   return n;
+}
+}  // namespace
+
+int64_t ModelConfig::BlockLoraParams(int block) const {
+  return BlockLoraParams() + (SparseBlock(block) ? ExpertAdapterParams(*this) : 0);
 }
 
 int64_t ModelConfig::LoraParams() const {
-  int64_t experts = 0;
-  for (const auto& [in, out] : ExpertLoraShapes())
-    experts += static_cast<int64_t>(lora.rank) * num_experts * (in + out);
-  return num_blocks * BlockLoraParams() + SparseBlockCount() * experts;
+  return num_blocks * BlockLoraParams() + SparseBlockCount() * ExpertAdapterParams(*this);
 }
 
 int64_t ModelConfig::LayerParams(int l) const {

@@ -222,7 +222,11 @@ absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const model
   // Modules go to target_modules; the stacked experts (experts.*) to target_parameters.
   std::vector<std::string> modules, parameters;
   for (const std::string& t : config.lora.targets) {
-    (t.rfind("experts.", 0) == 0 ? parameters : modules).push_back(t.rfind("experts.", 0) == 0 ? "mlp." + t : t);
+    if (t.rfind("experts.", 0) == 0) {
+      parameters.push_back("mlp." + t);
+    } else {
+      modules.push_back(t);
+    }
   }
   nlohmann::json j = {{"peft_type", "LORA"},    {"task_type", "CAUSAL_LM"},
                       {"r", config.lora.rank},  {"lora_alpha", config.lora.alpha},
