@@ -260,12 +260,14 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   progress("allocating the host model store");
   std::shared_ptr<workers::HostModelStore> store;
   // A LoRA base from a model directory is mapped where it lies (no anonymous copy) when its
-  // dtype is the job's: the store does not allocate or initialise it.
+  // dtype is the job's: the store does not allocate or initialise it. The optimizer's state gets
+  // its room in the store's layer slabs (one allocation per layer with the fp32 copies).
   const bool mapped_base = job.model.lora.rank > 0 && !spec.hf_dir.empty();
   try {
     store = std::make_shared<workers::HostModelStore>(
         job.model, job.dtype, spec.seed, 0.02,
-        mapped_base ? workers::FrozenInit::kDeferred : workers::FrozenInit::kRandom);
+        mapped_base ? workers::FrozenInit::kDeferred : workers::FrozenInit::kRandom,
+        workers::StateBytesPerElement(job.controller_options.adamw));
   } catch (const std::exception& ex) {
     return absl::ResourceExhaustedError(absl::StrCat("host memory for the model store: ", ex.what()));
   }

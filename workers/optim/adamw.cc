@@ -47,6 +47,49 @@ std::optional<std::vector<int64_t>> AdafactorStateShape(char which, const std::v
   return s;
 }
 
+StateReserve StateBytesPerElement(const AdamWOptions& o) {
+  switch (o.algorithm) {
+    case OptimizerAlgorithm::kAdamW:
+      return {o.bf16_moments ? 4 : (o.amsgrad ? 12 : 8)};
+    case OptimizerAlgorithm::kSgd:
+      return {o.momentum != 0 ? 4 : 0};
+    case OptimizerAlgorithm::kLion:
+      return {4};
+    case OptimizerAlgorithm::kAdafactor:
+      return {0};
+  }
+  return {0};
+}
+
+namespace {
+
+// State buffer `slot` (AdamW: 0 m, 1 v, 2 AMSGrad's maximum; SGD/Lion: 0) of parameter `p`, as a
+// contiguous `dtype` tensor of `shape`. With room reserved in p's layer slab it lives there: kept
+// when `current` already is that view, else filled from `current` (a restored checkpoint's,
+// converted) or zeros. Without a reserve (or `reserved` false: another optimizer owns it):
+// `current` converted, or a new zeros tensor.
+at::Tensor PlaceState(const HostParam& p, bool reserved, int slot, at::ScalarType dtype, at::IntArrayRef shape,
+                      const at::Tensor& current) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  at::Tensor view;
+  if (reserved) view = TakeStateView(p, slot * n * static_cast<int64_t>(c10::elementSize(dtype)), dtype, shape);
+  if (view.defined()) {
+    if (current.defined() && current.data_ptr() == view.data_ptr()) return current;
+    if (current.defined()) {
+      view.copy_(current.view(shape));
+    } else {
+      view.zero_();
+    }
+    return view;
+  }
+  if (!current.defined()) return at::zeros(shape, dtype);
+  if (current.scalar_type() == dtype && current.is_contiguous()) return current;
+  return current.to(dtype).contiguous();
+}
+
+}  // namespace
+
 OptimizerThreads* AdamW::Pool() {
   if (!pool_) pool_ = std::make_shared<OptimizerThreads>(threads());
   return pool_.get();
@@ -70,15 +113,14 @@ void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, doub
 
 void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor& grad, double lr,
                                  double grad_multiplier, bool write_master) {
-  if (static_cast<int>(m_.size()) != store.num_params()) {
-    m_.resize(static_cast<size_t>(store.num_params()));
-    v_.resize(static_cast<size_t>(store.num_params()));
-    vmax_.resize(static_cast<size_t>(store.num_params()));
-  }
+  // Every side sized together (set_state sizes m_ and v_ from a checkpoint; AMSGrad's maximum
+  // is not in checkpoints and starts again at zero).
+  for (std::vector<at::Tensor>* side : {&m_, &v_, &vmax_}) side->resize(static_cast<size_t>(store.num_params()));
   HostParam& p = store.param(i);
   at::Tensor& m = m_[static_cast<size_t>(i)];
   at::Tensor& v = v_[static_cast<size_t>(i)];
   at::Tensor& vmax = vmax_[static_cast<size_t>(i)];
+  const bool reserved = store.ClaimStateReserve(reserve_token_.get());
   const at::Tensor g =
       grad.scalar_type() == at::kFloat && grad.is_contiguous() ? grad : grad.to(at::kFloat).contiguous();
   MasterDtype master_dtype = MasterDtype::kNone;
@@ -93,8 +135,8 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
     for (auto [which, state] : {std::pair{'m', &m}, std::pair{'v', &v}}) {
       const auto want = AdafactorStateShape(which, shape);
       if (!want) continue;
-      if (!state->defined()) *state = at::zeros(*want, at::kFloat);
-      if (state->scalar_type() != at::kFloat || !state->is_contiguous()) *state = state->to(at::kFloat).contiguous();
+      // Small factored state: allocated on its own (reserved false), never in the layer slab.
+      *state = PlaceState(p, /*reserved=*/false, 0, at::kFloat, *want, *state);
       RP_CHECK(state->sizes().vec() == *want) << "Adafactor state of " << p.name << " has the wrong shape";
     }
     AdafactorBuffers b;
@@ -133,10 +175,9 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
     MomentumBuffers b{p.fp32.data_ptr<float>(), g.data_ptr<float>(), nullptr,
                       write_master ? p.master.data_ptr() : nullptr, master_dtype};
     const bool has_buffer = opt_.algorithm == OptimizerAlgorithm::kLion || opt_.momentum != 0;
-    const bool first = has_buffer && !m.defined();
-    if (first) m = opt_.algorithm == OptimizerAlgorithm::kLion ? at::zeros_like(p.fp32) : at::empty_like(p.fp32);
+    const bool first = has_buffer && !m.defined();  // SGD's first step copies the gradient in
     if (has_buffer) {
-      if (m.scalar_type() != at::kFloat || !m.is_contiguous()) m = m.to(at::kFloat).contiguous();
+      m = PlaceState(p, reserved, /*slot=*/0, at::kFloat, p.fp32.sizes(), m);
       b.buffer = m.data_ptr<float>();
     }
     if (opt_.algorithm == OptimizerAlgorithm::kSgd) {
@@ -163,14 +204,10 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
     return;
   }
   const at::ScalarType moment_dtype = opt_.bf16_moments ? at::kBFloat16 : at::kFloat;
-  if (!m.defined()) {
-    m = at::zeros_like(p.fp32, moment_dtype);
-    v = at::zeros_like(p.fp32, moment_dtype);
-    if (opt_.amsgrad) vmax = at::zeros_like(p.fp32);
-  }
   // A checkpoint's moments are read as fp32; bf16 values round-trip exactly.
-  if (m.scalar_type() != moment_dtype) m = m.to(moment_dtype).contiguous();
-  if (v.scalar_type() != moment_dtype) v = v.to(moment_dtype).contiguous();
+  m = PlaceState(p, reserved, 0, moment_dtype, p.fp32.sizes(), m);
+  v = PlaceState(p, reserved, 1, moment_dtype, p.fp32.sizes(), v);
+  if (opt_.amsgrad) vmax = PlaceState(p, reserved, 2, at::kFloat, p.fp32.sizes(), vmax);
   AdamWHyper h;
   h.lr = static_cast<float>(lr);
   h.beta1 = static_cast<float>(opt_.beta1);
@@ -215,10 +252,6 @@ absl::StatusOr<double> AdamW::Step(HostModelStore& store, double lr, double grad
 
 void AdamW::StepAll(HostModelStore& store, double lr, double grad_multiplier) {
   const int n = store.num_params();
-  if (static_cast<int>(m_.size()) != n) {
-    m_.assign(static_cast<size_t>(n), at::Tensor());
-    v_.assign(static_cast<size_t>(n), at::Tensor());
-  }
   BeginStep();
   for (int i = 0; i < n; ++i) {
     if (store.param(i).trainable) StepParam(store, i, store.param(i).grad, lr, grad_multiplier, /*write_master=*/true);

@@ -72,6 +72,11 @@ struct AdamWOptions {
   double clip_threshold = 1.0;
 };
 
+// The bytes per trainable element the optimizer's state takes, for HostModelStore to reserve in
+// its layer slabs (host_model_store.h StateReserve): the state then lives beside each
+// parameter's fp32 copy, one allocation per layer. Adafactor reserves nothing (factored state).
+StateReserve StateBytesPerElement(const AdamWOptions& o);
+
 // Learning-rate schedules: constant, or linear warm-up then cosine decay to min_lr.
 struct LrSchedule {
   enum class Kind { kConstant, kWarmupCosine };
@@ -145,6 +150,8 @@ class AdamW {
   std::vector<int64_t> state_bytes_of_;   // per parameter index: its share of *state_bytes_
   // Shared so the optimizer stays movable; read by Stats threads.
   std::shared_ptr<std::atomic<int64_t>> state_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
+  // Identifies this optimizer to HostModelStore::ClaimStateReserve (stable across moves).
+  std::shared_ptr<char> reserve_token_ = std::make_shared<char>(0);
 };
 
 }  // namespace rp::workers

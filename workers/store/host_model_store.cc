@@ -10,54 +10,102 @@
 
 namespace rp::workers {
 
+namespace {
+
+constexpr int64_t kSlabAlignment = 64;
+int64_t Aligned(int64_t bytes) { return (bytes + kSlabAlignment - 1) / kSlabAlignment * kSlabAlignment; }
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// A contiguous fp32 tensor of `shape` at byte `offset` of `slab` (shares its storage).
+at::Tensor FloatView(const at::Tensor& slab, int64_t offset, const std::vector<int64_t>& shape) {
+  return slab.narrow(0, offset, Numel(shape) * 4).view(at::kFloat).view(shape);
+}
+
+// Draws parameter `spec`'s initial value into `t` (fp32, its shape) from `gen`.
+void Initialise(const models::ParamSpec& spec, double init_std, at::Generator& gen, at::Tensor& t) {
+  if (spec.is_norm) {
+    t.fill_(1);
+  } else if (spec.lora == 1) {  // PEFT's default: kaiming-uniform(a=sqrt(5)) = U(+-1/sqrt(in))
+    const double bound = 1.0 / std::sqrt(static_cast<double>(spec.shape[1]));
+    t.uniform_(-bound, bound, gen);
+  } else if (spec.lora == 2) {  // B = 0: the adapted model starts as the base model
+    t.zero_();
+  } else {
+    t.normal_(0, init_std, gen);
+  }
+}
+
+}  // namespace
+
+at::Tensor TakeStateView(const HostParam& p, int64_t offset, at::ScalarType dtype, at::IntArrayRef shape) {
+  if (!p.state_reserve.defined()) return at::Tensor();
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const int64_t bytes = n * static_cast<int64_t>(c10::elementSize(dtype));
+  if (offset < 0 || offset + bytes > p.state_reserve.numel()) return at::Tensor();
+  return p.state_reserve.narrow(0, offset, bytes).view(dtype).view(shape);
+}
+
 HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
-                               double init_std, FrozenInit frozen)
+                               double init_std, FrozenInit frozen, StateReserve reserve)
     : cfg_(cfg), master_dtype_(master_dtype) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   layer_params_.resize(static_cast<size_t>(cfg.num_layers()));
   for (int l = 0; l < cfg.num_layers(); ++l) {
-    for (const models::ParamSpec& spec : models::LayerParams(cfg, l)) {
-      auto it = by_name_.find(spec.name);
-      if (it != by_name_.end()) {  // tied parameter: shared, not duplicated
+    // The layer's own parameters (a tied one was created by an earlier layer), and the bytes of
+    // its slab: per trainable parameter fp32 copy, gradient and state reserve.
+    std::vector<models::ParamSpec> own;
+    int64_t slab_bytes = 0;
+    for (models::ParamSpec& spec : models::LayerParams(cfg, l)) {
+      if (auto it = by_name_.find(spec.name); it != by_name_.end()) {
         layer_params_[static_cast<size_t>(l)].push_back(it->second);
         continue;
       }
+      const bool base = cfg.lora.rank > 0 && spec.lora == 0;
+      const int64_t n = Numel(spec.shape);
+      if (!base) slab_bytes += 2 * Aligned(n * 4) + Aligned(n * reserve.bytes_per_element);
+      by_name_[spec.name] = static_cast<int>(params_.size() + own.size());
+      layer_params_[static_cast<size_t>(l)].push_back(by_name_[spec.name]);
+      own.push_back(std::move(spec));
+    }
+    at::Tensor slab;
+    if (slab_bytes > 0) {
+      slab = at::empty({slab_bytes}, at::kByte);
+      slabs_.push_back(slab);
+    }
+    int64_t offset = 0;
+    for (const models::ParamSpec& spec : own) {
       HostParam p;
       p.name = spec.name;
       p.shape = spec.shape;
       const bool base = cfg.lora.rank > 0 && spec.lora == 0;
-      if (base && frozen == FrozenInit::kDeferred) {  // the loader brings the master
+      if (base) {
+        // LoRA: the base is frozen and lives in the master copy only (no fp32, no gradient);
+        // a deferred one waits for the loader, which brings the master.
         p.trainable = false;
-        const int idx = static_cast<int>(params_.size());
-        by_name_[spec.name] = idx;
-        layer_params_[static_cast<size_t>(l)].push_back(idx);
+        if (frozen == FrozenInit::kRandom) {
+          at::Tensor value = at::empty(spec.shape, at::kFloat);
+          Initialise(spec, init_std, gen, value);
+          p.master = value.to(master_dtype_);
+        }
         params_.push_back(std::move(p));
         continue;
       }
-      if (spec.is_norm) {
-        p.fp32 = at::ones(spec.shape, at::kFloat);
-      } else if (spec.lora == 1) {  // PEFT's default: kaiming-uniform(a=sqrt(5)) = U(+-1/sqrt(in))
-        const double bound = 1.0 / std::sqrt(static_cast<double>(spec.shape[1]));
-        p.fp32 = at::empty(spec.shape, at::kFloat);
-        p.fp32.uniform_(-bound, bound, gen);
-      } else if (spec.lora == 2) {  // B = 0: the adapted model starts as the base model
-        p.fp32 = at::zeros(spec.shape, at::kFloat);
-      } else {
-        p.fp32 = at::empty(spec.shape, at::kFloat);
-        p.fp32.normal_(0, init_std, gen);
-      }
+      const int64_t n = Numel(spec.shape);
+      p.fp32 = FloatView(slab, offset, spec.shape);
+      offset += Aligned(n * 4);
+      p.grad = FloatView(slab, offset, spec.shape);
+      p.grad.zero_();
+      offset += Aligned(n * 4);
+      if (reserve.bytes_per_element > 0) p.state_reserve = slab.narrow(0, offset, n * reserve.bytes_per_element);
+      offset += Aligned(n * reserve.bytes_per_element);
+      Initialise(spec, init_std, gen, p.fp32);
       // Always a distinct tensor (to() would alias an fp32 master to the optimizer copy).
       p.master = p.fp32.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
-      if (base) {
-        // LoRA: the base is frozen and lives in the master copy only (no fp32, no gradient).
-        p.trainable = false;
-        p.fp32 = at::Tensor();
-      } else {
-        p.grad = at::zeros(spec.shape, at::kFloat);
-      }
-      const int idx = static_cast<int>(params_.size());
-      by_name_[spec.name] = idx;
-      layer_params_[static_cast<size_t>(l)].push_back(idx);
       params_.push_back(std::move(p));
     }
   }
@@ -144,6 +192,17 @@ int64_t HostModelStore::HostBytes() const {
       if (t->defined() && !(t == &p.master && p.mapped)) b += static_cast<int64_t>(t->nbytes());
     }
   }
+  return b;
+}
+
+bool HostModelStore::ClaimStateReserve(const void* optimizer) {
+  const void* expected = nullptr;
+  return reserve_owner_.compare_exchange_strong(expected, optimizer) || expected == optimizer;
+}
+
+int64_t HostModelStore::SlabBytes() const {
+  int64_t b = 0;
+  for (const at::Tensor& s : slabs_) b += static_cast<int64_t>(s.nbytes());
   return b;
 }
 

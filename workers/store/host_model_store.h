@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,6 +35,11 @@ struct HostParam {
   bool mapped = false;  // master aliases a model file's mapping (file-backed pages, no copy)
   at::Tensor grad;      // fp32 accumulation buffer (trainable only) — the "master gradient buffer"
   at::Tensor opt_grad;  // async mode: the optimizer's own copy, filled by G_cp (lazily allocated)
+  // Room in the layer slab for this parameter's optimizer state: 1-D kByte, numel x
+  // StateReserve::bytes_per_element (undefined when nothing is reserved). Never written by the
+  // store: the optimizer carves its state out of it (TakeStateView) on its first step; until then
+  // the pages stay untouched, so they cost no resident memory.
+  at::Tensor state_reserve;
   // Serialises accumulation into `grad` by the stages of one iteration; the optimizer reads
   // `grad` after the per-layer gradient events (consistency.h), not under this lock.
   std::unique_ptr<base::Mutex> grad_mu = std::make_unique<base::Mutex>();
@@ -46,11 +52,24 @@ enum class FrozenInit {
               // the adapters' initial values differ from a kRandom store of the same seed
 };
 
+// What the optimizer will keep per trainable element, so the store can reserve it in the layer
+// slab (workers/optim/adamw.h StateBytesPerElement): AdamW 8 (12 with AMSGrad), AdamW with bf16
+// moments 4, SGD with momentum and Lion 4, Adafactor 0 (its factored state is small and stays
+// separate).
+struct StateReserve {
+  int64_t bytes_per_element = 0;
+};
+
+// A view of `bytes` bytes at `offset` of p.state_reserve as a contiguous tensor of `dtype` and
+// `shape`; undefined when p reserves too little (the caller then allocates as before).
+at::Tensor TakeStateView(const HostParam& p, int64_t offset, at::ScalarType dtype, at::IntArrayRef shape);
+
 class HostModelStore {
  public:
   // Random initialisation (normal(0, init_std) for matrices, ones for norms) from `seed`.
+  // Throws std::bad_alloc (c10::Error) when host memory runs out.
   HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
-                 double init_std = 0.02, FrozenInit frozen = FrozenInit::kRandom);
+                 double init_std = 0.02, FrozenInit frozen = FrozenInit::kRandom, StateReserve reserve = {});
 
   const models::TransformerConfig& config() const { return cfg_; }
   at::ScalarType master_dtype() const { return master_dtype_; }
@@ -83,6 +102,14 @@ class HostModelStore {
   // (anonymous memory); MappedBytes: the masters that alias model files instead.
   int64_t HostBytes() const;
   int64_t MappedBytes() const;
+  // The layer slabs: how many (one per layer that trains a parameter of its own) and their
+  // bytes (fp32 copies, gradients and the state reserve, alignment padding included).
+  // The state reserve serves one optimizer: the first to claim it (any token that identifies
+  // it); true for that one from then on, false for any other (which allocates its own state).
+  // Any thread.
+  bool ClaimStateReserve(const void* optimizer);
+  int num_slabs() const { return static_cast<int>(slabs_.size()); }
+  int64_t SlabBytes() const;
 
  private:
   models::TransformerConfig cfg_;
@@ -90,6 +117,8 @@ class HostModelStore {
   std::vector<HostParam> params_;
   std::vector<std::vector<int>> layer_params_;
   std::map<std::string, int> by_name_;
+  std::vector<at::Tensor> slabs_;  // kByte, one per layer with trainable parameters of its own
+  std::atomic<const void*> reserve_owner_{nullptr};
 };
 
 }  // namespace rp::workers
