@@ -271,13 +271,23 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   } catch (const std::exception& ex) {
     return absl::ResourceExhaustedError(absl::StrCat("host memory for the model store: ", ex.what()));
   }
+  const bool cuda = devices.front()->torch_device().is_cuda();
   if (!spec.hf_dir.empty()) {
     progress("loading weights from " + spec.hf_dir);
-    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get()); !st.ok()) return st;
+    // On CUDA a mapped base's files are registered for DMA where they lie (no pinned copy).
+    workers::io::MappingRegistrar registrar;
+    if (cuda) {
+      registrar = [d = devices.front()](void* base, int64_t bytes) { return d->RegisterHostMemory(base, bytes); };
+    }
+    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get(), registrar); !st.ok()) return st;
+    if (const int64_t mapped = store->MappedBytes(); cuda && mapped > 0) {
+      progress(absl::StrCat("registered ", store->RegisteredBytes() >> 20, " of ", mapped >> 20,
+                            " MiB of mapped base weights for DMA (the rest is copied to pinned memory)"));
+    }
   }
-  if (devices.front()->torch_device().is_cuda()) {
-    // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2). Mapped
-    // masters are copied there too (registering a file mapping for DMA: not yet).
+  if (cuda) {
+    // Masters in pinned memory: weight uploads become asynchronous DMA (paper §4.2). Registered
+    // mapped masters stay where they lie; masters whose registration was refused are copied.
     try {
       store->RelocateMasters(
           [d = devices.front()](at::IntArrayRef sizes, at::ScalarType dt) { return d->EmptyHost(sizes, dt); });

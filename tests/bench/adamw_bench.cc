@@ -7,7 +7,8 @@
 // Rows per (size, threads), timed in interleaved rounds (median):
 //   ours        FusedAdamW on the optimizer's own pool: reads p, g, m, v; writes p, m, v and the
 //               bf16 master (30 B/param)
-//   ours, bf16 moments  the same step with bf16 m and v (stochastic rounding): 22 B/param
+//   ours, bf16 moments  the same step with bf16 m and v (stochastic rounding): 22 B/param (the
+//               AVX2 row forces the path hosts without AVX-512 run)
 //   torch fused ATen's _fused_adamw_ (what torch.optim.AdamW(fused=True) calls) on the intra-op
 //               pool set to the same thread count: the same update, no master (28 B/param)
 //   torch foreach  the multi-tensor path (torch.optim.AdamW(foreach=True)'s op sequence)
@@ -157,18 +158,24 @@ void RunSize(int64_t n, int threads, int rounds) {
   at::Tensor mb = at::zeros({n}, at::kBFloat16), vb = at::zeros({n}, at::kBFloat16);
   at::Tensor pb = p.clone();
   int64_t step_b = 0;
-  rows.push_back({"ours, bf16 moments (stochastic rounding)", 22, [&] {
-                    rp::workers::AdamWBf16MomentBuffers b{pb.data_ptr<float>(),
-                                                          g.data_ptr<float>(),
-                                                          static_cast<uint16_t*>(mb.data_ptr()),
-                                                          static_cast<uint16_t*>(vb.data_ptr()),
-                                                          master.data_ptr(),
-                                                          rp::workers::MasterDtype::kBFloat16};
-                    rp::workers::AdamWHyper h;
-                    h.weight_decay = 0.01f;
-                    h.step = ++step_b;
-                    rp::workers::FusedAdamWBf16Moments(b, n, h, /*seed=*/1, rp::workers::SimdPath::kAuto, &pool);
-                  }});
+  auto bf16_moments = [&](rp::workers::SimdPath path) {
+    return [&, path] {
+      rp::workers::AdamWBf16MomentBuffers b{pb.data_ptr<float>(),
+                                            g.data_ptr<float>(),
+                                            static_cast<uint16_t*>(mb.data_ptr()),
+                                            static_cast<uint16_t*>(vb.data_ptr()),
+                                            master.data_ptr(),
+                                            rp::workers::MasterDtype::kBFloat16};
+      rp::workers::AdamWHyper h;
+      h.weight_decay = 0.01f;
+      h.step = ++step_b;
+      rp::workers::FusedAdamWBf16Moments(b, n, h, /*seed=*/1, path, &pool);
+    };
+  };
+  rows.push_back({"ours, bf16 moments (stochastic rounding)", 22, bf16_moments(rp::workers::SimdPath::kAuto)});
+  if (rp::workers::SimdPathSupported(rp::workers::SimdPath::kAvx2)) {
+    rows.push_back({"ours, bf16 moments, AVX2 path", 22, bf16_moments(rp::workers::SimdPath::kAvx2)});
+  }
   rows.push_back({"torch fused (_fused_adamw_)", 28, [&] {
                     step_t.add_(1);
                     at::_fused_adamw_({tp}, {tg}, {tm}, {tv}, {}, {step_t}, 1e-3, 0.9, 0.999, 0.01, 1e-8, false, false);

@@ -8,17 +8,22 @@
 #include <cctype>
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "scheduler/engine.h"
 #include "scheduler/runtime/engine_impl.h"
+#include "tests/support/bf16_model_dir.h"
 #include "tests/support/engine_values.h"
 #include "tests/support/reference_model.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/tokens.h"
 #include "workers/device/cuda_device.h"
 #include "workers/device/device.h"
+#include "workers/io/hf_config.h"
+#include "workers/store/host_model_store.h"
 
 namespace rp {
 namespace {
@@ -73,6 +78,57 @@ TEST(CudaDevice, UploadDownloadRoundTripIsExactPinnedAndCounted) {
   const auto mem = d.Memory();
   EXPECT_GT(mem.device_peak_bytes, 0);
   EXPECT_GT(mem.pinned_reserved_bytes, 0);
+}
+
+// A LoRA base used from its model file: the CUDA backend registers the file's mapping for DMA
+// (read-only, once per file), the masters stay in the file's pages, an upload from them on a
+// stream is exact, and the registration ends with the store. Where the driver refuses, the
+// reason is printed and the masters are copied into the pinned arena instead (the fallback).
+TEST(CudaDevice, AMappedModelFileIsRegisteredForDmaOrCopiedAndUploadsExactly) {
+  RP_REQUIRE_GPU();
+  workers::models::TransformerConfig c;
+  c.vocab = 512;
+  c.hidden = 256;
+  c.intermediate = 512;
+  c.num_blocks = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.lora.rank = 4;
+  c.lora.targets = {"q_proj", "v_proj"};
+  const std::string dir = (rp::testing::FreshTempDir("CudaDevice", "mapped") / "model").string();
+  rp::testing::WriteBf16ModelDir(dir, c);
+  workers::Timeline tl;
+  auto devs = workers::CreateDevices("cuda:0", &tl);
+  ASSERT_TRUE(devs.ok()) << devs.status();
+  workers::Device& d = *(*devs)[0];
+  auto direct = d.RegisterHostMemory(nullptr, 0);
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kInvalidArgument);
+  workers::HostModelStore store(c, at::kBFloat16, 1, 0.02, workers::FrozenInit::kDeferred);
+  std::string refused;
+  ASSERT_TRUE(workers::io::LoadHfWeights(dir, &store, [&](void* base, int64_t bytes) {
+                auto h = d.RegisterHostMemory(base, bytes);
+                if (!h.ok()) refused = std::string(h.status().message());
+                return h;
+              }).ok());
+  if (!refused.empty()) {
+    std::printf("registration refused (the arena copy serves): %s\n", refused.c_str());
+    EXPECT_EQ(store.RegisteredBytes(), 0);
+  } else {
+    EXPECT_EQ(store.RegisteredBytes(), store.MappedBytes());
+    EXPECT_GT(store.RegisteredBytes(), 0);
+  }
+  store.RelocateMasters([&d](at::IntArrayRef sizes, at::ScalarType dt) { return d.EmptyHost(sizes, dt); });
+  std::vector<at::Tensor> up(static_cast<size_t>(store.num_params()));
+  d.stream(StreamKind::kParamUp).Enqueue({"up", 0, 0, 0}, [&] {
+    for (int i = 0; i < store.num_params(); ++i) up[static_cast<size_t>(i)] = d.Upload(store.param(i).master);
+  });
+  d.SynchronizeAll();
+  for (int i = 0; i < store.num_params(); ++i) {
+    const workers::HostParam& p = store.param(i);
+    EXPECT_TRUE(at::equal(up[static_cast<size_t>(i)].cpu(), p.master)) << p.name;
+    EXPECT_EQ(p.mapped, refused.empty() && !p.trainable) << p.name;
+  }
 }
 
 // A host Event recorded by a CUDA stream means "completed": a download ordered after it on

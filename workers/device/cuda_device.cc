@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <exception>
@@ -134,6 +135,32 @@ at::Tensor CudaDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {
   auto t = arena_->Empty(sizes, dtype);
   if (!t.ok()) throw std::runtime_error(std::string(t.status().message()));
   return *std::move(t);
+}
+
+absl::StatusOr<std::shared_ptr<void>> CudaDevice::RegisterHostMemory(void* base, int64_t bytes) {
+  if (base == nullptr || bytes <= 0) return absl::InvalidArgumentError("RegisterHostMemory: an empty range");
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
+  // Read-only registration only: pinning a private file mapping for writing would copy every page
+  // into anonymous memory (copy-on-write), the very copy this avoids.
+  int read_only = 0;
+  if (cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, gpu_) != cudaSuccess ||
+      read_only == 0) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, ": this GPU or driver cannot register read-only host memory"));
+  }
+  // Whole pages: the mapping starts on one, and its last page is mapped in full.
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(base) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(bytes) + page - 1) & ~(page - 1);
+  void* start = reinterpret_cast<void*>(begin);
+  const cudaError_t err = cudaHostRegister(start, end - begin, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it so later calls do not report it
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, ": cudaHostRegister of ", end - begin, " bytes: ", cudaGetErrorString(err)));
+  }
+  return std::shared_ptr<void>(start, [](void* p) { (void)cudaHostUnregister(p); });
 }
 
 at::Tensor CudaDevice::Upload(const at::Tensor& host) {

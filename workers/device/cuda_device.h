@@ -88,6 +88,7 @@ class CudaDevice final : public Device {
   std::string description() const override { return description_; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
+  absl::StatusOr<std::shared_ptr<void>> RegisterHostMemory(void* base, int64_t bytes) override;
   at::Tensor Upload(const at::Tensor& host) override;
   at::Tensor Download(const at::Tensor& on_device) override;
   at::Tensor EmptyOnDevice(at::IntArrayRef sizes, at::ScalarType dtype) override;

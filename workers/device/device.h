@@ -63,6 +63,17 @@ class Device {
   // Host memory the device copies from and to asynchronously: page-locked on CUDA (from a
   // pinned arena), ordinary memory on the CPU backend.
   virtual at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) = 0;
+  // Makes [base, base + bytes) — host memory the caller keeps valid and never writes while
+  // registered (a model file's mapping) — a source the device copies from asynchronously
+  // without a staging copy, until the returned handle is released (before the memory goes
+  // away). Any thread. CUDA: cudaHostRegister, read-only and portable (every GPU of the process);
+  // FailedPrecondition naming the driver's reason when it refuses (the caller then copies into
+  // EmptyHost memory). Unimplemented on the CPU backend: ordinary memory serves it as it is.
+  virtual absl::StatusOr<std::shared_ptr<void>> RegisterHostMemory(void* base, int64_t bytes) {
+    (void)base;
+    (void)bytes;
+    return absl::UnimplementedError("this backend copies from ordinary host memory; nothing to register");
+  }
   // Called from inside a stream operation: copy host -> device / device -> host on that stream.
   // On CUDA the copy is asynchronous with respect to the host (ordered by the stream and its
   // events; the source must stay alive until the stream's next recorded event). On the CPU

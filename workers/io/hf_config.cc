@@ -190,9 +190,45 @@ absl::Status CheckHfWeights(const std::string& dir, const models::TransformerCon
   return absl::OkStatus();
 }
 
-absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
+namespace {
+
+// A file mapping registered for DMA. Members are destroyed in reverse order: the registration
+// is released before the last reference to the file can unmap it.
+struct RegisteredMapping {
+  std::shared_ptr<const SafetensorsFile> file;
+  std::shared_ptr<void> registration;
+};
+
+// Registers each file once (null: refused, and not asked again).
+class Registrations {
+ public:
+  explicit Registrations(const MappingRegistrar& registrar) : registrar_(registrar) {}
+  // `view` (a tensor of `file`'s mapping) holding its file's registration; undefined when there
+  // is no registrar or the registration was refused.
+  at::Tensor Hold(const std::shared_ptr<const SafetensorsFile>& file, const at::Tensor& view) {
+    if (!registrar_) return at::Tensor();
+    auto [it, added] = done_.try_emplace(file.get());
+    if (added) {
+      auto handle = registrar_(file->mapping(), file->mapping_bytes());
+      if (handle.ok()) it->second = std::make_shared<RegisteredMapping>(RegisteredMapping{file, *std::move(handle)});
+    }
+    if (!it->second) return at::Tensor();
+    return at::from_blob(
+        view.data_ptr(), view.sizes(), [keep = it->second](void*) mutable { keep.reset(); },
+        at::TensorOptions().dtype(view.scalar_type()));
+  }
+
+ private:
+  const MappingRegistrar& registrar_;
+  std::map<const SafetensorsFile*, std::shared_ptr<RegisteredMapping>> done_;
+};
+
+}  // namespace
+
+absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store, const MappingRegistrar& registrar) {
   auto w = OpenHfWeights(dir);
   if (!w.ok()) return w.status();
+  Registrations registrations(registrar);
   for (int i = 0; i < store->num_params(); ++i) {
     HostParam& p = store->param(i);
     if (p.name.find(".lora_") != std::string::npos) continue;  // adapters: not in a base model
@@ -201,7 +237,13 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store) {
     if (!p.trainable && src->whole && src->whole->Find(p.name)->dtype == store->master_dtype()) {
       // A frozen tensor already in the master dtype is used where it lies (no copy).
       auto view = SafetensorsFile::View(src->whole, p.name);
-      if (view.ok() && store->AdoptMappedMaster(i, *view).ok()) continue;
+      if (view.ok()) {
+        if (at::Tensor held = registrations.Hold(src->whole, *view); held.defined()) {
+          if (store->AdoptMappedMaster(i, held, /*registered=*/true).ok()) continue;
+        } else if (store->AdoptMappedMaster(i, *view).ok()) {
+          continue;
+        }
+      }
     }
     auto t = ReadParam(*src, p.name);
     if (!t.ok()) return t.status();

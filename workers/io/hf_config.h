@@ -6,6 +6,8 @@
 // run while the store trains.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -24,7 +26,16 @@ absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& model_
 // Loads model.safetensors or the shards listed in model.safetensors.index.json into `store`
 // (whose config must be the directory's). Every store parameter must be present with its shape
 // (LoRA adapters excepted: they are not part of a base model).
-absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store);
+//
+// A frozen tensor already in the store's master dtype is used where it lies in the file's
+// mapping (HostModelStore::AdoptMappedMaster). With `registrar`, each file whose tensors are
+// used so is registered for DMA once, as a whole (the CUDA backend's
+// Device::RegisterHostMemory); its masters then hold the registration, released before the
+// file is unmapped. A refused registration is not an error: those masters stay unregistered
+// (RelocateMasters copies them).
+using MappingRegistrar = std::function<absl::StatusOr<std::shared_ptr<void>>(void* base, int64_t bytes)>;
+absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store,
+                           const MappingRegistrar& registrar = nullptr);
 // The same checks without loading: every base parameter of `config` is in the directory with its
 // shape (files opened and headers parsed; nothing allocated beyond that).
 absl::Status CheckHfWeights(const std::string& model_dir, const models::TransformerConfig& config);

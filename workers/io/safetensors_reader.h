@@ -43,6 +43,9 @@ class SafetensorsFile {
   // a copy instead).
   static absl::StatusOr<at::Tensor> View(const std::shared_ptr<const SafetensorsFile>& file, const std::string& name);
   const std::string& path() const { return path_; }
+  // The whole mapping (header included): what a device registers for DMA at once.
+  void* mapping() const { return const_cast<unsigned char*>(map_); }
+  int64_t mapping_bytes() const { return static_cast<int64_t>(size_); }
 
  private:
   SafetensorsFile() = default;

@@ -224,6 +224,58 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void Avx512RangeBf16(c
   ScalarRangeBf16(b, i, end, c, key_m, key_v);
 }
 
+__attribute__((target("avx2"))) inline __m256i Mix32x8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x7feb352du)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+// 8 floats to bf16 bits with the given rounding bits (RoundWithBits, lane by lane).
+__attribute__((target("avx2"))) inline __m128i RoundWithBitsx8(__m256 x, __m256i bits) {
+  const __m256i u = _mm256_castps_si256(x);
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_and_si256(bits, _mm256_set1_epi32(0xffff))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i qnan =
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
+  r = _mm256_blendv_epi8(r, qnan, nan);
+  // Every lane is in [0, 0xffff]: the unsigned-saturating pack keeps it exactly.
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+__attribute__((target("avx2"))) inline __m256 LoadBf16x8(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+// The AVX2 twin of Avx512RangeBf16: 8 elements at a time, the same rounding bits per element.
+__attribute__((target("avx2,fma,f16c"))) void Avx2RangeBf16(const AdamWBf16MomentBuffers& b, int64_t begin, int64_t end,
+                                                            const Consts& c, uint32_t key_m, uint32_t key_v) {
+  const __m256 decay = _mm256_set1_ps(c.decay), omb1 = _mm256_set1_ps(c.one_m_b1), b2 = _mm256_set1_ps(c.b2),
+               omb2 = _mm256_set1_ps(c.one_m_b2), isb = _mm256_set1_ps(c.inv_sqrt_bc2),
+               ss = _mm256_set1_ps(c.step_size), eps = _mm256_set1_ps(c.eps), gs = _mm256_set1_ps(c.gscale);
+  const __m256i km = _mm256_set1_epi32(static_cast<int>(key_m)), kv = _mm256_set1_epi32(static_cast<int>(key_v));
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(b.grad + i), gs);
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(b.param + i), decay);
+    __m256 m = LoadBf16x8(b.exp_avg + i);
+    m = _mm256_fmadd_ps(omb1, _mm256_sub_ps(g, m), m);
+    const __m256 v = _mm256_fmadd_ps(omb2, _mm256_mul_ps(g, g), _mm256_mul_ps(b2, LoadBf16x8(b.exp_avg_sq + i)));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), isb, eps);
+    p = _mm256_fnmadd_ps(ss, _mm256_div_ps(m, denom), p);
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))), iota);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b.exp_avg + i), RoundWithBitsx8(m, Mix32x8(_mm256_xor_si256(idx, km))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b.exp_avg_sq + i),
+                     RoundWithBitsx8(v, Mix32x8(_mm256_xor_si256(idx, kv))));
+    _mm256_storeu_ps(b.param + i, p);
+    StoreMaster8(b.master, b.master_dtype, i, p);
+  }
+  ScalarRangeBf16(b, i, end, c, key_m, key_v);
+}
+
 // F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
 bool HasF16c() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -305,10 +357,15 @@ void FusedAdamWBf16Moments(const AdamWBf16MomentBuffers& b, int64_t n, const Ada
   const uint32_t key_m = RoundingKey(seed, h.step, 0), key_v = RoundingKey(seed, h.step, 1);
   const SimdPath use = ResolveSimdPath(path);
   const std::function<void(int64_t, int64_t)> range = [&](int64_t begin, int64_t end) {
-    if (use == SimdPath::kAvx512) {
-      Avx512RangeBf16(b, begin, end, c, key_m, key_v);
-    } else {
-      ScalarRangeBf16(b, begin, end, c, key_m, key_v);  // no AVX2 variant: AVX-512 or scalar
+    switch (use) {
+      case SimdPath::kAvx512:
+        Avx512RangeBf16(b, begin, end, c, key_m, key_v);
+        break;
+      case SimdPath::kAvx2:
+        Avx2RangeBf16(b, begin, end, c, key_m, key_v);
+        break;
+      default:
+        ScalarRangeBf16(b, begin, end, c, key_m, key_v);
     }
   };
   RunSliced(n, pool, range);

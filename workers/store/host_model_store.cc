@@ -158,13 +158,14 @@ absl::Status HostModelStore::SetValue(const std::string& name, const at::Tensor&
   if (p.mapped || !p.master.defined()) {
     p.master = value.to(at::kCPU, master_dtype_, /*non_blocking=*/false, /*copy=*/true);
     p.mapped = false;
+    p.registered = false;
   } else {
     p.master.copy_(value);
   }
   return absl::OkStatus();
 }
 
-absl::Status HostModelStore::AdoptMappedMaster(int i, at::Tensor view) {
+absl::Status HostModelStore::AdoptMappedMaster(int i, at::Tensor view, bool registered) {
   HostParam& p = param(i);
   if (p.trainable)
     return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, " trains: it needs its own copy"));
@@ -173,11 +174,13 @@ absl::Status HostModelStore::AdoptMappedMaster(int i, at::Tensor view) {
   }
   p.master = std::move(view);
   p.mapped = true;
+  p.registered = registered;
   return absl::OkStatus();
 }
 
 void HostModelStore::RelocateMasters(const HostAllocator& alloc) {
   for (HostParam& p : params_) {
+    if (p.registered) continue;
     at::Tensor t = alloc(p.master.sizes(), p.master.scalar_type());
     t.copy_(p.master);
     p.master = std::move(t);
@@ -198,6 +201,14 @@ int64_t HostModelStore::HostBytes() const {
 bool HostModelStore::ClaimStateReserve(const void* optimizer) {
   const void* expected = nullptr;
   return reserve_owner_.compare_exchange_strong(expected, optimizer) || expected == optimizer;
+}
+
+int64_t HostModelStore::RegisteredBytes() const {
+  int64_t b = 0;
+  for (const HostParam& p : params_) {
+    if (p.mapped && p.registered) b += static_cast<int64_t>(p.master.nbytes());
+  }
+  return b;
 }
 
 int64_t HostModelStore::SlabBytes() const {

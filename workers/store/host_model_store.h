@@ -33,6 +33,9 @@ struct HostParam {
   at::Tensor fp32;      // optimizer copy (trainable only)
   at::Tensor master;    // what workers upload, in the master dtype
   bool mapped = false;  // master aliases a model file's mapping (file-backed pages, no copy)
+  // The mapped master lies in memory registered for DMA (Device::RegisterHostMemory): uploads
+  // copy from it asynchronously as from pinned memory, and RelocateMasters leaves it where it is.
+  bool registered = false;
   at::Tensor grad;      // fp32 accumulation buffer (trainable only) — the "master gradient buffer"
   at::Tensor opt_grad;  // async mode: the optimizer's own copy, filled by G_cp (lazily allocated)
   // Room in the layer slab for this parameter's optimizer state: 1-D kByte, numel x
@@ -91,10 +94,12 @@ class HostModelStore {
   // master is replaced by an owned copy (the file is never written).
   absl::Status SetValue(const std::string& name, const at::Tensor& value);
   // Makes `view` (master dtype and shape, e.g. a SafetensorsFile::View) the master of frozen
-  // parameter i without a copy. InvalidArgument when i trains or the view does not fit.
-  absl::Status AdoptMappedMaster(int i, at::Tensor view);
+  // parameter i without a copy; `registered`: the view's memory is registered for DMA and the
+  // view keeps that registration alive. InvalidArgument when i trains or the view does not fit.
+  absl::Status AdoptMappedMaster(int i, at::Tensor view, bool registered = false);
   // Moves every master copy into memory from `alloc` (the CUDA backend's pinned arena, so
-  // weight uploads are asynchronous DMA); values are kept. Call before training starts.
+  // weight uploads are asynchronous DMA); values are kept. Registered masters stay where they
+  // are (already DMA-able, no copy). Call before training starts.
   using HostAllocator = std::function<at::Tensor(at::IntArrayRef, at::ScalarType)>;
   void RelocateMasters(const HostAllocator& alloc);
   // Sum of the fp32 and master bytes, and of the gradient buffers (the async copy included),
@@ -102,6 +107,7 @@ class HostModelStore {
   // (anonymous memory); MappedBytes: the masters that alias model files instead.
   int64_t HostBytes() const;
   int64_t MappedBytes() const;
+  int64_t RegisteredBytes() const;  // the mapped masters that are registered for DMA
   // The layer slabs: how many (one per layer that trains a parameter of its own) and their
   // bytes (fp32 copies, gradients and the state reserve, alignment padding included).
   // The state reserve serves one optimizer: the first to claim it (any token that identifies
