@@ -8,7 +8,7 @@
 //   ours        FusedAdamW on the optimizer's own pool: reads p, g, m, v; writes p, m, v and the
 //               bf16 master (30 B/param)
 //   ours, bf16 moments  the same step with bf16 m and v (stochastic rounding): 22 B/param (the
-//               AVX2 row forces the path hosts without AVX-512 run)
+//               AVX2 and scalar rows force the paths hosts without AVX-512 run)
 //   torch fused ATen's _fused_adamw_ (what torch.optim.AdamW(fused=True) calls) on the intra-op
 //               pool set to the same thread count: the same update, no master (28 B/param)
 //   torch foreach  the multi-tensor path (torch.optim.AdamW(foreach=True)'s op sequence)
@@ -176,6 +176,7 @@ void RunSize(int64_t n, int threads, int rounds) {
   if (rp::workers::SimdPathSupported(rp::workers::SimdPath::kAvx2)) {
     rows.push_back({"ours, bf16 moments, AVX2 path", 22, bf16_moments(rp::workers::SimdPath::kAvx2)});
   }
+  rows.push_back({"ours, bf16 moments, scalar path", 22, bf16_moments(rp::workers::SimdPath::kScalar)});
   rows.push_back({"torch fused (_fused_adamw_)", 28, [&] {
                     step_t.add_(1);
                     at::_fused_adamw_({tp}, {tg}, {tm}, {tv}, {}, {step_t}, 1e-3, 0.9, 0.999, 0.01, 1e-8, false, false);
