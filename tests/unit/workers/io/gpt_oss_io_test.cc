@@ -77,6 +77,28 @@ TEST_F(HfModels, GptOssTrainsLikeTransformersOnEveryPartitionAndMode) {
   }
 }
 
+// attention_bias false (GptOssConfig allows it): no q/k/v/o biases, the rest of GPT-OSS as above;
+// trains like transformers and exports with the flag kept and no attention bias tensors.
+TEST_F(HfModels, GptOssWithoutAttentionBiasesTrainsLikeTransformersAndExportsSo) {
+  const std::string dir = dir_ + "/gptoss_nobias";
+  auto cfg = ReadHfConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_TRUE(cfg->gpt_oss());
+  EXPECT_FALSE(cfg->attention_bias);
+  auto ref = SafetensorsFile::Open(dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
+  const planning::Partition partition = {{2, 1}, 2, {1, 2}};
+  MoeRun run = RunTwoSteps(*cfg, dir, "cpu:3", partition, planning::OptimizerMode::kSync, tokens);
+  ExpectTrainedLikeReference(run, **ref, partition, /*async=*/false, kGptOssExpertTensors);
+  const std::string out = dir + "-export";
+  ExpectExportLoadsInTransformers(run, *cfg, out, "model.layers.2.mlp.experts.gate_up_proj");
+  EXPECT_EQ(ReadWholeFile(out + "/model.safetensors.index.json").find("self_attn.q_proj.bias"), std::string::npos);
+  auto again = ReadHfConfig(out);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->attention_bias);
+}
+
 // openai's checkpoints store the experts in MXFP4 (`_blocks` + `_scales`, quantization_config
 // mxfp4). They load dequantised, bit-equal to transformers' convert_moe_packed_tensors, and train
 // like transformers' model holding those weights.

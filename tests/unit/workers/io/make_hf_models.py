@@ -68,6 +68,8 @@ def make(out, only=None):
         # GPT-OSS: sinks, a 4-token window in blocks 0 and 2 (sequences of 24), YaRN, biases, a
         # SwiGLU limit low enough to clamp, and the router's aux loss.
         "gptoss": gpt_oss_config(16, output_router_logits=True, router_aux_loss_coef=0.05),
+        # GPT-OSS without q/k/v/o biases (attention_bias false; router and expert biases stay).
+        "gptoss_nobias": gpt_oss_config(16, attention_bias=False),
     }
     tokens = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(7))
     for name, cfg in configs.items():
