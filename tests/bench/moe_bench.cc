@@ -9,10 +9,13 @@
 //                 autograd and the backward (as a backward stage): hidden 512, 32 experts of
 //                 width 256, top-4
 //   dense block   the same, with one SwiGLU MLP of width 4 x 256 = 1024 (the same active FLOPs)
-//   grouped       MoeExperts alone (one gather, a GEMM pair per expert, one scatter-add), forward
+//   grouped       MoeExperts alone (one gather, one grouped GEMM per stacked weight —
+//                 at::_grouped_mm — one scatter-add), forward; and the same with one GEMM pair
+//                 per routed expert (the path where the grouped op cannot run)
 //   per-token     the same output token by token, expert by expert (what grouping avoids)
 //   replayed      the MoE block again, its recompute replaying the forward's routing (packed to
 //                 the host form and back, as between the stages) instead of routing again
+//   MoE block, one GEMM per expert  the first row with the grouped op switched off
 //   GPT-OSS       a GPT-OSS block of the same sizes (replaying its routing): attention with sinks
 //                 over a 128-token window (one fused attention call), q/k/v/o, router and expert
 //                 biases, the clamped SwiGLU on interleaved gate/up columns
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "workers/models/layers.h"
+#include "workers/models/test_hooks.h"
 
 namespace {
 
@@ -107,6 +111,11 @@ int main(int argc, char** argv) {
     grouped_out =
         rp::workers::models::MoeExperts(moe, gate_up, down, hx, rp::workers::models::RouteTokens(moe, router, hx));
   };
+  auto per_expert = [&] {
+    rp::workers::models::SetGroupedExpertGemmForTest(false);
+    grouped();
+    rp::workers::models::SetGroupedExpertGemmForTest(true);
+  };
   auto per_token = [&] {
     at::NoGradGuard no_grad;
     const auto r = rp::workers::models::RouteTokens(moe, router, hx);
@@ -131,7 +140,15 @@ int main(int argc, char** argv) {
                            {"grouped sparse MLP (forward)", grouped, {}},
                            {"per-token loop (forward)", per_token, {}},
                            {"MoE block, recompute replays routing", [&] { stage(moe, wm, true); }, {}},
-                           {"GPT-OSS block, same sizes (replays)", [&] { stage(gpt, wg, true); }, {}}};
+                           {"GPT-OSS block, same sizes (replays)", [&] { stage(gpt, wg, true); }, {}},
+                           {"sparse MLP, one GEMM per expert", per_expert, {}},
+                           {"MoE block, one GEMM per expert",
+                            [&] {
+                              rp::workers::models::SetGroupedExpertGemmForTest(false);
+                              stage(moe, wm, false);
+                              rp::workers::models::SetGroupedExpertGemmForTest(true);
+                            },
+                            {}}};
   for (int r = 0; r < 6; ++r) {
     for (Row& row : rows) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -151,5 +168,7 @@ int main(int argc, char** argv) {
               Median(rows[0].t) / Median(rows[1].t), Median(rows[3].t) / Median(rows[2].t), diff);
   std::printf("MoE block with the routing replayed / routed again: %.2fx\n", Median(rows[4].t) / Median(rows[0].t));
   std::printf("GPT-OSS block / Qwen3-MoE block (both replaying): %.2fx\n", Median(rows[5].t) / Median(rows[4].t));
+  std::printf("one GEMM per expert / grouped GEMMs: sparse MLP %.2fx, MoE block %.2fx\n",
+              Median(rows[6].t) / Median(rows[2].t), Median(rows[7].t) / Median(rows[0].t));
   return 0;
 }

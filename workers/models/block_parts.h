@@ -1,6 +1,7 @@
 // block_parts.h — pieces every family's decoder block is built from (layers.cc, gpt_oss.cc):
 // RMSNorm, rotary embedding, grouped-query key/value repetition, the attention mask of a block,
-// and the expert grouping of a sparse block. Internal to workers/models: users call layers.h.
+// the router's expert selection and expert adapters' views (the expert grouping itself:
+// expert_groups.h). Internal to workers/models: users call layers.h.
 //
 // Contract: stateless and thread-safe; autograd is whatever the caller's GradMode says.
 #pragma once
@@ -35,14 +36,6 @@ at::Tensor AttendMask(const TokenLayout& layout, int64_t s, int64_t window, c10:
 // r.counts and returns the scores at the chosen experts [T, k], with their gradient.
 at::Tensor SelectExperts(const TransformerConfig& cfg, const at::Tensor& scores, const RoutingDecision* replay,
                          MoeRouting& r);
-
-// The experts' output for x [.., h] under `routing`: the token-expert pairs sorted by expert (then
-// by choice, then by token: the order transformers' per-expert loops visit them in), the rows
-// gathered once, `ffn(e, rows)` on each routed expert's rows, and one scatter-add of the outputs
-// weighted by the routing weights. Never a dense all-experts pass.
-using ExpertFfn = std::function<at::Tensor(int64_t expert, const at::Tensor& rows)>;
-at::Tensor GroupedExperts(const at::Tensor& x, const MoeRouting& routing, int64_t num_experts,
-                          int64_t experts_per_token, const ExpertFfn& ffn);
 
 // One expert's view of a stacked expert adapter (ExpertLoraTargets): A_e [r, in], B_e [out, r]
 // for every expert, or empty lists when `a` is undefined.

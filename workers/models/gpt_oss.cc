@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "workers/models/block_parts.h"
+#include "workers/models/expert_groups.h"
 
 namespace rp::workers::models {
 
@@ -47,24 +48,21 @@ MoeRouting GptOssRoute(const TransformerConfig& c, const at::Tensor& weight, con
 
 at::Tensor GptOssExperts(const TransformerConfig& c, const GptOssExpertWeights& w, const at::Tensor& x,
                          const MoeRouting& routing, const ExpertAdapters& lora) {
-  // One unbind per tensor for all experts (see MoeExperts).
-  const std::vector<at::Tensor> gu = w.gate_up.unbind(0), gub = w.gate_up_bias.unbind(0), dn = w.down.unbind(0),
-                                dnb = w.down_bias.unbind(0);
+  // x·W stacked weights: one grouped product each; biases per row by its expert.
+  const parts::ExpertGroups g = parts::GroupByExpert(x, routing, c.num_experts, c.experts_per_token);
   const parts::ExpertAdapterViews lgu = parts::PerExpert(lora.gate_up_a, lora.gate_up_b, c.num_experts);
   const parts::ExpertAdapterViews ldn = parts::PerExpert(lora.down_a, lora.down_b, c.num_experts);
   const double alpha = c.swiglu_alpha, limit = c.swiglu_limit;
-  return parts::GroupedExperts(x, routing, c.num_experts, c.experts_per_token, [&](int64_t e, const at::Tensor& xe) {
-    const size_t i = static_cast<size_t>(e);
-    at::Tensor g_u = at::matmul(xe, gu[i]);
-    if (at::Tensor d = parts::AdapterTerm(c, lgu, e, xe); d.defined()) g_u = g_u + d;
-    g_u = g_u + gub[i];
-    const at::Tensor gate = g_u.slice(-1, 0, std::nullopt, 2).clamp_max(limit);
-    const at::Tensor up = g_u.slice(-1, 1, std::nullopt, 2).clamp(-limit, limit);
-    const at::Tensor act = (up + 1) * (gate * at::sigmoid(gate * alpha));
-    at::Tensor out = at::matmul(act, dn[i]);
-    if (at::Tensor d = parts::AdapterTerm(c, ldn, e, act); d.defined()) out = out + d;
-    return out + dnb[i];
-  });
+  at::Tensor g_u = parts::GroupedProduct(g, g.rows, w.gate_up);
+  if (at::Tensor d = parts::GroupedAdapterTerm(c, lgu, g, g.rows); d.defined()) g_u = g_u + d;
+  g_u = g_u + w.gate_up_bias.index_select(0, g.expert_of);
+  const at::Tensor gate = g_u.slice(-1, 0, std::nullopt, 2).clamp_max(limit);
+  const at::Tensor up = g_u.slice(-1, 1, std::nullopt, 2).clamp(-limit, limit);
+  const at::Tensor act = (up + 1) * (gate * at::sigmoid(gate * alpha));
+  at::Tensor out = parts::GroupedProduct(g, act, w.down);
+  if (at::Tensor d = parts::GroupedAdapterTerm(c, ldn, g, act); d.defined()) out = out + d;
+  out = out + w.down_bias.index_select(0, g.expert_of);
+  return parts::CombineGroups(g, out, x);
 }
 
 }  // namespace rp::workers::models

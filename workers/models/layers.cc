@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "workers/models/block_parts.h"
+#include "workers/models/expert_groups.h"
 #include "workers/models/gpt_oss.h"
 #include "workers/models/test_hooks.h"
 
@@ -237,32 +238,6 @@ at::Tensor AttendMask(const TokenLayout& layout, int64_t s, int64_t window, c10:
   return mask;
 }
 
-at::Tensor GroupedExperts(const at::Tensor& x, const MoeRouting& routing, int64_t num_experts,
-                          int64_t experts_per_token, const ExpertFfn& ffn) {
-  const int64_t h = x.size(-1), k = experts_per_token;
-  const at::Tensor flat = x.reshape({-1, h});
-  // Pair p = token * k + choice, sorted by expert, then choice, then token, and gathered once.
-  const at::Tensor pair_expert = routing.experts.reshape({-1});
-  const int64_t T = flat.size(0);
-  const at::Tensor pair = at::arange(T * k, pair_expert.options());
-  const at::Tensor key = pair_expert * (k * T) + at::remainder(pair, k) * T + at::div(pair, k, "floor");
-  const at::Tensor order = at::argsort(key, /*stable=*/true, 0);
-  const at::Tensor token_of = at::div(order, k, "floor");
-  const at::Tensor rows = flat.index_select(0, token_of);
-  const at::Tensor weights = routing.weights.reshape({-1}).index_select(0, order);
-  const at::Tensor counts = routing.counts.contiguous();
-  const int64_t* count = counts.data_ptr<int64_t>();
-  std::vector<at::Tensor> outs;
-  int64_t start = 0;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    if (count[e] == 0) continue;
-    outs.push_back(ffn(e, rows.narrow(0, start, count[e])));
-    start += count[e];
-  }
-  const at::Tensor y = at::cat(outs, 0) * weights.unsqueeze(1);
-  return at::zeros_like(flat).index_add(0, token_of, y.to(flat.scalar_type())).view(x.sizes());
-}
-
 at::Tensor SelectExperts(const TransformerConfig& c, const at::Tensor& scores, const RoutingDecision* replay,
                          MoeRouting& r) {
   if (replay) {
@@ -330,20 +305,17 @@ RoutingDecision UnpackRouting(const at::Tensor& packed, int64_t num_experts, int
 
 at::Tensor MoeExperts(const TransformerConfig& c, const at::Tensor& gate_up, const at::Tensor& down,
                       const at::Tensor& x, const MoeRouting& routing, const ExpertAdapters& lora) {
-  // One unbind for all experts: indexing the stacked weight per expert would make autograd
-  // allocate a full-size zero gradient for each.
-  const std::vector<at::Tensor> gu = gate_up.unbind(0), dn = down.unbind(0);
+  // Stacked x·Wᵀ weights, read as x·W through transposed views: one grouped product each.
+  const parts::ExpertGroups g = parts::GroupByExpert(x, routing, c.num_experts, c.experts_per_token);
   const parts::ExpertAdapterViews lgu = parts::PerExpert(lora.gate_up_a, lora.gate_up_b, c.num_experts);
   const parts::ExpertAdapterViews ldn = parts::PerExpert(lora.down_a, lora.down_b, c.num_experts);
-  return parts::GroupedExperts(x, routing, c.num_experts, c.experts_per_token, [&](int64_t e, const at::Tensor& xe) {
-    at::Tensor y = at::linear(xe, gu[static_cast<size_t>(e)]);
-    if (at::Tensor d = parts::AdapterTerm(c, lgu, e, xe); d.defined()) y = y + d;
-    const std::vector<at::Tensor> g_u = y.chunk(2, -1);
-    const at::Tensor act = at::silu(g_u[0]) * g_u[1];
-    at::Tensor out = at::linear(act, dn[static_cast<size_t>(e)]);
-    if (at::Tensor d = parts::AdapterTerm(c, ldn, e, act); d.defined()) out = out + d;
-    return out;
-  });
+  at::Tensor y = parts::GroupedProduct(g, g.rows, gate_up.transpose(1, 2));
+  if (at::Tensor d = parts::GroupedAdapterTerm(c, lgu, g, g.rows); d.defined()) y = y + d;
+  const std::vector<at::Tensor> g_u = y.chunk(2, -1);
+  const at::Tensor act = at::silu(g_u[0]) * g_u[1];
+  at::Tensor out = parts::GroupedProduct(g, act, down.transpose(1, 2));
+  if (at::Tensor d = parts::GroupedAdapterTerm(c, ldn, g, act); d.defined()) out = out + d;
+  return parts::CombineGroups(g, out, x);
 }
 
 at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens) {

@@ -185,3 +185,76 @@ TEST(GptOss, SinkAttentionEqualsTheEagerFormulaWithItsGradients) {
 
 }  // namespace
 }  // namespace rp::workers::models
+
+#include "workers/models/expert_groups.h"
+#include "workers/models/test_hooks.h"
+
+namespace rp::workers::models {
+namespace {
+
+// The outputs and every gradient of one sparse block's experts (Qwen3-MoE or GPT-OSS, with
+// expert adapters), with grouped products on or off.
+std::vector<at::Tensor> ExpertsAndGrads(bool gpt_oss, bool grouped, at::ScalarType dtype, int64_t width) {
+  SetGroupedExpertGemmForTest(grouped);
+  TransformerConfig c;
+  c.num_experts = 5;
+  c.experts_per_token = 2;
+  c.lora.rank = 2;
+  c.lora.alpha = 4;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  const auto o = at::TensorOptions().dtype(dtype);
+  auto leaf = [&](std::vector<int64_t> shape) {
+    return (at::randn(shape, gen, at::kFloat) * 0.3).to(dtype).requires_grad_(true);
+  };
+  const int64_t h = 16, E = c.num_experts, r = c.lora.rank;
+  const at::Tensor x = leaf({2, 9, h});
+  const at::Tensor router = leaf({E, h});
+  MoeRouting routing = RouteTokens(c, router, x);
+  // Expert 3 gets no rows: an empty group among the others.
+  std::vector<at::Tensor> leaves = {x};
+  ExpertAdapters lora{leaf({r * E, h}), leaf({2 * width, r * E}), leaf({r * E, width}), leaf({h, r * E})};
+  at::Tensor y;
+  if (gpt_oss) {
+    GptOssExpertWeights w{leaf({E, h, 2 * width}), leaf({E, 2 * width}), leaf({E, width, h}), leaf({E, h})};
+    y = GptOssExperts(c, w, x, routing, lora);
+    leaves.insert(leaves.end(), {w.gate_up, w.gate_up_bias, w.down, w.down_bias});
+  } else {
+    const at::Tensor gate_up = leaf({E, 2 * width, h}), down = leaf({E, h, width});
+    y = MoeExperts(c, gate_up, down, x, routing, lora);
+    leaves.insert(leaves.end(), {gate_up, down});
+  }
+  leaves.insert(leaves.end(), {lora.gate_up_a, lora.gate_up_b, lora.down_a, lora.down_b});
+  y.backward(at::randn(y.sizes(), gen, at::kFloat).to(o.dtype()));
+  std::vector<at::Tensor> out = {y.detach()};
+  for (const at::Tensor& l : leaves) out.push_back(l.grad());
+  SetGroupedExpertGemmForTest(true);
+  return out;
+}
+
+// The grouped expert products (at::_grouped_mm, one per stacked weight) equal one GEMM per routed
+// expert in the output and in the gradients of the input, the stacked weights, the biases and
+// the expert adapters, for both families, fp32 and bf16. Widths whose rows are not 16-byte
+// multiples take the per-expert path (the op's stride rule).
+TEST(MoeExperts, GroupedProductsEqualOneGemmPerExpertWithEveryGradient) {
+  ASSERT_TRUE(parts::GroupedProductUsable(at::zeros({4, 16}), 16, 32)) << "the grouped op must run on the CPU";
+  EXPECT_FALSE(parts::GroupedProductUsable(at::zeros({4, 16}), 16, 6));  // 24-byte rows
+  for (bool gpt_oss : {false, true}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      for (int64_t width : {int64_t{8}, int64_t{6}}) {
+        SCOPED_TRACE(::testing::Message() << (gpt_oss ? "gpt-oss " : "qwen3-moe ") << dtype << " width " << width);
+        const std::vector<at::Tensor> grouped = ExpertsAndGrads(gpt_oss, true, dtype, width);
+        const std::vector<at::Tensor> loop = ExpertsAndGrads(gpt_oss, false, dtype, width);
+        ASSERT_EQ(grouped.size(), loop.size());
+        const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+        for (size_t i = 0; i < grouped.size(); ++i) {
+          ASSERT_TRUE(grouped[i].defined() && loop[i].defined()) << i;
+          EXPECT_TRUE(at::allclose(grouped[i].to(at::kFloat), loop[i].to(at::kFloat), tol, tol))
+              << "tensor " << i << " differs by " << (grouped[i] - loop[i]).abs().max().item<double>();
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rp::workers::models
