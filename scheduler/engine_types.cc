@@ -53,7 +53,8 @@ std::vector<HostPool> HostPools(const EngineStats& s) {
   return {{"model_states", s.host_model_bytes},
           {"optimizer_state", s.host_optimizer_bytes},
           {"activations", s.host_activation_bytes},
-          {"mapped_base", s.host_mapped_bytes},
+          {"mapped_base", s.host_mapped_bytes - s.host_registered_bytes},
+          {"registered_base", s.host_registered_bytes},
           {"pinned", s.devices.empty() ? 0 : s.devices.front().pinned_reserved_bytes}};
 }
 

@@ -296,12 +296,15 @@ struct EngineStats {
   int jobs_active = 0;
   int64_t host_model_bytes = 0;       // of the running job's host model store (allocated: anonymous memory)
   int64_t host_mapped_bytes = 0;      // of its masters that alias model files instead (a LoRA base: page cache)
+  int64_t host_registered_bytes = 0;  // of those, registered for DMA (CUDA): page cache locked while the job runs
   int64_t host_optimizer_bytes = 0;   // of its optimizer state (moments)
   int64_t host_activation_bytes = 0;  // of its activation store now (checkpoints, boundary activations)
 };
 
 // The engine's host memory by pool, named as GetServerInfo and the metrics name them:
-// model_states, optimizer_state, activations, mapped_base, pinned.
+// model_states, optimizer_state, activations, mapped_base, registered_base, pinned. Disjoint:
+// mapped_base is the mapped masters the kernel may drop, registered_base the mapped masters
+// registered for DMA (locked until the job ends).
 struct HostPool {
   const char* name;
   int64_t bytes;

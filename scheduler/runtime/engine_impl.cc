@@ -403,6 +403,7 @@ EngineStats Engine::Impl::Stats() const {
     if (job->state == JobState::kRunning && job->store) {
       s.host_model_bytes = job->store->HostBytes();
       s.host_mapped_bytes = job->store->MappedBytes();
+      s.host_registered_bytes = job->store->RegisteredBytes();
       if (job->controller) {
         s.host_optimizer_bytes = job->controller->OptimizerStateBytes();
         s.host_activation_bytes = job->controller->activations().live_bytes();

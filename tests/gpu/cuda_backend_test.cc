@@ -19,6 +19,7 @@
 #include "tests/support/engine_values.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/tiny_models.h"
 #include "tests/support/tokens.h"
 #include "workers/device/cuda_device.h"
 #include "workers/device/device.h"
@@ -86,14 +87,7 @@ TEST(CudaDevice, UploadDownloadRoundTripIsExactPinnedAndCounted) {
 // reason is printed and the masters are copied into the pinned arena instead (the fallback).
 TEST(CudaDevice, AMappedModelFileIsRegisteredForDmaOrCopiedAndUploadsExactly) {
   RP_REQUIRE_GPU();
-  workers::models::TransformerConfig c;
-  c.vocab = 512;
-  c.hidden = 256;
-  c.intermediate = 512;
-  c.num_blocks = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
+  workers::models::TransformerConfig c = rp::testing::TinyLlama();
   c.lora.rank = 4;
   c.lora.targets = {"q_proj", "v_proj"};
   const std::string dir = (rp::testing::FreshTempDir("CudaDevice", "mapped") / "model").string();

@@ -326,8 +326,8 @@ TEST_F(DaemonTest, StreamedJobTrainsLikeThePlainReferenceAndExports) {
   ASSERT_TRUE(info.ok()) << info.status();
   std::vector<std::string> pools;
   for (const v1::HostPool& p : info->host_pools()) pools.push_back(p.name());
-  EXPECT_EQ(pools,
-            (std::vector<std::string>{"model_states", "optimizer_state", "activations", "mapped_base", "pinned"}));
+  EXPECT_EQ(pools, (std::vector<std::string>{"model_states", "optimizer_state", "activations", "mapped_base",
+                                             "registered_base", "pinned"}));
 
   // Export: an HF directory whose tensors are the reference's weights after the same steps.
   auto path = c->Export(job->id(), root_ + "/data/export");

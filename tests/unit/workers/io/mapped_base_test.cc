@@ -16,6 +16,7 @@
 
 #include "tests/support/bf16_model_dir.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/tiny_models.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/hf_tensors.h"
 #include "workers/store/host_model_store.h"
@@ -24,14 +25,7 @@ namespace rp::workers::io {
 namespace {
 
 models::TransformerConfig TinyLora() {
-  models::TransformerConfig c;
-  c.vocab = 64;
-  c.hidden = 32;
-  c.intermediate = 48;
-  c.num_blocks = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
+  models::TransformerConfig c = rp::testing::TinyLlama();
   c.lora.rank = 2;
   c.lora.alpha = 4;
   c.lora.targets = {"q_proj", "v_proj"};

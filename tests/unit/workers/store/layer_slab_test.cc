@@ -7,23 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/tiny_models.h"
 #include "workers/optim/adamw.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::workers {
 namespace {
 
-models::TransformerConfig Tiny() {
-  models::TransformerConfig c;
-  c.vocab = 11;
-  c.hidden = 8;
-  c.intermediate = 12;
-  c.num_blocks = 2;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 4;
-  return c;
-}
+models::TransformerConfig Tiny() { return rp::testing::TinyLlama(); }
 
 const void* StorageOf(const at::Tensor& t) { return t.storage().data_ptr().get(); }
 
