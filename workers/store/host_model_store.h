@@ -88,7 +88,8 @@ class HostModelStore {
   // Re-derives every master copy from the fp32 copy (after an optimizer step or a load).
   void RefreshMaster();
   // Freezes a parameter: it keeps only its master copy (no fp32 copy, no gradient buffer, no
-  // optimizer state) and workers upload it without requires_grad.
+  // optimizer state) and workers upload it without requires_grad. Its room in the layer slab is
+  // not returned (the slab is one allocation): freeze at construction time (FrozenInit) to save it.
   absl::Status Freeze(const std::string& name);
   // Overwrites parameter values (fp32 and master) by name; for loading and tests. A mapped
   // master is replaced by an owned copy (the file is never written).
