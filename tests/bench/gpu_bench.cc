@@ -283,6 +283,12 @@ int main(int argc, char** argv) {
               static_cast<long>(cfg.hidden), static_cast<long>(cfg.vocab), static_cast<long>(seq),
               static_cast<long>(absl::GetFlag(FLAGS_sequences_per_microbatch)), M, absl::GetFlag(FLAGS_mode).c_str());
   std::fflush(stdout);
+  if (cfg.num_experts > 0) {
+    const auto on = at::TensorOptions().dtype(at::kBFloat16).device(cuda ? at::Device(at::kCUDA, 0) : at::kCPU);
+    std::printf("expert products: %s\n", rp::workers::models::GroupedExpertGemmRuns(on)
+                                             ? "grouped GEMMs (at::_grouped_mm, bf16)"
+                                             : "one GEMM per expert (the grouped op does not run here)");
+  }
   const double peak = GemmTflops(cuda);
   std::printf("bf16 GEMM %s: %.1f TFLOP/s (median of 10)\n", cuda ? "8192^3" : "1024^3 (fp32, cpu)", peak);
   std::fflush(stdout);

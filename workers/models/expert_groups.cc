@@ -141,3 +141,11 @@ at::Tensor GroupedAdapterTerm(const TransformerConfig& c, const ExpertAdapterVie
 }
 
 }  // namespace rp::workers::models::parts
+
+namespace rp::workers::models {
+
+bool GroupedExpertGemmRuns(const at::TensorOptions& options) {
+  return parts::GroupedProductUsable(at::empty({1, 16}, options), 16, 16);
+}
+
+}  // namespace rp::workers::models

@@ -119,8 +119,12 @@ struct ExpertAdapters {
   at::Tensor gate_up_a, gate_up_b, down_a, down_b;
 };
 // The experts' output for x [.., h] under `routing`: tokens grouped by expert (one gather, one
-// GEMM pair per expert on its rows, one weighted scatter-add), never a dense all-experts pass.
+// grouped GEMM per stacked weight where the device runs it — else a GEMM pair per expert on its
+// rows —, one weighted scatter-add), never a dense all-experts pass.
 // gate_up [E, 2I, h] (gate rows first), down [E, h, I]; `lora` adds each expert's adapters.
+// Whether the experts' products run as grouped GEMMs (at::_grouped_mm) on this device and dtype
+// (probed once, forward and backward; expert_groups.h). Any thread; for reports and benchmarks.
+bool GroupedExpertGemmRuns(const at::TensorOptions& options);
 at::Tensor MoeExperts(const TransformerConfig& cfg, const at::Tensor& gate_up, const at::Tensor& down,
                       const at::Tensor& x, const MoeRouting& routing, const ExpertAdapters& lora = {});
 
