@@ -1,6 +1,7 @@
 #include "workers/optim/adamw.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <cmath>
 
@@ -70,12 +71,17 @@ namespace {
 // `current` converted, or a new zeros tensor.
 at::Tensor PlaceState(const HostParam& p, bool reserved, int slot, at::ScalarType dtype, at::IntArrayRef shape,
                       const at::Tensor& current) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  const int64_t offset = slot * c10::multiply_integers(shape) * static_cast<int64_t>(c10::elementSize(dtype));
+  // Every step after the first: the state already lives where it belongs (no views built).
+  if (current.defined() && current.scalar_type() == dtype && current.is_contiguous()) {
+    if (!reserved || !p.state_reserve.defined() ||
+        current.data_ptr() == static_cast<char*>(p.state_reserve.data_ptr()) + offset) {
+      return current;
+    }
+  }
   at::Tensor view;
-  if (reserved) view = TakeStateView(p, slot * n * static_cast<int64_t>(c10::elementSize(dtype)), dtype, shape);
+  if (reserved) view = TakeStateView(p, offset, dtype, shape);
   if (view.defined()) {
-    if (current.defined() && current.data_ptr() == view.data_ptr()) return current;
     if (current.defined()) {
       view.copy_(current.view(shape));
     } else {

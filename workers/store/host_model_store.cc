@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -14,11 +15,7 @@ namespace {
 
 constexpr int64_t kSlabAlignment = 64;
 int64_t Aligned(int64_t bytes) { return (bytes + kSlabAlignment - 1) / kSlabAlignment * kSlabAlignment; }
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t Numel(const std::vector<int64_t>& shape) { return c10::multiply_integers(shape); }
 
 // A contiguous fp32 tensor of `shape` at byte `offset` of `slab` (shares its storage).
 at::Tensor FloatView(const at::Tensor& slab, int64_t offset, const std::vector<int64_t>& shape) {
@@ -43,9 +40,7 @@ void Initialise(const models::ParamSpec& spec, double init_std, at::Generator& g
 
 at::Tensor TakeStateView(const HostParam& p, int64_t offset, at::ScalarType dtype, at::IntArrayRef shape) {
   if (!p.state_reserve.defined()) return at::Tensor();
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  const int64_t bytes = n * static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t bytes = c10::multiply_integers(shape) * static_cast<int64_t>(c10::elementSize(dtype));
   if (offset < 0 || offset + bytes > p.state_reserve.numel()) return at::Tensor();
   return p.state_reserve.narrow(0, offset, bytes).view(dtype).view(shape);
 }
