@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "workers/base/json_depth.h"
 
 namespace rp::planning {
 namespace {
@@ -50,6 +51,9 @@ absl::StatusOr<int64_t> Bytes(const json& o, const char* key, const std::string&
 }  // namespace
 
 absl::StatusOr<Profile> ParseProfile(absl::string_view text) {
+  if (std::string deep = base::JsonDepthError(std::string_view(text.data(), text.size())); !deep.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("profile: ", deep));
+  }
   const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("profile: not a JSON object");
   if (!j.contains("format") || !j["format"].is_string() || j["format"].get<std::string>() != kFormat) {

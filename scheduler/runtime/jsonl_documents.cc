@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "workers/io/bounded_json.h"
 #include "workers/io/confined_fs.h"
 
 namespace rp::scheduler::runtime {
@@ -40,6 +41,9 @@ absl::Status AppendRecord(std::string_view line, const std::string& path, int64_
     out->trained.insert(out->trained.end(), ids.size(), trained ? 1 : 0);
   };
   const size_t first_token = out->tokens.size();
+  if (std::string deep = base::JsonDepthError(line); !deep.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": ", deep));
+  }
   const json rec = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (rec.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(where(), ": not valid JSON"));
   if (!rec.is_object()) return absl::InvalidArgumentError(absl::StrCat(where(), ": not a JSON object"));
@@ -86,11 +90,10 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const s
     if (workers::io::KindOf(cfg_file) == workers::io::FileKind::kFile) {
       auto cfg_text = workers::io::ReadSmallFile(cfg_file, kMaxConfigBytes);
       if (!cfg_text.ok()) return cfg_text.status();
-      const json cfg = json::parse(*cfg_text, nullptr, /*allow_exceptions=*/false);
-      if (cfg.is_discarded() || !cfg.is_object()) {
-        return absl::InvalidArgumentError(absl::StrCat("'", cfg_file, "' is not a JSON object"));
-      }
-      const json e = cfg.value("eos_token", json());
+      auto cfg = workers::io::ParseBoundedJson(*cfg_text, absl::StrCat("'", cfg_file, "'"));
+      if (!cfg.ok()) return cfg.status();
+      if (!cfg->is_object()) return absl::InvalidArgumentError(absl::StrCat("'", cfg_file, "' is not a JSON object"));
+      const json& e = workers::io::MemberOrNull(*cfg, "eos_token");
       if (e.is_string()) {
         eos = e.get<std::string>();
       } else if (e.is_object() && e.contains("content") && e["content"].is_string()) {

@@ -2,11 +2,15 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "workers/io/safetensors_reader.h"
 
 namespace rp::scheduler::runtime {
 namespace {
+
+constexpr const char* kTokenDatasetFormat = "roundpipe.token_dataset.v1";
 
 bool IsInteger(at::ScalarType t) {
   return t == at::kInt || t == at::kLong || t == at::kByte || t == at::kBool || t == at::kShort;
@@ -15,6 +19,12 @@ bool IsInteger(at::ScalarType t) {
 absl::StatusOr<std::unique_ptr<workers::io::SafetensorsFile>> OpenChecked(const std::string& path, int64_t* n) {
   auto f = workers::io::SafetensorsFile::Open(path);
   if (!f.ok()) return absl::InvalidArgumentError(absl::StrCat("token dataset: ", f.status().message()));
+  const auto& meta = (*f)->metadata();
+  if (auto fmt = meta.find("format"); fmt == meta.end() || fmt->second != kTokenDatasetFormat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token dataset '", path, "': __metadata__ \"format\" must be \"", kTokenDatasetFormat, "\" (it is ",
+        fmt == meta.end() ? std::string("absent") : absl::StrCat("\"", fmt->second, "\""), ")"));
+  }
   const auto* ids = (*f)->Find("input_ids");
   if (ids == nullptr) return absl::InvalidArgumentError(absl::StrCat("token dataset '", path, "' has no input_ids"));
   if (ids->shape.size() != 1 || (ids->dtype != at::kInt && ids->dtype != at::kLong)) {
@@ -49,16 +59,25 @@ absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path) {
   int64_t n = 0;
   auto f = OpenChecked(path, &n);
   if (!f.ok()) return f.status();
-  auto ids = (*f)->Read("input_ids", at::kInt);
+  // Read in the file's own dtype and range-checked here: a cast would wrap 2^32 + 5 to 5.
+  auto ids = (*f)->Read("input_ids", at::kLong);
   if (!ids.ok()) return ids.status();
   PackedTokens out;
-  const int32_t* p = ids->data_ptr<int32_t>();
-  out.tokens.assign(p, p + n);
+  const int64_t* p = ids->data_ptr<int64_t>();
+  out.tokens.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    if (p[i] < 0 || p[i] > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token dataset '", path, "': input_ids[", i, "] is ", p[i], " (token ids are in [0, 2^31))"));
+    }
+    out.tokens[static_cast<size_t>(i)] = static_cast<int32_t>(p[i]);
+  }
   out.trained.assign(static_cast<size_t>(n), 1);
   if ((*f)->Find("loss_mask") != nullptr) {
-    auto m = (*f)->Read("loss_mask", at::kByte);
+    // Compared with zero in its own dtype widened (an int32 mask of 256 is 1, not a wrapped 0).
+    auto m = (*f)->Read("loss_mask", at::kLong);
     if (!m.ok()) return m.status();
-    const uint8_t* q = m->data_ptr<uint8_t>();
+    const int64_t* q = m->data_ptr<int64_t>();
     for (int64_t i = 0; i < n; ++i) out.trained[i] = q[i] != 0 ? 1 : 0;
   }
   out.documents = 1;

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "workers/base/json_depth.h"
 #include "workers/io/atomic_dir.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/safetensors_reader.h"
@@ -46,6 +47,9 @@ absl::StatusOr<nlohmann::json> ReadMetaJson(const fs::path& dir) {
   auto text = ReadSmallFile((dir / "meta.json").string(), uint64_t{1} << 20);
   if (!text.ok())
     return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json: ", text.status().message()));
+  if (std::string deep = base::JsonDepthError(*text); !deep.empty()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json: ", deep));
+  }
   return nlohmann::json::parse(*text, nullptr, false);
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "workers/base/json_depth.h"
 #include "workers/io/safetensors_writer.h"
 #include "workers/store/host_model_store.h"
 
@@ -160,6 +161,7 @@ std::string FrozenBaseJson(const FrozenBase& base) {
 }
 
 absl::StatusOr<FrozenBase> ParseFrozenBaseJson(const std::string& text) {
+  if (!base::JsonDepthError(text).empty()) return absl::DataLossError("base.json: nested too deep");
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   auto damaged = [](const std::string& why) { return absl::DataLossError(absl::StrCat("base.json: ", why)); };
   if (j.is_discarded() || !j.is_object() || !j.contains("tensors") || !j["tensors"].is_array() ||

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "workers/io/bounded_json.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hub_experts.h"
 #include "workers/io/mxfp4.h"
@@ -48,8 +49,10 @@ absl::StatusOr<HfWeightFiles> OpenHfWeights(const std::string& dir) {
   if (sharded) {
     auto text = ReadText(index);
     if (!text.ok()) return text.status();
-    nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    auto parsed = ParseBoundedJson(*text, "model.safetensors.index.json");
+    if (!parsed.ok()) return parsed.status();
+    const nlohmann::json& j = *parsed;
+    if (!MemberOrNull(j, "weight_map").is_object()) {
       return absl::InvalidArgumentError("model.safetensors.index.json: no weight_map object");
     }
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
@@ -277,8 +280,10 @@ absl::StatusOr<at::Tensor> ReadHfTensor(const std::string& dir, const std::strin
 absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
   auto text = ReadText(fs::path(dir) / "adapter_config.json");
   if (!text.ok()) return text.status();
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("adapter_config.json: not a JSON object");
+  auto parsed = ParseBoundedJson(*text, "adapter_config.json");
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object()) return absl::InvalidArgumentError("adapter_config.json: not a JSON object");
   if (!(j.contains("peft_type") && j["peft_type"].is_string() && j["peft_type"] == "LORA"))
     return absl::InvalidArgumentError("adapter_config.json: not LORA");
   models::LoraConfig c;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "workers/io/bounded_json.h"
 
 namespace rp::workers::io {
 
@@ -21,15 +22,22 @@ int ElementBytes(const std::string& s) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<HeaderEntry>> ParseSafetensorsHeader(const std::string& header, uint64_t data_bytes) {
-  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("safetensors: the header is not valid JSON");
+absl::StatusOr<std::vector<HeaderEntry>> ParseSafetensorsHeader(const std::string& header, uint64_t data_bytes,
+                                                                std::map<std::string, std::string>* metadata) {
+  auto parsed = ParseBoundedJson(header, "safetensors: the header");
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (!j.is_object()) return absl::InvalidArgumentError("safetensors: the header is not a JSON object");
   std::vector<HeaderEntry> out;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
       if (!it.value().is_object()) return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
+      if (metadata != nullptr) {
+        for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+          if (m.value().is_string()) (*metadata)[m.key()] = m.value().get<std::string>();
+        }
+      }
       continue;
     }
     const nlohmann::json& v = it.value();

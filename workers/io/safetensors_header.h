@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@ struct HeaderEntry {
   uint64_t begin = 0, end = 0;  // byte offsets inside the data section
 };
 
-absl::StatusOr<std::vector<HeaderEntry>> ParseSafetensorsHeader(const std::string& header, uint64_t data_bytes);
+// `metadata`, when given, receives "__metadata__"'s string values (others are skipped).
+absl::StatusOr<std::vector<HeaderEntry>> ParseSafetensorsHeader(const std::string& header, uint64_t data_bytes,
+                                                                std::map<std::string, std::string>* metadata = nullptr);
 
 }  // namespace rp::workers::io

@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
         absl::StrCat("safetensors: '", path, "': header length ", n, " runs beyond the file (", f->size_, " bytes)"));
   }
   const std::string header(reinterpret_cast<const char*>(f->map_ + 8), n);
-  auto entries = ParseSafetensorsHeader(header, f->size_ - 8 - n);
+  auto entries = ParseSafetensorsHeader(header, f->size_ - 8 - n, &f->metadata_);
   if (!entries.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", entries.status().message()));
   }

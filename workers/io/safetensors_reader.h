@@ -35,6 +35,8 @@ class SafetensorsFile {
   ~SafetensorsFile();
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* Find(const std::string& name) const;
+  // "__metadata__"'s string entries (e.g. "format").
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // A copy of tensor `name` converted to `dtype` (the mapping is only read, never aliased).
   absl::StatusOr<at::Tensor> Read(const std::string& name, at::ScalarType dtype) const;
   // Tensor `name` in its file dtype aliasing the mapping (no copy: its pages are the file's,
@@ -55,6 +57,7 @@ class SafetensorsFile {
   const unsigned char* data_ = nullptr;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
 };
 
 }  // namespace rp::workers::io

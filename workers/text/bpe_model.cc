@@ -11,24 +11,21 @@ absl::StatusOr<BpeModel> BpeModel::Create(std::unordered_map<std::string, int32_
                                           const std::vector<std::pair<std::string, std::string>>& merges,
                                           Options options) {
   BpeModel m;
-  int32_t max_id = -1;
+  // id -> token kept in a hash map: memory follows the entries, never the largest id (a file of a
+  // few bytes naming id 2^24 - 1 must not cost a 2^24-entry table).
+  m.id_to_token_.reserve(vocab.size());
   for (const auto& [tok, id] : vocab) {
     if (id < 0) return absl::InvalidArgumentError(absl::StrCat("model.vocab: token '", tok, "' has negative id ", id));
-    max_id = std::max(max_id, id);
-  }
-  if (max_id >= (1 << 24)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.vocab: id ", max_id, " is beyond 2^24 (not a real vocabulary)"));
-  }
-  m.id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
-  std::vector<bool> seen(m.id_to_token_.size(), false);
-  for (const auto& [tok, id] : vocab) {
-    if (seen[id]) {
+    if (id >= (1 << 24)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("model.vocab: id ", id, " is given to both '", m.id_to_token_[id], "' and '", tok, "'"));
+          absl::StrCat("model.vocab: id ", id, " of '", tok, "' is beyond 2^24 (not a real vocabulary)"));
     }
-    seen[id] = true;
-    m.id_to_token_[id] = tok;
+    auto [it, fresh] = m.id_to_token_.emplace(id, tok);
+    if (!fresh) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.vocab: id ", id, " is given to both '", it->second, "' and '", tok, "'"));
+    }
+    m.id_limit_ = std::max(m.id_limit_, id + 1);
   }
   m.merges_.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
@@ -64,8 +61,8 @@ std::optional<int32_t> BpeModel::TokenToId(std::string_view token) const {
 }
 
 std::string_view BpeModel::IdToToken(int32_t id) const {
-  if (id < 0 || id >= IdLimit()) return {};
-  return id_to_token_[id];
+  auto it = id_to_token_.find(id);
+  return it == id_to_token_.end() ? std::string_view() : std::string_view(it->second);
 }
 
 void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* out) const {

@@ -42,7 +42,7 @@ class BpeModel {
   // The token string of `id`, or empty when no token has it.
   std::string_view IdToToken(int32_t id) const;
   // One more than the largest id.
-  int32_t IdLimit() const { return static_cast<int32_t>(id_to_token_.size()); }
+  int32_t IdLimit() const { return id_limit_; }
 
  private:
   struct Merge {
@@ -54,7 +54,8 @@ class BpeModel {
   }
 
   std::unordered_map<std::string, int32_t> vocab_;
-  std::vector<std::string> id_to_token_;
+  std::unordered_map<int32_t, std::string> id_to_token_;
+  int32_t id_limit_ = 0;
   std::unordered_map<uint64_t, Merge> merges_;
   Options options_;
   std::optional<int32_t> unk_id_;

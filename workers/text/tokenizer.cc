@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "workers/base/json_depth.h"
+#include "workers/io/bounded_json.h"
 #include "workers/text/bpe_model.h"
 #include "workers/text/byte_level.h"
 #include "workers/text/pre_tokenizer.h"
@@ -18,6 +20,7 @@ namespace rp::workers::text {
 namespace {
 
 using json = nlohmann::json;
+using workers::io::MemberOrNull;
 
 absl::Status Unsupported(absl::string_view where, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", where, ": ", what, " is not supported"));
@@ -27,11 +30,20 @@ absl::Status Bad(absl::string_view where, absl::string_view what) {
 }
 
 std::string TypeOf(const json& j) {
-  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "";
+  const json& t = MemberOrNull(j, "type");
+  return t.is_string() ? t.get<std::string>() : "";
 }
 
 bool Flag(const json& j, const char* key, bool def = false) {
-  return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : def;
+  const json& f = MemberOrNull(j, key);
+  return f.is_boolean() ? f.get<bool>() : def;
+}
+
+// An id of the file: an integer in [0, 2^24) (every real vocabulary is far smaller), checked in
+// 64 bits so that no value wraps into range.
+bool ValidId(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() < (uint64_t{1} << 24);
+  return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 24);
 }
 
 // A literal for PCRE2: every non-alphanumeric ASCII character escaped.
@@ -120,13 +132,12 @@ absl::Status Tokenizer::Impl::ParseAddedTokens(const json& j) {
   for (size_t i = 0; i < j.size(); ++i) {
     const json& t = j[i];
     const std::string where = absl::StrCat("added_tokens[", i, "]");
-    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
-        !t["content"].is_string()) {
+    if (!MemberOrNull(t, "id").is_number_integer() || !MemberOrNull(t, "content").is_string()) {
       return Bad(where, "needs an integer 'id' and a string 'content'");
     }
+    if (!ValidId(t["id"])) return Bad(where, absl::StrCat("id ", t["id"].dump(), " is out of range [0, 2^24)"));
     Added a{t["content"].get<std::string>(), t["id"].get<int32_t>(), Flag(t, "special")};
     if (a.content.empty()) return Bad(where, "has empty content");
-    if (a.id < 0 || a.id >= (1 << 24)) return Bad(where, absl::StrCat("id ", a.id, " is out of range"));
     for (const char* f : {"lstrip", "rstrip", "single_word"}) {
       if (Flag(t, f)) return Unsupported(where, absl::StrCat("'", a.content, "' with ", f, "=true"));
     }
@@ -147,7 +158,7 @@ absl::Status Tokenizer::Impl::ParseNormalizer(const json& j, absl::string_view w
     nfc = true;
     return absl::OkStatus();
   }
-  if (type == "Sequence" && j.contains("normalizers") && j["normalizers"].is_array()) {
+  if (type == "Sequence" && MemberOrNull(j, "normalizers").is_array()) {
     for (size_t i = 0; i < j["normalizers"].size(); ++i) {
       if (auto s = ParseNormalizer(j["normalizers"][i], absl::StrCat(where, ".normalizers[", i, "]")); !s.ok())
         return s;
@@ -161,7 +172,7 @@ absl::Status Tokenizer::Impl::ParsePreTokenizer(const json& j, absl::string_view
                                                 std::vector<PreTokenizer::Step>* steps) {
   if (j.is_null()) return absl::OkStatus();
   const std::string type = TypeOf(j);
-  if (type == "Sequence" && j.contains("pretokenizers") && j["pretokenizers"].is_array()) {
+  if (type == "Sequence" && MemberOrNull(j, "pretokenizers").is_array()) {
     for (size_t i = 0; i < j["pretokenizers"].size(); ++i) {
       if (auto s = ParsePreTokenizer(j["pretokenizers"][i], absl::StrCat(where, ".pretokenizers[", i, "]"), steps);
           !s.ok()) {
@@ -183,15 +194,15 @@ absl::Status Tokenizer::Impl::ParsePreTokenizer(const json& j, absl::string_view
         {"MergedWithPrevious", SplitBehavior::kMergedWithPrevious},
         {"MergedWithNext", SplitBehavior::kMergedWithNext},
         {"Contiguous", SplitBehavior::kContiguous}};
-    const std::string behavior =
-        j.contains("behavior") && j["behavior"].is_string() ? j["behavior"].get<std::string>() : "";
+    const json& bj = MemberOrNull(j, "behavior");
+    const std::string behavior = bj.is_string() ? bj.get<std::string>() : "";
     auto b = kBehaviors.find(behavior);
     if (b == kBehaviors.end()) return Unsupported(where, absl::StrCat("Split behavior '", behavior, "'"));
     std::string pattern;
-    const json& p = j.contains("pattern") ? j["pattern"] : json();
-    if (p.is_object() && p.contains("Regex") && p["Regex"].is_string()) {
+    const json& p = MemberOrNull(j, "pattern");
+    if (MemberOrNull(p, "Regex").is_string()) {
       pattern = p["Regex"].get<std::string>();
-    } else if (p.is_object() && p.contains("String") && p["String"].is_string()) {
+    } else if (MemberOrNull(p, "String").is_string()) {
       pattern = QuoteRegex(p["String"].get<std::string>());
     } else {
       return Bad(where, "Split needs pattern {\"Regex\": ...} or {\"String\": ...}");
@@ -208,22 +219,22 @@ absl::Status Tokenizer::Impl::ParseModel(const json& j) {
   if (!j.is_object()) return Bad("model", "must be an object");
   const std::string type = TypeOf(j);
   if (!type.empty() && type != "BPE") return Unsupported("model", absl::StrCat("type '", type, "' (supported: BPE)"));
-  if (!j.contains("vocab") || !j["vocab"].is_object()) return Bad("model", "needs a 'vocab' object");
-  if (!j.contains("merges") || !j["merges"].is_array()) return Bad("model", "needs a 'merges' array");
-  if (j.contains("dropout") && !j["dropout"].is_null() &&
-      !(j["dropout"].is_number() && j["dropout"].get<double>() == 0)) {
+  if (!MemberOrNull(j, "vocab").is_object()) return Bad("model", "needs a 'vocab' object");
+  if (!MemberOrNull(j, "merges").is_array()) return Bad("model", "needs a 'merges' array");
+  const json& dropout = MemberOrNull(j, "dropout");
+  if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() == 0)) {
     return Unsupported("model", "BPE dropout");
   }
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (j.contains(f) && !j[f].is_null() && !(j[f].is_string() && j[f].get<std::string>().empty())) {
-      return Unsupported("model", f);
-    }
+    const json& v = MemberOrNull(j, f);
+    if (!v.is_null() && !(v.is_string() && v.get<std::string>().empty())) return Unsupported("model", f);
   }
   if (Flag(j, "byte_fallback")) return Unsupported("model", "byte_fallback (a SentencePiece-style BPE)");
   std::unordered_map<std::string, int32_t> vocab;
   vocab.reserve(j["vocab"].size());
   for (const auto& [tok, id] : j["vocab"].items()) {
     if (!id.is_number_integer()) return Bad("model.vocab", absl::StrCat("'", tok, "' has no integer id"));
+    if (!ValidId(id)) return Bad("model.vocab", absl::StrCat("'", tok, "' has id ", id.dump(), " (not in [0, 2^24))"));
     vocab.emplace(tok, id.get<int32_t>());
   }
   std::vector<std::pair<std::string, std::string>> merges;
@@ -246,7 +257,7 @@ absl::Status Tokenizer::Impl::ParseModel(const json& j) {
   BpeModel::Options opts;
   opts.ignore_merges = Flag(j, "ignore_merges");
   opts.fuse_unk = Flag(j, "fuse_unk");
-  if (j.contains("unk_token") && j["unk_token"].is_string()) opts.unk_token = j["unk_token"].get<std::string>();
+  if (MemberOrNull(j, "unk_token").is_string()) opts.unk_token = j["unk_token"].get<std::string>();
   auto m = BpeModel::Create(std::move(vocab), merges, std::move(opts));
   if (!m.ok()) return Bad("model", m.status().message());
   model.emplace(*std::move(m));
@@ -258,7 +269,7 @@ absl::Status Tokenizer::Impl::ParsePostProcessor(const json& j, absl::string_vie
   if (j.is_null()) return absl::OkStatus();
   const std::string type = TypeOf(j);
   if (type == "ByteLevel") return absl::OkStatus();  // offsets only
-  if (type == "Sequence" && j.contains("processors") && j["processors"].is_array()) {
+  if (type == "Sequence" && MemberOrNull(j, "processors").is_array()) {
     for (size_t i = 0; i < j["processors"].size(); ++i) {
       if (auto s = ParsePostProcessor(j["processors"][i], absl::StrCat(where, ".processors[", i, "]")); !s.ok())
         return s;
@@ -266,23 +277,33 @@ absl::Status Tokenizer::Impl::ParsePostProcessor(const json& j, absl::string_vie
     return absl::OkStatus();
   }
   if (type == "TemplateProcessing") {
-    if (!j.contains("single") || !j["single"].is_array()) return Bad(where, "TemplateProcessing needs 'single'");
-    const json& specials = j.contains("special_tokens") ? j["special_tokens"] : json::object();
+    const json& single = MemberOrNull(j, "single");
+    if (!single.is_array()) return Bad(where, "TemplateProcessing needs a 'single' array");
+    const json& specials = MemberOrNull(j, "special_tokens");
     bool after = false;
-    for (const json& piece : j["single"]) {
-      if (piece.contains("Sequence")) {
+    for (size_t k = 0; k < single.size(); ++k) {
+      const json& piece = single[k];
+      const std::string at = absl::StrCat(where, ".single[", k, "]");
+      if (!MemberOrNull(piece, "Sequence").is_null()) {
         after = true;
         continue;
       }
-      if (!piece.contains("SpecialToken") || !piece["SpecialToken"].contains("id")) {
-        return Bad(where, "TemplateProcessing 'single' holds something other than SpecialToken and Sequence");
+      const json& name_j = MemberOrNull(MemberOrNull(piece, "SpecialToken"), "id");
+      if (!name_j.is_string())
+        return Bad(at, "must be {\"SpecialToken\": {\"id\": \"<name>\"}} or {\"Sequence\": ...}");
+      const std::string name = name_j.get<std::string>();
+      const json& ids = MemberOrNull(MemberOrNull(specials, name), "ids");
+      if (!ids.is_array())
+        return Bad(where, absl::StrCat("special token '", name, "' has no 'ids' array in special_tokens"));
+      for (const json& id : ids) {
+        if (!ValidId(id)) {
+          return Bad(where, absl::StrCat("special_tokens['", name, "'].ids holds ", id.dump(),
+                                         " (ids are integers in [0, 2^24))"));
+        }
+        const int32_t v = id.get<int32_t>();
+        (after ? template_after : template_before).push_back(v);
+        id_limit = std::max(id_limit, v + 1);  // the model's vocabulary check covers template ids too
       }
-      const std::string name = piece["SpecialToken"]["id"].get<std::string>();
-      if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array()) {
-        return Bad(where, absl::StrCat("special token '", name, "' has no ids in special_tokens"));
-      }
-      for (const json& id : specials[name]["ids"])
-        (after ? template_after : template_before).push_back(id.get<int32_t>());
     }
     return absl::OkStatus();
   }
@@ -296,7 +317,7 @@ absl::Status Tokenizer::Impl::ParseDecoder(const json& j, absl::string_view wher
     decoder = Decoder::kByteLevel;
     return absl::OkStatus();
   }
-  if (type == "Sequence" && j.contains("decoders") && j["decoders"].is_array()) {
+  if (type == "Sequence" && MemberOrNull(j, "decoders").is_array()) {
     for (size_t i = 0; i < j["decoders"].size(); ++i) {
       if (auto s = ParseDecoder(j["decoders"][i], absl::StrCat(where, ".decoders[", i, "]")); !s.ok()) return s;
     }
@@ -340,20 +361,22 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view text) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  // Depth first (every walk below recurses over the nesting), then the iterative parse.
+  if (std::string deep = base::JsonDepthError(text); !deep.empty()) return Bad("file", deep);
+  const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Bad("file", "is not a JSON object");
   auto impl = std::make_unique<Impl>();
-  if (auto s = impl->ParseAddedTokens(j.value("added_tokens", json())); !s.ok()) return s;
-  if (auto s = impl->ParseNormalizer(j.value("normalizer", json()), "normalizer"); !s.ok()) return s;
+  if (auto s = impl->ParseAddedTokens(MemberOrNull(j, "added_tokens")); !s.ok()) return s;
+  if (auto s = impl->ParseNormalizer(MemberOrNull(j, "normalizer"), "normalizer"); !s.ok()) return s;
   std::vector<PreTokenizer::Step> steps;
-  if (auto s = impl->ParsePreTokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer", &steps); !s.ok()) return s;
+  if (auto s = impl->ParsePreTokenizer(MemberOrNull(j, "pre_tokenizer"), "pre_tokenizer", &steps); !s.ok()) return s;
   if (!steps.empty()) impl->pre.emplace(std::move(steps));
   if (!j.contains("model")) return Bad("file", "has no 'model'");
   if (auto s = impl->ParseModel(j["model"]); !s.ok()) return s;
-  if (auto s = impl->ParsePostProcessor(j.value("post_processor", json()), "post_processor"); !s.ok()) return s;
-  if (auto s = impl->ParseDecoder(j.value("decoder", json()), "decoder"); !s.ok()) return s;
+  if (auto s = impl->ParsePostProcessor(MemberOrNull(j, "post_processor"), "post_processor"); !s.ok()) return s;
+  if (auto s = impl->ParseDecoder(MemberOrNull(j, "decoder"), "decoder"); !s.ok()) return s;
   for (const char* f : {"truncation", "padding"}) {
-    if (j.contains(f) && !j[f].is_null()) return Unsupported(f, "a non-null value (the job sets sequence lengths)");
+    if (!MemberOrNull(j, f).is_null()) return Unsupported(f, "a non-null value (the job sets sequence lengths)");
   }
   return Tokenizer(std::move(impl));
 }

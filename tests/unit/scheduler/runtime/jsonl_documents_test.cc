@@ -175,11 +175,17 @@ TEST(TokenDatasetFile, BadFilesAreRefusedNamingTheTensor) {
   std::string out;
   const std::string py =
       std::string(RP_VENV_PYTHON) + " -c \"import numpy as np, sys; from safetensors.numpy import " +
-      "save_file; d = sys.argv[1]; i = np.arange(10, dtype=np.int32); " +
-      "save_file({'tokens': i}, d + '/noids.safetensors'); " +
-      "save_file({'input_ids': i, 'loss_mask': np.ones(9, np.uint8)}, d + '/mask.safetensors'); " +
-      "save_file({'input_ids': i, 'document_offsets': np.array([0, 7, 5, 10])}, d + '/off.safetensors'); " +
-      "save_file({'input_ids': i.astype(np.float32)}, d + '/float.safetensors')\" " + d;
+      "save_file; d = sys.argv[1]; i = np.arange(10, dtype=np.int32); m = {'format': 'roundpipe.token_dataset.v1'}; " +
+      "save_file({'tokens': i}, d + '/noids.safetensors', metadata=m); " +
+      "save_file({'input_ids': i, 'loss_mask': np.ones(9, np.uint8)}, d + '/mask.safetensors', metadata=m); " +
+      "save_file({'input_ids': i, 'document_offsets': np.array([0, 7, 5, 10])}, d + '/off.safetensors', " +
+      "metadata=m); " + "save_file({'input_ids': i.astype(np.float32)}, d + '/float.safetensors', metadata=m); " +
+      "w = i.astype(np.int64); w[3] = 2**32 + 5; save_file({'input_ids': w}, d + '/wrap.safetensors', metadata=m); " +
+      "w[3] = -2; save_file({'input_ids': w}, d + '/negative.safetensors', metadata=m); " +
+      "save_file({'input_ids': i}, d + '/noformat.safetensors'); " +
+      "save_file({'input_ids': i}, d + '/otherformat.safetensors', metadata={'format': 'pt'}); " +
+      "k = np.zeros(10, np.int32); k[4] = 256; " +
+      "save_file({'input_ids': i, 'loss_mask': k}, d + '/mask256.safetensors', metadata=m)\" " + d;
   ASSERT_EQ(RunCommand("mkdir -p " + d + " && " + py, &out), 0) << out;
   auto error_of = [&](const std::string& f) {
     auto st = CheckTokenDatasetFile(d + "/" + f);
@@ -196,6 +202,21 @@ TEST(TokenDatasetFile, BadFilesAreRefusedNamingTheTensor) {
       << error_of("off.safetensors");
   EXPECT_NE(error_of("float.safetensors").find("int32 or int64"), std::string::npos) << error_of("float.safetensors");
   EXPECT_FALSE(CheckTokenDatasetFile(d + "/missing.safetensors").ok());
+  // Nothing wraps: an int64 id of 2^32 + 5 is not token 5, and -2 is not a token.
+  EXPECT_NE(error_of("wrap.safetensors").find("wrap.safetensors': input_ids[3] is 4294967301"), std::string::npos)
+      << error_of("wrap.safetensors");
+  EXPECT_NE(error_of("negative.safetensors").find("input_ids[3] is -2"), std::string::npos)
+      << error_of("negative.safetensors");
+  // The format is the one this reader knows, by its metadata.
+  EXPECT_NE(error_of("noformat.safetensors").find("\"format\" must be \"roundpipe.token_dataset.v1\" (it is absent)"),
+            std::string::npos)
+      << error_of("noformat.safetensors");
+  EXPECT_NE(error_of("otherformat.safetensors").find("(it is \"pt\")"), std::string::npos)
+      << error_of("otherformat.safetensors");
+  // An int32 mask of 256 trains its token (a narrowing to uint8 would have made it 0).
+  auto masked = ReadTokenDatasetFile(d + "/mask256.safetensors");
+  ASSERT_TRUE(masked.ok()) << masked.status();
+  EXPECT_EQ(masked->trained, (std::vector<uint8_t>{0, 0, 0, 0, 1, 0, 0, 0, 0, 0}));
 }
 
 }  // namespace
