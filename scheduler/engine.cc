@@ -28,6 +28,7 @@ absl::Status Engine::FeedBatchAsync(JobId id, Batch batch, std::function<void(ab
   return impl_->FeedBatchAsync(id, std::move(batch), std::move(done));
 }
 absl::Status Engine::CloseInput(JobId id) { return impl_->CloseInput(id); }
+absl::Status Engine::EndWaitingFeeds(JobId id, const absl::Status& why) { return impl_->EndWaitingFeeds(id, why); }
 absl::StatusOr<std::vector<JobEvent>> Engine::AwaitEvents(JobId id, std::chrono::milliseconds timeout) {
   return impl_->AwaitEvents(id, timeout);
 }

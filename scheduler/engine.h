@@ -59,6 +59,9 @@ class Engine {
   // beyond that ResourceExhausted is returned (and `done` is not run).
   absl::Status FeedBatchAsync(JobId id, Batch batch, std::function<void(absl::Status)> done);
   absl::Status CloseInput(JobId id);
+  // Ends every feed of the job still waiting for room with `why` (their `done` runs now); the
+  // queued batches stay. A daemon's drain ends pending StreamBatches calls this way.
+  absl::Status EndWaitingFeeds(JobId id, const absl::Status& why);
   // Events since the previous call; waits up to `timeout` for at least one.
   absl::StatusOr<std::vector<JobEvent>> AwaitEvents(JobId id, std::chrono::milliseconds timeout);
   absl::Status Cancel(JobId id);

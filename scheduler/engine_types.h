@@ -152,6 +152,9 @@ struct JobSpec {
   // job together. FeedBatch waits (up to its timeout) while this many wait.
   int max_queued_batches = 4;
   int priority = 0;  // higher runs first; FIFO (submission order) among equals
+  // Submitted paused (as if Pause came before the runner could take it): a job its user paused,
+  // re-admitted after a daemon restart, never runs until Resume.
+  bool start_paused = false;
   // Held-out data, cut into batches like token_file (its global_batch and sequence_length are the
   // training ones when 0; never shuffled; its max_epochs is ignored: one pass per evaluation).
   std::optional<TokenFileSource> validation;

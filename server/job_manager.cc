@@ -349,10 +349,9 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
       }
       if (fx.persist) Persist(*job);
       if (fx.publish) Publish(*job, fx.out, fx.ended);
-      if (fx.ended) {
-        ended = true;
-        job->cv.notify_all();
-      }
+      if (fx.ended) ended = true;
+      // Every state change wakes the job's waiters (a drain waits for PAUSED, not only the end).
+      if (fx.ended || fx.to != fx.from) job->cv.notify_all();
       switch (fx.log) {
         case EventEffect::Log::kInfo:
           JobLog()->info("[{}] {}", job->id, fx.log_line);
@@ -474,6 +473,21 @@ void JobManager::Shutdown() {
     if (shutdown_) return;
     shutdown_ = true;
     jobs = order_;
+  }
+  // Feeds still waiting for room in a job's queue (a paused job's, a full one's) end now with a
+  // status: their StreamBatches calls finish, so the gRPC server's shutdown never waits on them.
+  for (const auto& j : jobs) {
+    std::optional<scheduler::JobId> eid;
+    {
+      std::lock_guard<std::mutex> lock(j->mu);
+      j->stop = true;  // no new feed is accepted from here
+      eid = j->engine_id;
+    }
+    if (eid) {
+      (void)engine_->EndWaitingFeeds(
+          *eid, absl::UnavailableError("the daemon is shutting down; this batch was not queued (resend it after the "
+                                       "restart)"));
+    }
   }
   for (const auto& j : jobs) {
     std::lock_guard<std::mutex> lock(j->mu);

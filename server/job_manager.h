@@ -113,7 +113,7 @@ class JobManager {
   void FailRecovered(Managed& job, const std::string& why);
   absl::Status Admit(const std::shared_ptr<Managed>& job);
   // A started job from the store: admit it from its newest usable checkpoint (false: none).
-  bool ResumeFromCheckpoint(const std::shared_ptr<Managed>& job);
+  bool ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool paused);
   std::shared_ptr<Managed> Find(const std::string& id) const;
   // A job that has not ended and runs in this daemon's engine (NotFound / FailedPrecondition
   // saying why `action` is impossible otherwise).

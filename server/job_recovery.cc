@@ -85,6 +85,7 @@ void JobManager::ReadmitAfterRestart(const RecoveredJob& r) {
     auto resolved = ResolveJobSpec(job->record.spec(), ctx);
     if (!resolved.ok()) return resolved.status();
     job->resolved = *resolved;
+    job->resolved.engine.start_paused = r.pause_again;  // never runs before its user resumes it
     if (absl::Status c = scheduler::ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !c.ok())
       return c;
     return Admit(job);
@@ -93,25 +94,21 @@ void JobManager::ReadmitAfterRestart(const RecoveredJob& r) {
     FailRecovered(*job, absl::StrCat("could not be re-admitted after a daemon restart: ", st.message()));
     return;
   }
-  if (r.pause_again) (void)engine_->Pause(*job->engine_id);
-  JobLog()->info("[{}] re-admitted after restart", job->id);
+  JobLog()->info("[{}] re-admitted after restart{}", job->id, r.pause_again ? " (paused, as its user left it)" : "");
 }
 
 void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
   const std::shared_ptr<Managed>& job = r.job;
   bool resumed = false;
   absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
-    resumed = ResumeFromCheckpoint(job);
+    resumed = ResumeFromCheckpoint(job, r.pause_again);
     return absl::OkStatus();
   });
   if (!st.ok()) {
     FailRecovered(*job, absl::StrCat("could not be resumed after a daemon restart: ", st.message()));
     return;
   }
-  if (resumed) {
-    if (r.pause_again) (void)engine_->Pause(*job->engine_id);
-    return;
-  }
+  if (resumed) return;
   std::lock_guard<std::mutex> lock(job->mu);
   CountTransition(job->record.state(), v1::JOB_STATE_PAUSED);
   job->record.set_state(v1::JOB_STATE_PAUSED);
@@ -123,7 +120,7 @@ void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
                  job->record.progress().step());
 }
 
-bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job) {
+bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool paused) {
   JobSpecContext ctx = options_.spec;
   ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
   auto resolved = ResolveJobSpec(job->record.spec(), ctx);
@@ -154,6 +151,7 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job) {
       e.max_steps -= meta->step;
     }
     e.resume_from = dir;
+    e.start_paused = paused;  // a user-paused job is submitted paused: it never runs before Resume
     {
       std::lock_guard<std::mutex> lock(job->mu);
       job->record.mutable_progress()->set_step(meta->step);

@@ -68,6 +68,7 @@ void Engine::Impl::Shutdown() {
     for (auto& [id, job] : jobs_) {
       base::MutexLock jl(&job->mu);
       job->cancel = true;
+      job->stop_starting = true;
       job->cv.SignalAll();
     }
   }
@@ -108,6 +109,10 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   {
     base::MutexLock jl(&job->mu);
     job->SetState(JobState::kQueued);
+    if (job->spec.start_paused) {
+      job->pause = true;
+      job->SetState(JobState::kPaused, "paused before it started");
+    }
   }
   jobs_[job->id] = job;
   pending_.push_back(job->id);
@@ -199,6 +204,19 @@ absl::Status Engine::Impl::CloseInput(JobId id) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::Impl::EndWaitingFeeds(JobId id, const absl::Status& why) {
+  auto job = Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  std::deque<runtime::WaitingFeed> waiting;
+  {
+    base::MutexLock lock(&job->mu);
+    waiting.swap(job->waiting);
+    job->cv.SignalAll();
+  }
+  for (auto& w : waiting) w.done(why);
+  return absl::OkStatus();
+}
+
 absl::Status Engine::Impl::Cancel(JobId id) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
@@ -207,6 +225,7 @@ absl::Status Engine::Impl::Cancel(JobId id) {
     base::MutexLock lock(&job->mu);
     if (job->terminal()) return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
     job->cancel = true;
+    job->stop_starting = true;
     if (job->state == JobState::kQueued || (job->state == JobState::kPaused && !job->controller_started)) {
       job->SetState(JobState::kCancelled, "cancelled before it started");
       never_ran = !job->controller_started;  // the runner will never take it
@@ -221,6 +240,7 @@ absl::Status Engine::Impl::Cancel(JobId id) {
       job->batches.clear();
     }
     for (auto& w : waiting) w.done(absl::FailedPreconditionError(absl::StrCat("job ", id, " was cancelled")));
+    ReleaseData(*job);  // a raw token file mapped at Submit
   }
   return absl::OkStatus();
 }
@@ -233,6 +253,7 @@ absl::Status Engine::Impl::Pause(JobId id) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
   }
   job->pause = true;
+  job->stop_starting = true;
   if (job->state == JobState::kQueued) job->SetState(JobState::kPaused, "paused before it started");
   job->cv.SignalAll();
   return absl::OkStatus();
@@ -247,6 +268,7 @@ absl::Status Engine::Impl::Resume(JobId id) {
       return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
     }
     job->pause = false;
+    job->stop_starting = false;
     if (job->state == JobState::kPaused && !job->controller_started) job->SetState(JobState::kQueued);
     job->cv.SignalAll();
   }
@@ -320,10 +342,9 @@ absl::StatusOr<JobInfo> Engine::Impl::Info(JobId id) const {
   info.batches_consumed = job->consumed_offset + job->consumed;
   info.queued_batches = static_cast<int>(job->batches.size() + job->waiting.size());
   info.total_steps = job->spec.max_steps > 0 ? job->first_step + job->spec.max_steps : 0;
-  if (job->data) {
-    const int64_t data_steps = job->data->batches_per_epoch() * job->spec.token_file->max_epochs;
-    info.total_steps = info.total_steps > 0 ? std::min(info.total_steps, data_steps) : data_steps;
-  }
+  const int64_t data_steps =
+      job->data ? job->data->batches_per_epoch() * job->spec.token_file->max_epochs : job->data_steps;
+  if (data_steps > 0) info.total_steps = info.total_steps > 0 ? std::min(info.total_steps, data_steps) : data_steps;
   info.last_eval = job->last_eval;
   info.best_checkpoint = job->best_checkpoint;
   info.profile = job->profile_written;
@@ -435,6 +456,8 @@ void Engine::Impl::RunnerLoop() {
       }
       if (built.ok()) {
         runtime::JobRunner(*job).Run();
+      } else if (built.code() == absl::StatusCode::kCancelled && StartInterrupted(job)) {
+        continue;  // paused (or resumed) while starting: queued again, its feeds kept
       } else {
         base::MutexLock lock(&job->mu);
         if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("could not start: ", built.message()));
@@ -469,7 +492,47 @@ void Engine::Impl::RunnerLoop() {
       }
     }
     ReleaseEnded(*job);
+    ReleaseData(*job);
   }
+}
+
+// An ended job's datasets (training and validation tokens, a mapped token file) are freed
+// whatever else it keeps: nothing reads them after the runner is done. Info keeps the step count
+// they implied.
+void Engine::Impl::ReleaseData(Job& job) {
+  std::unique_ptr<runtime::TokenDataset> data, validation;
+  {
+    base::MutexLock lock(&job.mu);
+    if (!IsTerminal(job.state)) return;
+    if (job.data) job.data_steps = job.data->batches_per_epoch() * job.spec.token_file->max_epochs;
+    data = std::move(job.data);
+    validation = std::move(job.validation);
+  }
+  // Freed outside the lock (a large unmap or free must not stall GetJob).
+}
+
+// A job whose start (BuildJob) was stopped by a cancel, pause or shutdown; everything it had
+// loaded is freed with BuildJob's locals. Cancelled: the job ends (false: the caller ends it
+// like any other). Paused: back to kPaused, not started, in the queue again so Resume starts it
+// afresh; resumed already (the flag raced with Resume): queued again.
+bool Engine::Impl::StartInterrupted(const std::shared_ptr<Job>& job) {
+  base::MutexLock lock(&mu_);
+  base::MutexLock jl(&job->mu);
+  if (job->terminal()) return false;
+  if (job->cancel || shutdown_) {
+    job->SetState(JobState::kCancelled,
+                  shutdown_ ? "stopped while starting (the daemon stopped)" : "cancelled while starting");
+    return false;
+  }
+  job->controller_started = false;
+  if (job->pause) {
+    job->SetState(JobState::kPaused, "paused while starting; it starts again on resume");
+  } else {
+    job->SetState(JobState::kQueued, "queued again (resumed while starting)");
+  }
+  pending_.push_back(job->id);
+  cv_.SignalAll();
+  return true;
 }
 
 // A daemon job (it has a checkpoint root) costs host memory only while it runs: once it ended

@@ -37,6 +37,7 @@ class Engine::Impl {
   absl::Status FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout);
   absl::Status FeedBatchAsync(JobId id, Batch batch, std::function<void(absl::Status)> done);
   absl::Status CloseInput(JobId id);
+  absl::Status EndWaitingFeeds(JobId id, const absl::Status& why);
   absl::StatusOr<std::vector<JobEvent>> AwaitEvents(JobId id, std::chrono::milliseconds timeout);
   absl::Status Cancel(JobId id);
   absl::Status Pause(JobId id);
@@ -57,6 +58,8 @@ class Engine::Impl {
   Impl() = default;
   void RunnerLoop();  // takes jobs by priority; builds (job_builder) and runs (job_runner) each
   void ReleaseEnded(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.run_mu);
+  bool StartInterrupted(const std::shared_ptr<Job>& job) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseData(Job& job);
   std::vector<workers::Device*> RawDevices() const;
   std::shared_ptr<Job> Find(JobId id) const;
   // What both feeds check first (the job, its kind, its state, the batch), and the batch as tensors.

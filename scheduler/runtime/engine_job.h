@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <future>
@@ -69,6 +70,7 @@ struct EngineJob {
   std::deque<WaitingFeed> waiting ABSL_GUARDED_BY(mu);  // at most spec.max_queued_batches
   std::unique_ptr<runtime::TokenDataset> data;          // token-file jobs (opened at Submit: mapped, not read)
   std::unique_ptr<runtime::TokenDataset> validation;    // the validation source (JobSpec::validation)
+  int64_t data_steps ABSL_GUARDED_BY(mu) = 0;           // the data's steps, kept when it is released at the end
   // Evaluations (the runner's): the latest, the best loss and step, how many in a row did not
   // improve on it, the best one's checkpoint (keep_best_checkpoint).
   std::optional<EvalStats> last_eval ABSL_GUARDED_BY(mu);
@@ -77,6 +79,9 @@ struct EngineJob {
   std::string profile_written ABSL_GUARDED_BY(mu);  // spec.profile_path once the measured profile is there
   bool input_closed ABSL_GUARDED_BY(mu) = false;
   bool cancel ABSL_GUARDED_BY(mu) = false;
+  // Raised with cancel, pause and shutdown: a job still starting (tokenizing its dataset) stops
+  // at once instead of at its first iteration boundary (BuildJob returns Cancelled).
+  std::atomic<bool> stop_starting{false};
   bool pause ABSL_GUARDED_BY(mu) = false;               // requested; honoured between iterations
   bool controller_started ABSL_GUARDED_BY(mu) = false;  // the runner took the job
   JobState state ABSL_GUARDED_BY(mu) = JobState::kQueued;

@@ -110,14 +110,17 @@ absl::Status PrepareSource(TokenFileSource& tf, const JobSpec& spec, EngineJob* 
 // A JSONL or token dataset source read whole (the runner, when the job starts); null for a raw
 // token file (opened at Submit).
 absl::StatusOr<std::unique_ptr<TokenDataset>> LoadPackedSource(const TokenFileSource& tf, const std::string& field,
-                                                               const std::function<void(std::string)>& progress) {
+                                                               const std::function<void(std::string)>& progress,
+                                                               const std::atomic<bool>* stop) {
   if (!IsJsonl(tf) && !IsTokenDatasetFile(tf)) return std::unique_ptr<TokenDataset>();
   absl::StatusOr<PackedTokens> packed;
   if (IsJsonl(tf)) {
     progress("tokenizing " + tf.path);
     auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
     if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", tok.status().message()));
-    packed = ReadJsonlDocuments(tf.path, *tok);
+    JsonlLimits limits;
+    limits.stop = stop;
+    packed = ReadJsonlDocuments(tf.path, *tok, limits);
   } else {
     progress("reading " + tf.path);
     packed = ReadTokenDatasetFile(tf.path);
@@ -314,12 +317,12 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   }
   std::unique_ptr<TokenDataset> data, validation;
   if (spec.token_file) {
-    auto ds = LoadPackedSource(*spec.token_file, "data.token_file", progress);
+    auto ds = LoadPackedSource(*spec.token_file, "data.token_file", progress, &job.stop_starting);
     if (!ds.ok()) return ds.status();
     data = std::move(*ds);
   }
   if (spec.validation) {
-    auto ds = LoadPackedSource(*spec.validation, "data.validation", progress);
+    auto ds = LoadPackedSource(*spec.validation, "data.validation", progress, &job.stop_starting);
     if (!ds.ok()) return ds.status();
     validation = std::move(*ds);
   }

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "workers/io/bounded_json.h"
@@ -34,8 +36,25 @@ struct Mapping {
 // One record's tokens appended to `out`; errors name the file and the line (the message is built
 // only on error: this runs once per record).
 absl::Status AppendRecord(std::string_view line, const std::string& path, int64_t line_no, const LoadedTokenizer& tok,
-                          PackedTokens* out) {
+                          const JsonlLimits& limits, PackedTokens* out) {
   auto where = [&] { return absl::StrCat("dataset '", path, "' line ", line_no); };
+  const double budget_s =
+      std::max(limits.min_record_seconds, static_cast<double>(line.size()) / limits.min_bytes_per_second);
+  workers::text::WorkLimits work{
+      limits.stop, std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                          std::chrono::duration<double>(budget_s))};
+  // The ids of one field, or why not: a stop is Cancelled (no line: nothing is wrong with it).
+  auto encode = [&](const std::string& text, bool special) -> absl::StatusOr<std::vector<int32_t>> {
+    auto ids = tok.tokenizer.Encode(text, special, work);
+    if (ids.ok() || ids.status().code() == absl::StatusCode::kCancelled) return ids;
+    if (ids.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: tokenizing took more than its budget of %.1f s for %d bytes (a pre-tokenizer pattern that "
+          "backtracks?)",
+          where(), budget_s, line.size()));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": ", ids.status().message()));
+  };
   auto append = [&](const std::vector<int32_t>& ids, bool trained) {
     out->tokens.insert(out->tokens.end(), ids.begin(), ids.end());
     out->trained.insert(out->trained.end(), ids.size(), trained ? 1 : 0);
@@ -56,14 +75,20 @@ absl::Status AppendRecord(std::string_view line, const std::string& path, int64_
   if (rec.contains("text")) {
     auto text = field("text");
     if (!text.ok()) return text.status();
-    append(tok.tokenizer.Encode(*text, /*add_special_tokens=*/true), true);
+    auto ids = encode(*text, /*special=*/true);
+    if (!ids.ok()) return ids.status();
+    append(*ids, true);
   } else if (rec.contains("prompt") && rec.contains("completion")) {
     auto prompt = field("prompt");
     if (!prompt.ok()) return prompt.status();
     auto completion = field("completion");
     if (!completion.ok()) return completion.status();
-    append(tok.tokenizer.Encode(*prompt, /*add_special_tokens=*/true), false);
-    append(tok.tokenizer.Encode(*completion, /*add_special_tokens=*/false), true);
+    auto p = encode(*prompt, /*special=*/true);
+    if (!p.ok()) return p.status();
+    auto c = encode(*completion, /*special=*/false);
+    if (!c.ok()) return c.status();
+    append(*p, false);
+    append(*c, true);
   } else {
     std::vector<std::string> keys;
     for (const auto& [k, v] : rec.items()) keys.push_back(k);
@@ -112,7 +137,8 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const s
   return LoadedTokenizer{*std::move(tok), eos_id};
 }
 
-absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok) {
+absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok,
+                                                const JsonlLimits& limits) {
   uint64_t bytes = 0;
   auto fd = workers::io::OpenForRead(path, &bytes);
   if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("dataset: ", fd.status().message()));
@@ -152,7 +178,7 @@ absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const L
   auto work = [&](size_t c) {
     const size_t begin = lines.size() * c / threads, end = lines.size() * (c + 1) / threads;
     for (size_t k = begin; k < end; ++k) {
-      chunks[c].status = AppendRecord(lines[k].text, path, lines[k].number, tok, &chunks[c].packed);
+      chunks[c].status = AppendRecord(lines[k].text, path, lines[k].number, tok, limits, &chunks[c].packed);
       if (!chunks[c].status.ok()) return;
     }
   };
@@ -161,6 +187,9 @@ absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const L
   work(0);
   for (auto& t : pool) t.join();
   PackedTokens out;
+  if (limits.stop != nullptr && limits.stop->load()) {
+    return absl::CancelledError(absl::StrCat("reading '", path, "' was stopped"));
+  }
   for (Chunk& c : chunks) {
     if (!c.status.ok()) return c.status;  // chunks are in file order: the first bad line wins
     const auto base = static_cast<int64_t>(out.tokens.size());

@@ -7,8 +7,10 @@
 // whole is refused whole (a job never starts on part of it). Called by the job builder on the
 // runner's thread (never a gRPC thread); tokenizes on up to 8 short-lived threads of its own
 // (one per 256 records, at most one per core), with a result identical to one sequential pass.
+// Every record is bounded (JsonlLimits): stoppable at once, and by a time budget.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,6 +30,17 @@ struct LoadedTokenizer {
 };
 absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const std::string& eos_token);
 
-absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok);
+// What bounds the read: `stop`, raised by another thread (the job's cancel, pause, a drain), ends
+// it with Cancelled within one regex call; each record may take max(min_record_seconds, its bytes
+// / min_bytes_per_second) — honest text tokenizes at several MB/s, a backtracking pre-tokenizer
+// pattern at KB/s — past which the read fails naming the file and line.
+struct JsonlLimits {
+  const std::atomic<bool>* stop = nullptr;
+  double min_bytes_per_second = 256.0 * 1024;
+  double min_record_seconds = 5;
+};
+
+absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok,
+                                                const JsonlLimits& limits = {});
 
 }  // namespace rp::scheduler::runtime

@@ -37,14 +37,29 @@ absl::StatusOr<std::shared_ptr<const Regex>> Regex::Compile(std::string_view pat
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-void Regex::FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>* out) const {
+absl::Status Regex::FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>* out,
+                            const WorkLimits* limits) const {
   auto* code = static_cast<pcre2_code*>(code_);
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
-  while (start <= text.size()) {
+  absl::Status status;
+  for (uint32_t calls = 0; start <= text.size(); ++calls) {
+    if (limits != nullptr && calls % 16 == 0) {
+      status = limits->Check();
+      if (!status.ok()) break;
+    }
     const int rc = pcre2_match(code, subject, text.size(), start, 0, md, nullptr);
-    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: the rest is unmatched text
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {  // a resource limit (match, depth, heap): refused with limits, else the rest is unmatched
+      if (limits != nullptr) {
+        PCRE2_UCHAR msg[128];
+        pcre2_get_error_message(rc, msg, sizeof(msg));
+        status = absl::ResourceExhaustedError(absl::StrCat("the pre-tokenizer regex stopped at byte ", start, " of ",
+                                                           text.size(), ": ", reinterpret_cast<const char*>(msg)));
+      }
+      break;
+    }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t b = ov[0], e = ov[1];
     if (e > b) {
@@ -58,6 +73,7 @@ void Regex::FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>
     }
   }
   pcre2_match_data_free(md);
+  return status;
 }
 
 absl::StatusOr<PreTokenizer::Step> PreTokenizer::SplitStep(std::string_view pattern, SplitBehavior behavior,
@@ -91,10 +107,11 @@ bool PreTokenizer::byte_level() const {
 namespace {
 
 // Splits `piece` by `regex` the way `tokenizers`' Split does and appends the non-empty results.
-void SplitPiece(const std::string& piece, const Regex& regex, SplitBehavior behavior, bool invert,
-                std::vector<std::pair<size_t, size_t>>* scratch, std::vector<std::string>* out) {
+absl::Status SplitPiece(const std::string& piece, const Regex& regex, SplitBehavior behavior, bool invert,
+                        std::vector<std::pair<size_t, size_t>>* scratch, std::vector<std::string>* out,
+                        const WorkLimits* limits) {
   scratch->clear();
-  regex.FindAll(piece, scratch);
+  if (absl::Status st = regex.FindAll(piece, scratch, limits); !st.ok()) return st;
   // Segments in order: (begin, end, is_delimiter).
   struct Seg {
     size_t b, e;
@@ -155,11 +172,21 @@ void SplitPiece(const std::string& piece, const Regex& regex, SplitBehavior beha
   for (auto [b, e] : kept) {
     if (e > b) out->emplace_back(piece.substr(b, e - b));
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 std::vector<std::string> PreTokenizer::Apply(std::string_view text) const {
+  return *ApplyWithin(text, nullptr);  // never fails without limits
+}
+
+absl::StatusOr<std::vector<std::string>> PreTokenizer::Apply(std::string_view text, const WorkLimits& limits) const {
+  return ApplyWithin(text, &limits);
+}
+
+absl::StatusOr<std::vector<std::string>> PreTokenizer::ApplyWithin(std::string_view text,
+                                                                   const WorkLimits* limits) const {
   std::vector<std::string> pieces{std::string(text)};
   std::vector<std::string> next;
   std::vector<std::pair<size_t, size_t>> scratch;
@@ -167,13 +194,19 @@ std::vector<std::string> PreTokenizer::Apply(std::string_view text) const {
     next.clear();
     for (std::string& p : pieces) {
       if (step.kind == Step::Kind::kSplit) {
-        SplitPiece(p, *step.regex, step.behavior, step.invert, &scratch, &next);
+        if (absl::Status st = SplitPiece(p, *step.regex, step.behavior, step.invert, &scratch, &next, limits);
+            !st.ok()) {
+          return st;
+        }
         continue;
       }
       if (step.add_prefix_space && (p.empty() || p[0] != ' ')) p.insert(p.begin(), ' ');
       std::vector<std::string> words;
       if (step.regex) {
-        SplitPiece(p, *step.regex, SplitBehavior::kIsolated, false, &scratch, &words);
+        if (absl::Status st = SplitPiece(p, *step.regex, SplitBehavior::kIsolated, false, &scratch, &words, limits);
+            !st.ok()) {
+          return st;
+        }
       } else {
         words.push_back(std::move(p));
       }

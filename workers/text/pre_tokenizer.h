@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "workers/text/work_limits.h"
 
 namespace rp::workers::text {
 
@@ -40,10 +41,14 @@ class PreTokenizer {
   explicit PreTokenizer(std::vector<Step> steps) : steps_(std::move(steps)) {}
 
   // The pieces of `text` (each a BPE word; byte-level spelled when the chain has a ByteLevel step).
+  // Without limits a pattern that runs past PCRE2's match limit leaves the rest of its piece
+  // unsplit; with them that is ResourceExhausted, and `limits` are checked between matches.
   std::vector<std::string> Apply(std::string_view text) const;
+  absl::StatusOr<std::vector<std::string>> Apply(std::string_view text, const WorkLimits& limits) const;
   bool byte_level() const;
 
  private:
+  absl::StatusOr<std::vector<std::string>> ApplyWithin(std::string_view text, const WorkLimits* limits) const;
   std::vector<Step> steps_;
 };
 
@@ -54,7 +59,10 @@ class Regex {
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
-  void FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>* out) const;
+  // With `limits` (may be null): checked between matches; a PCRE2 resource limit is then
+  // ResourceExhausted naming the byte, where without them the rest counts as unmatched.
+  absl::Status FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>* out,
+                       const WorkLimits* limits = nullptr) const;
 
  private:
   Regex() = default;

@@ -123,7 +123,8 @@ struct Tokenizer::Impl {
   absl::Status ParsePostProcessor(const json& j, absl::string_view where);
   absl::Status ParseDecoder(const json& j, absl::string_view where);
 
-  void EncodeText(std::string_view text, std::vector<int32_t>* out) const;
+  // `limits` may be null (no bounds; never fails).
+  absl::Status EncodeText(std::string_view text, std::vector<int32_t>* out, const WorkLimits* limits) const;
 };
 
 absl::Status Tokenizer::Impl::ParseAddedTokens(const json& j) {
@@ -326,13 +327,28 @@ absl::Status Tokenizer::Impl::ParseDecoder(const json& j, absl::string_view wher
   return Unsupported(where, absl::StrCat("type '", type, "' (supported: ByteLevel, Sequence)"));
 }
 
-void Tokenizer::Impl::EncodeText(std::string_view text, std::vector<int32_t>* out) const {
+absl::Status Tokenizer::Impl::EncodeText(std::string_view text, std::vector<int32_t>* out,
+                                         const WorkLimits* limits) const {
+  absl::Status status;  // the first limit hit; the rest of the text is then skipped
   auto model_words = [&](std::string_view piece) {
+    if (!status.ok()) return;
     if (!pre) {
       model->Tokenize(piece, out);
       return;
     }
-    for (const std::string& w : pre->Apply(piece)) model->Tokenize(w, out);
+    if (limits == nullptr) {
+      for (const std::string& w : pre->Apply(piece)) model->Tokenize(w, out);
+      return;
+    }
+    auto words = pre->Apply(piece, *limits);
+    if (!words.ok()) {
+      status = words.status();
+      return;
+    }
+    for (size_t k = 0; k < words->size(); ++k) {
+      if (k % 256 == 255 && !(status = limits->Check()).ok()) return;
+      model->Tokenize((*words)[k], out);
+    }
   };
   auto push = [&](int32_t id) { out->push_back(id); };
   raw_added.Split(
@@ -353,6 +369,7 @@ void Tokenizer::Impl::EncodeText(std::string_view text, std::vector<int32_t>* ou
         normalized_added.Split(piece, model_words, push);
       },
       push);
+  return status;
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -385,7 +402,17 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_t
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   if (add_special_tokens) out = impl_->template_before;
-  impl_->EncodeText(text, &out);
+  (void)impl_->EncodeText(text, &out, nullptr);  // cannot fail without limits
+  if (add_special_tokens) out.insert(out.end(), impl_->template_after.begin(), impl_->template_after.end());
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special_tokens,
+                                                       const WorkLimits& limits) const {
+  if (absl::Status st = limits.Check(); !st.ok()) return st;
+  std::vector<int32_t> out;
+  if (add_special_tokens) out = impl_->template_before;
+  if (absl::Status st = impl_->EncodeText(text, &out, &limits); !st.ok()) return st;
   if (add_special_tokens) out.insert(out.end(), impl_->template_after.begin(), impl_->template_after.end());
   return out;
 }

@@ -5,10 +5,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "nlohmann/json.hpp"
 #include "scheduler/runtime/jsonl_documents.h"
@@ -150,6 +154,60 @@ TEST(TokenDataset, ShuffledWindowsAreAFreshPermutationEachEpochAndRepeatable) {
   EXPECT_EQ(l.data_ptr<int64_t>()[0], a->WindowOf(3, 0) * S + 1);
   b->Shuffle(43);
   EXPECT_NE(a->WindowOf(0, 0) * 1000 + a->WindowOf(0, 1), b->WindowOf(0, 0) * 1000 + b->WindowOf(0, 1));
+}
+
+// A tokenizer whose Split pattern backtracks, and a JSONL whose second record makes it work for
+// minutes: the read is bounded per record (failing naming the file and line) and stops at once
+// when the job's flag is raised. A record nested too deep is refused naming its line.
+TEST(JsonlDocuments, ARunawayRecordIsBoundedAndAStopEndsTheReadAtOnce) {
+  const std::string d = ::testing::TempDir() + "rp_runaway_" + std::to_string(getpid());
+  std::filesystem::create_directories(d);
+  {
+    std::ofstream(d + "/tokenizer.json")
+        << "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(?:a+)+b|.\"}, "
+           "\"behavior\": \"Isolated\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \" \": 2, "
+           "\"o\": 3, \"k\": 4}, \"merges\": []}}";
+    std::string runs;
+    while (runs.size() < 100000) runs += "aaaaaaaaaaaaaaaaaa ";
+    std::ofstream f(d + "/data.jsonl");
+    f << "{\"text\": \"ok\"}\n{\"text\": \"" << runs << "\"}\n";
+    std::string deep(100000, '[');
+    f.close();
+    std::ofstream(d + "/deep.jsonl") << "{\"text\": \"ok\"}\n\n{\"text\": \"ok\", \"x\": " << deep << "}\n";
+  }
+  auto tok = LoadTokenizerDir(d, "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  JsonlLimits tight;
+  tight.min_record_seconds = 0.3;
+  tight.min_bytes_per_second = 1e12;
+  auto start = std::chrono::steady_clock::now();
+  auto over = ReadJsonlDocuments(d + "/data.jsonl", *tok, tight);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(over.status().message().find("data.jsonl' line 2: tokenizing took more than its budget of 0.3 s"),
+            std::string::npos)
+      << over.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+
+  std::atomic<bool> stop{false};
+  JsonlLimits stoppable;
+  stoppable.stop = &stop;
+  std::thread raiser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop = true;
+  });
+  start = std::chrono::steady_clock::now();
+  auto stopped = ReadJsonlDocuments(d + "/data.jsonl", *tok, stoppable);
+  raiser.join();
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+
+  auto deep = ReadJsonlDocuments(d + "/deep.jsonl", *tok);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("deep.jsonl' line 3: JSON nested deeper than 64 levels"), std::string::npos)
+      << deep.status();
+  std::filesystem::remove_all(d);
 }
 
 TEST(TokenDatasetFile, PreparedChatHoldsTransformersTokensAndAssistantMask) {

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 
 #include "nlohmann/json.hpp"
 #include "workers/text/byte_level.h"
@@ -148,6 +150,63 @@ TEST(TokenizerLimits, TemplateProcessingOfTheWrongTypesIsRefusedByField) {
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->IdLimit(), 1000000);
   EXPECT_EQ(t->Encode("a", /*add_special_tokens=*/true).front(), 999999);
+}
+
+// A Split pattern that backtracks: `(?:a+)+b|.` on a run of 'a' without a 'b' tries every way to
+// split the run at every position. Runs of 18 stay under PCRE2's match limit per call, so only a
+// budget ends 200 KB of them (minutes unbounded); one long run passes the match limit.
+std::string Runs() {
+  std::string text;
+  while (text.size() < 200000) text += "aaaaaaaaaaaaaaaaaa ";
+  return text;
+}
+std::string Backtracking() {
+  return FileWith("pre_tokenizer",
+                  "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(?:a+)+b|.\"}, \"behavior\": \"Isolated\"}");
+}
+
+TEST(TokenizerLimits, AStopEndsABacktrackingEncodeAtOnce) {
+  auto t = Tokenizer::FromJson(Backtracking());
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string text = Runs();
+  std::atomic<bool> stop{false};
+  WorkLimits limits{&stop};
+  std::thread raiser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    stop = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto ids = t->Encode(text, false, limits);
+  const auto took = std::chrono::steady_clock::now() - start;
+  raiser.join();
+  ASSERT_FALSE(ids.ok());
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kCancelled) << ids.status();
+  EXPECT_LT(took, std::chrono::seconds(3));
+  // Raised before it starts: nothing is done.
+  EXPECT_EQ(t->Encode("abc", false, limits).status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(TokenizerLimits, ABacktrackingEncodeEndsAtItsDeadline) {
+  auto t = Tokenizer::FromJson(Backtracking());
+  ASSERT_TRUE(t.ok()) << t.status();
+  WorkLimits limits;
+  limits.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  const auto start = std::chrono::steady_clock::now();
+  auto ids = t->Encode(Runs(), false, limits);
+  ASSERT_FALSE(ids.ok());
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kDeadlineExceeded) << ids.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  // One run too long for PCRE2's match limit is refused naming the byte, not left unsplit.
+  auto limit = t->Encode("xy" + std::string(100000, 'a'), false, WorkLimits{});
+  ASSERT_FALSE(limit.ok());
+  EXPECT_EQ(limit.status().code(), absl::StatusCode::kResourceExhausted) << limit.status();
+  EXPECT_NE(limit.status().message().find("stopped at byte 2 of 100002"), std::string::npos) << limit.status();
+  // Within its limits the bounded Encode gives the unbounded one's ids.
+  WorkLimits roomy;
+  roomy.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto bounded = t->Encode("ab aab xyz", true, roomy);
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  EXPECT_EQ(*bounded, t->Encode("ab aab xyz", true));
 }
 
 }  // namespace
