@@ -109,6 +109,15 @@ void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
     return;
   }
   if (resumed) return;
+  bool stepped;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    stepped = job->record.progress().step() > 0;
+  }
+  if (!stepped) {  // stopped while starting (tokenizing, loading): nothing is lost by starting over
+    ReadmitAfterRestart(r);
+    return;
+  }
   std::lock_guard<std::mutex> lock(job->mu);
   CountTransition(job->record.state(), v1::JOB_STATE_PAUSED);
   job->record.set_state(v1::JOB_STATE_PAUSED);
