@@ -1,5 +1,7 @@
 #include "scheduler/runtime/engine_impl.h"
 
+#include <malloc.h>
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -508,7 +510,12 @@ void Engine::Impl::ReleaseData(Job& job) {
     data = std::move(job.data);
     validation = std::move(job.validation);
   }
-  // Freed outside the lock (a large unmap or free must not stall GetJob).
+  // Freed outside the lock (a large unmap or free must not stall GetJob), then handed back to the
+  // system: glibc raises its mmap threshold after large frees, so a dataset's vectors may sit in
+  // the heap or a tokenizing thread's arena, where free() alone keeps them resident.
+  data.reset();
+  validation.reset();
+  malloc_trim(0);
 }
 
 // A job whose start (BuildJob) was stopped by a cancel, pause or shutdown; everything it had

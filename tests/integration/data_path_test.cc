@@ -260,12 +260,13 @@ TEST_F(DataPathTest, AUserPausedJobIsNeverRunningAfterARestart) {
   }
   ASSERT_TRUE(StartDaemon()) << daemon_.Output();
   auto c = daemon_.Connect();
-  Watcher w(*c, id);
   std::this_thread::sleep_for(2s);
   auto rec = c->Get(id);
   ASSERT_TRUE(rec.ok());
   EXPECT_EQ(rec->state(), v1::JOB_STATE_PAUSED);
-  for (v1::JobState s : w.States()) EXPECT_NE(s, v1::JOB_STATE_RUNNING);
+  // The restarted daemon's log of state changes: the job was never taken by the runner.
+  const std::string log = daemon_.Output();
+  EXPECT_EQ(log.find(absl::StrCat("[", id, "] JOB_STATE_RUNNING")), std::string::npos) << log;
 }
 
 // 5. Ended JSONL jobs kept every token until the daemon exited (RSS grew by the dataset with
@@ -276,7 +277,7 @@ TEST_F(DataPathTest, EndedJsonlJobsReleaseTheirTokens) {
   const std::string dir = TokenizerDir("big", "null");
   const std::string data = Jsonl(dir, 4000, 4000);  // 16 MB of text: ~16 M tokens, 80 MB packed
   std::vector<int64_t> rss;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 8; ++i) {
     v1::JobSpec spec = JsonlSpec(data, dir);
     spec.set_max_steps(1);
     auto job = c->Submit(spec);
@@ -287,9 +288,10 @@ TEST_F(DataPathTest, EndedJsonlJobsReleaseTheirTokens) {
     std::this_thread::sleep_for(500ms);
     rss.push_back(ProcStatusField(daemon_.pid(), "VmRSS:"));
   }
-  // Warm after the first two jobs; three more together add less than one dataset (each added
-  // its 80 MB before the fix: +240 MB). The allocator's own variation is some tens of MB.
-  EXPECT_LT(rss[4] - rss[1], 80 * 1024) << "KiB after each job: " << absl::StrJoin(rss, " ");
+  // Warm after four jobs (glibc's arenas of the tokenizing threads settle at a few hundred MB,
+  // measured: +63 MB for each of jobs 2-4, then flat); the next four add less than one dataset
+  // together (each added its 80 MB and more before the fix).
+  EXPECT_LT(rss[7] - rss[4], 40 * 1024) << "KiB after each job: " << absl::StrJoin(rss, " ");
 }
 
 }  // namespace
