@@ -79,6 +79,16 @@ void HfModels::SetUp() {
 
 MoeRun RunTwoSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
                    const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens) {
+  scheduler::OptimizerSpec adamw;
+  adamw.lr = 1e-3;
+  adamw.weight_decay = 0;
+  adamw.eps = 1e-8;
+  return RunSteps(cfg, model_dir, devices, partition, mode, tokens, adamw, 2);
+}
+
+MoeRun RunSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
+                const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens,
+                const scheduler::OptimizerSpec& optimizer, int steps, int microbatches) {
   MoeRun r;
   auto engine = scheduler::Engine::Create({devices});
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -87,18 +97,15 @@ MoeRun RunTwoSteps(const models::TransformerConfig& cfg, const std::string& mode
   spec.model = rp::testing::ModelOf(cfg);
   spec.hf_dir = model_dir;
   spec.precision = scheduler::Precision::kFloat32;
-  spec.optimizer.lr = 1e-3;
-  spec.optimizer.weight_decay = 0;
-  spec.optimizer.eps = 1e-8;
+  spec.optimizer = optimizer;
   spec.optimizer_mode = mode;
-  spec.microbatches = 4;  // one sequence each: at least one per worker in a round
+  spec.microbatches = microbatches;
   spec.partition = partition;
   auto id = r.engine->Submit(spec);
   EXPECT_TRUE(id.ok()) << id.status();
   if (!id.ok()) return r;
   r.id = *id;
-  EXPECT_TRUE(r.engine->FeedBatch(r.id, rp::testing::ToBatch(tokens)).ok());
-  EXPECT_TRUE(r.engine->FeedBatch(r.id, rp::testing::ToBatch(tokens)).ok());
+  for (int s = 0; s < steps; ++s) EXPECT_TRUE(r.engine->FeedBatch(r.id, rp::testing::ToBatch(tokens)).ok());
   EXPECT_TRUE(r.engine->CloseInput(r.id).ok());
   for (int i = 0; i < 300 && *r.engine->State(r.id) != scheduler::JobState::kSucceeded; ++i) {
     auto ev = r.engine->AwaitEvents(r.id, 100ms);

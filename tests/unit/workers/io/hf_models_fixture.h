@@ -33,6 +33,10 @@ struct MoeRun {
 };
 MoeRun RunTwoSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
                    const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens);
+// The same with any optimizer and number of iterations (each on `tokens`).
+MoeRun RunSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
+                const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens,
+                const scheduler::OptimizerSpec& optimizer, int steps, int microbatches = 4);
 
 // Losses and gradient norms of both steps, and every weight after them, against a reference
 // made by transformers; `expert_tensors` of the parameters are expert tensors (mlp.experts.*).

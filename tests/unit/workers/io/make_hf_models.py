@@ -65,6 +65,23 @@ def make(out, only=None):
                                        tie_word_embeddings=False, num_experts=6, num_experts_per_tok=2,
                                        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
                                        output_router_logits=True, router_aux_loss_coef=0.05),
+        # The aux loss over a whole batch as one micro-batch (4 rows of 24): eight experts, top-2,
+        # the last block dense, the default-sized coefficient.
+        "qwen3moe_aux_batch": Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
+                                             moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                                             num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                                             rope_theta=1000000.0, max_position_embeddings=256,
+                                             tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                                             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2],
+                                             output_router_logits=True, router_aux_loss_coef=0.01),
+        # Sparse every second block (decoder_sparse_step 2: blocks 1 and 3 of 4), aux loss on.
+        "qwen3moe_step2": Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
+                                         moe_intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                                         rope_theta=1000000.0, max_position_embeddings=256,
+                                         tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                                         norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
+                                         output_router_logits=True, router_aux_loss_coef=0.05),
         # GPT-OSS: sinks, a 4-token window in blocks 0 and 2 (sequences of 24), YaRN, biases, a
         # SwiGLU limit low enough to clamp, and the router's aux loss.
         "gptoss": gpt_oss_config(16, output_router_logits=True, router_aux_loss_coef=0.05),
@@ -88,7 +105,15 @@ def make(out, only=None):
                     p[0] *= 3
                     p[1] = p[0] + 1e-4 * torch.randn_like(p[0])
         model.save_pretrained(f"{out}/{name}", safe_serialization=True)
-        backward = aux_backward if name in ("qwen3moe_aux", "gptoss") else plain_backward
+        backward = aux_backward if name in ("qwen3moe_aux", "qwen3moe_step2", "gptoss") else plain_backward
+        if name == "qwen3moe_aux_batch":
+            backward = aux_backward_batch
+            # Three steps where AdamW's update follows the gradient (eps 0.1 >> sqrt(v)), so a
+            # gradient error of any step shows in the weights after.
+            again = AutoModelForCausalLM.from_pretrained(f"{out}/{name}", dtype=torch.float32,
+                                                         attn_implementation="eager")
+            save_file(train_steps(again, tokens, backward, steps=3, lr=1e-2, eps=0.1),
+                      f"{out}/{name}/reference_linear.safetensors")
         save_file(train_steps(model, tokens, backward), f"{out}/{name}/reference.safetensors")
         if name in ("qwen3moe", "qwen3moe_aux", "gptoss"):
             make_async_reference(f"{out}/{name}", tokens, backward)
@@ -199,24 +224,32 @@ def aux_backward(model, tokens):
     return total, {"aux_losses": aux_total}
 
 
+def aux_backward_batch(model, tokens):
+    """transformers' own loss of the whole batch as one forward (one micro-batch): CE mean over
+    the batch's targets + coef * aux_loss over all its tokens. Returns (loss, {"aux_losses"})."""
+    out_ = model(input_ids=tokens, labels=tokens, output_router_logits=True)
+    out_.loss.backward()
+    return out_.loss.item(), {"aux_losses": (model.config.router_aux_loss_coef * out_.aux_loss).item()}
+
+
 def grad_norm(model):
     return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
 
 
-def train_steps(model, tokens, backward):
-    """Two AdamW steps of `backward`: tokens, losses (and what else backward reports, per step),
-    grad norms, both steps' gradients (grad., grad2.) and the weights after."""
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+def train_steps(model, tokens, backward, steps=2, lr=LR, eps=1e-8):
+    """`steps` AdamW steps of `backward`: tokens, losses (and what else backward reports, per
+    step), grad norms, the first two steps' gradients (grad., grad2.) and the weights after."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=0.0)
     ref = {"tokens": tokens.clone()}
     series = {"losses": [], "grad_norms": []}
-    for step in range(2):
+    for step in range(steps):
         loss, extra = backward(model, tokens)
         series["losses"].append(loss)
         series["grad_norms"].append(grad_norm(model))
         for k, v in extra.items():
             series.setdefault(k, []).append(v)
         for n, p in model.named_parameters():
-            ref[("grad." if step == 0 else "grad2.") + n] = p.grad.detach().clone()
+            ref[("grad." if step == 0 else "grad%d." % (step + 1)) + n] = p.grad.detach().clone()
         opt.step()
         opt.zero_grad()
     for k, v in series.items():
