@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "scheduler/engine.h"
 #include "scheduler/job_files.h"
@@ -189,6 +190,13 @@ absl::Status ResolveOptimizer(const v1::JobSpec& spec, const JobSpecContext& ctx
   if (o.max_grad_norm() > 1e6) return absl::InvalidArgumentError("optimizer.max_grad_norm: at most 1e6 (0 = no clip)");
   if (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1) {
     return absl::InvalidArgumentError("optimizer: beta1 and beta2 must lie in [0, 1)");
+  }
+  // The optimizer computes in float32: a beta that rounds to 1 there divides by zero at step 1.
+  for (const auto& [name, beta] : {std::pair<const char*, double>{"beta1", o.beta1()}, {"beta2", o.beta2()}}) {
+    if (static_cast<float>(beta) >= 1.0f) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "optimizer.%s: %.17g rounds to 1 in the optimizer's float32 arithmetic (at most 0.99999994)", name, beta));
+    }
   }
   using Algorithm = scheduler::OptimizerSpec::Algorithm;
   switch (o.algorithm()) {

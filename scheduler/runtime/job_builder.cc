@@ -72,20 +72,24 @@ bool IsTokenDatasetFile(const TokenFileSource& tf) {
 absl::Status PrepareSource(TokenFileSource& tf, const JobSpec& spec, EngineJob* job, const std::string& field,
                            std::unique_ptr<TokenDataset>* raw) {
   auto bad = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(field, ": ", why)); };
+  // A file's error keeps its code (PermissionDenied outside the roots, NotFound), named by field.
+  auto failed = [&](const absl::Status& st) {
+    return absl::Status(st.code(), absl::StrCat(field, ": ", st.message()));
+  };
   if (IsJsonl(tf)) {
     if (tf.tokenizer_dir.empty()) tf.tokenizer_dir = spec.hf_dir;
     if (tf.tokenizer_dir.empty()) {
       return bad(absl::StrCat("a JSONL dataset needs a tokenizer: set ", field, ".tokenizer_dir or model.hf_dir"));
     }
     auto tok = LoadTokenizerDir(tf.tokenizer_dir, tf.eos_token);
-    if (!tok.ok()) return bad(tok.status().message());
+    if (!tok.ok()) return failed(tok.status());
     if (tok->tokenizer.IdLimit() > job->model.vocab) {
       return bad(absl::StrCat("the tokenizer in '", tf.tokenizer_dir, "' has ids up to ", tok->tokenizer.IdLimit() - 1,
                               " but the model's vocabulary is ", job->model.vocab));
     }
     uint64_t bytes = 0;
     auto fd = workers::io::OpenForRead(tf.path, &bytes);
-    if (!fd.ok()) return bad(fd.status().message());
+    if (!fd.ok()) return failed(fd.status());
   } else if (IsTokenDatasetFile(tf)) {
     // The header now (tensors, shapes); the tokens when the job starts (BuildJob).
     if (absl::Status st = CheckTokenDatasetFile(tf.path); !st.ok()) return bad(st.message());

@@ -294,5 +294,20 @@ TEST_F(DataPathTest, EndedJsonlJobsReleaseTheirTokens) {
   EXPECT_LT(rss[7] - rss[4], 40 * 1024) << "KiB after each job: " << absl::StrJoin(rss, " ");
 }
 
+// 9. A tokenizer.json symlinked out of the allowed roots answered INVALID_ARGUMENT; the docs
+//    promise PERMISSION_DENIED for anything outside the roots.
+TEST_F(DataPathTest, ATokenizerLinkedOutOfTheRootsIsPermissionDenied) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  const std::string outside = TokenizerDir("../outside_tok", "null");  // root_/outside_tok: not allowed
+  const std::string dir = root_ + "/data/linked";
+  fs::create_directories(dir);
+  fs::create_symlink(outside + "/tokenizer.json", dir + "/tokenizer.json");
+  auto job = c->Submit(JsonlSpec(Jsonl(TokenizerDir("plain", "null"), 2, 40), dir));
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kPermissionDenied) << job.status();
+  EXPECT_NE(job.status().message().find("data.token_file"), std::string::npos) << job.status();
+}
+
 }  // namespace
 }  // namespace rp::testing

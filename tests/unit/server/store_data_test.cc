@@ -88,6 +88,19 @@ TEST(JobSpec, PresetsDefaultsAndOverrides) {
   using Algorithm = scheduler::OptimizerSpec::Algorithm;
   EXPECT_EQ(r->engine.optimizer.algorithm, Algorithm::kAdamW);
   EXPECT_EQ(ResolveJobSpec(s, Ctx(d)).value().engine.optimizer.beta2, 0.999);
+  {  // validated in the optimizer's precision: below 1 as a double but 1 as a float is refused
+    v1::JobSpec near = s;
+    near.mutable_optimizer()->set_beta2(0.999999999999);
+    auto refused = ResolveJobSpec(near, Ctx(d));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("optimizer.beta2: 0.999999999999"), std::string::npos)
+        << refused.status();
+    EXPECT_NE(refused.status().message().find("rounds to 1 in the optimizer's float32"), std::string::npos);
+    near.mutable_optimizer()->set_beta2(0.99999994);  // the largest float below 1
+    EXPECT_TRUE(ResolveJobSpec(near, Ctx(d)).ok());
+    near.mutable_optimizer()->set_beta1(0.99999999);
+    EXPECT_NE(ResolveJobSpec(near, Ctx(d)).status().message().find("optimizer.beta1"), std::string::npos);
+  }
   v1::JobSpec opt = s;
   opt.mutable_optimizer()->set_bf16_moments(false);
   opt.mutable_optimizer()->set_algorithm(v1::OPTIMIZER_ALGORITHM_LION);
