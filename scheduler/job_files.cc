@@ -8,6 +8,7 @@
 #include "scheduler/runtime/export.h"
 #include "scheduler/runtime/job_builder.h"
 #include "scheduler/runtime/model_adapter.h"
+#include "workers/io/atomic_dir.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
@@ -87,5 +88,7 @@ absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner) {
 }
 
 void ReleaseOutputDir(const std::string& dir) { (void)io::RemoveTree(absl::StrCat(dir, "/", kOutputClaimFile)); }
+
+int RemoveTornWrite(const std::string& target) { return workers::io::RemoveTornTemporaries(target); }
 
 }  // namespace rp::scheduler

@@ -49,4 +49,8 @@ inline constexpr char kOutputClaimFile[] = ".roundpipe-job";
 absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner);
 void ReleaseOutputDir(const std::string& dir);
 
+// Removes what a crash left of an unfinished write of directory `target` (a checkpoint's or an
+// export's hidden temporary sibling); how many were removed. Confined like every other access.
+int RemoveTornWrite(const std::string& target);
+
 }  // namespace rp::scheduler

@@ -114,6 +114,11 @@ class JobManager {
   absl::Status Admit(const std::shared_ptr<Managed>& job);
   // A started job from the store: admit it from its newest usable checkpoint (false: none).
   bool ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool paused);
+  // Exports in progress are journaled in <jobs_dir>/<id>.export-<hash>; Recover removes what a
+  // crash left of them.
+  static constexpr char kExportJournalInfix[] = ".export-";
+  std::string ExportJournalPath(const std::string& id, const std::string& dir) const;
+  void RemoveTornExports();
   std::shared_ptr<Managed> Find(const std::string& id) const;
   // A job that has not ended and runs in this daemon's engine (NotFound / FailedPrecondition
   // saying why `action` is impossible otherwise).

@@ -1,5 +1,7 @@
 // A job's outputs and the daemon's drain: ExportModel, Checkpoint, Drain (job_manager.h).
 #include <filesystem>
+#include <fstream>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/job_files.h"
@@ -45,6 +47,10 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
   if (merge_lora && !lora) return absl::InvalidArgumentError("merge_lora: this job has no LoRA adapters");
   const scheduler::ExportKind kind = merge_lora ? scheduler::ExportKind::kMergedLora : scheduler::ExportKind::kHfModel;
   absl::StatusOr<int64_t> bytes;
+  // A journal entry while the export is written: a kill -9 meanwhile leaves a temporary beside
+  // `dir` that the next start removes (Recover), even if nothing exports there again.
+  const std::string journal = ExportJournalPath(id, dir);
+  std::ofstream(journal) << dir;
   if (eid) {
     bytes = engine_->Export(*eid, dir, kind);
   } else {
@@ -58,9 +64,33 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
     }
     bytes = scheduler::ExportCheckpoint(all.front().path, resolved->engine, dir, kind);
   }
+  std::error_code ec;
+  std::filesystem::remove(journal, ec);
   if (!bytes.ok()) return bytes.status();
   JobLog()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);
   return dir;
+}
+
+std::string JobManager::ExportJournalPath(const std::string& id, const std::string& dir) const {
+  return (std::filesystem::path(options_.jobs_dir) /
+          absl::StrCat(id, kExportJournalInfix, absl::Hex(std::hash<std::string>{}(dir))))
+      .string();
+}
+
+void JobManager::RemoveTornExports() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.jobs_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(kExportJournalInfix) == std::string::npos || !entry.is_regular_file(ec)) continue;
+    std::string target;
+    std::getline(std::ifstream(entry.path()), target);
+    if (!target.empty()) {
+      const int removed = scheduler::RemoveTornWrite(target);
+      if (removed > 0)
+        JobLog()->warn("removed {} torn export temporar{} of {}", removed, removed == 1 ? "y" : "ies", target);
+    }
+    std::filesystem::remove(entry.path(), ec);
+  }
 }
 
 absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string& id) {

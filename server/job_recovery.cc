@@ -41,6 +41,7 @@ absl::Status JobManager::Recover() {
     }
   }
   ContinueIdsAfterJobDirs(all->size());
+  RemoveTornExports();
   UpdateJobGauges();  // absolute counts before any pump moves them
   for (const RecoveredJob& r : readmit) ReadmitAfterRestart(r);
   for (const RecoveredJob& r : resume) ResumeAfterRestart(r);

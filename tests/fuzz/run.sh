@@ -14,7 +14,13 @@ fi
 [ -f "$BUILD/build.ninja" ] || cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$BUILD" >/dev/null
 corpus="$BUILD/corpus"
-mkdir -p "$corpus/st" "$corpus/cfg" "$corpus/npy"
+mkdir -p "$corpus/st" "$corpus/cfg" "$corpus/npy" "$corpus/tok"
+cat >"$corpus/tok/bpe.json" <<'JSON'
+{"added_tokens":[{"id":5,"content":"<s>","special":true}],"normalizer":{"type":"Sequence","normalizers":[{"type":"NFC"}]},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\s+|\\p{L}+"},"behavior":"Isolated"},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>"}},{"Sequence":{"id":"A"}}],"special_tokens":{"<s>":{"ids":[5]}}},"decoder":{"type":"ByteLevel"},"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2,"c":3,"d":4},"merges":["a b"]}}
+JSON
+cat >"$corpus/tok/split.json" <<'JSON'
+{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(?:a+)+b|."},"behavior":"MergedWithNext","invert":true},"model":{"type":"BPE","vocab":{"a":0,"b":1," ":2},"merges":[],"unk_token":"a","fuse_unk":true}}
+JSON
 printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"__metadata__":{"format":"pt"}}' >"$corpus/st/seed1"
 printf '\x08\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}}' >"$corpus/st/seed2"
 cat >"$corpus/cfg/llama.json" <<'JSON'
@@ -32,7 +38,7 @@ for name, descr, shape, count, size in (("u2", "<u2", "(8,)", 8, 2), ("i8", "<i8
     with open(sys.argv[1] + "/" + name, "wb") as f:
         f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + bytes(count * size))
 PY
-for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg" "npy_header_fuzzer npy"; do
+for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg" "npy_header_fuzzer npy" "tokenizer_fuzzer tok"; do
   set -- $t
   echo "fuzz: $1 for ${SECONDS_EACH}s"
   mkdir -p "$BUILD/artifacts"

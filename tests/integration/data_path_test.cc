@@ -309,5 +309,40 @@ TEST_F(DataPathTest, ATokenizerLinkedOutOfTheRootsIsPermissionDenied) {
   EXPECT_NE(job.status().message().find("data.token_file"), std::string::npos) << job.status();
 }
 
+// 9. An export torn by kill -9 left its hidden temporary beside the target for good (only a later
+//    export to the same target removed it). Exports are journaled in the state dir while they are
+//    written; the next start removes what a crash left. (The crash is staged: the journal entry
+//    and a torn temporary as a kill -9 mid-export leaves them.)
+TEST_F(DataPathTest, AnExportTornByACrashIsRemovedAtTheNextStart) {
+  ASSERT_TRUE(StartDaemon());
+  std::string id;
+  const std::string target = root_ + "/data/exported";
+  {
+    auto c = daemon_.Connect();
+    auto job = c->Submit(TinySpec());
+    ASSERT_TRUE(job.ok());
+    id = job->id();
+    Watcher w(*c, id);
+    ASSERT_TRUE(c->StreamBatches(id, {Batch(id, 1)}).ok());
+    ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED));
+    ASSERT_TRUE(c->Export(id, target).ok());
+    for (const auto& e : fs::directory_iterator(root_ + "/state/jobs")) {  // a finished export leaves no entry
+      EXPECT_EQ(e.path().filename().string().find(".export-"), std::string::npos) << e.path();
+    }
+    EXPECT_EQ(daemon_.Stop(9), -1);
+  }
+  const std::string torn = root_ + "/data/.elsewhere.tmp-0badf00d";
+  fs::create_directories(torn);
+  std::ofstream(torn + "/model.safetensors") << "half a file";
+  std::ofstream(root_ + "/state/jobs/" + id + ".export-1234") << root_ + "/data/elsewhere";
+  const std::string unrelated = root_ + "/data/.other.tmp-0badf00d";  // not journaled: kept
+  fs::create_directories(unrelated);
+  ASSERT_TRUE(StartDaemon()) << daemon_.Output();
+  EXPECT_FALSE(fs::exists(torn));
+  EXPECT_TRUE(fs::exists(unrelated));
+  EXPECT_TRUE(fs::exists(target + "/config.json"));
+  EXPECT_FALSE(fs::exists(root_ + "/state/jobs/" + id + ".export-1234"));
+}
+
 }  // namespace
 }  // namespace rp::testing

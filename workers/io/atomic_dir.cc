@@ -16,6 +16,18 @@ bool IsAtomicDirTemporary(const std::string& name) {
   return name.size() > 1 && name[0] == '.' && absl::StrContains(name, ".tmp-");
 }
 
+int RemoveTornTemporaries(const std::string& target_in) {
+  const fs::path target = fs::path(target_in).lexically_normal();
+  const std::string prefix = absl::StrCat(".", target.filename().string(), ".tmp-");
+  int removed = 0;
+  if (auto names = ListDir(target.parent_path().string()); names.ok()) {
+    for (const std::string& n : *names) {
+      if (absl::StartsWith(n, prefix) && RemoveTree((target.parent_path() / n).string()).ok()) ++removed;
+    }
+  }
+  return removed;
+}
+
 absl::StatusOr<AtomicDir> AtomicDir::Begin(const std::string& target_in) {
   const fs::path target = fs::path(target_in).lexically_normal();
   const std::string name = target.filename().string();
@@ -28,12 +40,8 @@ absl::StatusOr<AtomicDir> AtomicDir::Begin(const std::string& target_in) {
     return absl::AlreadyExistsError(absl::StrCat("'", target.string(), "' already exists"));
   }
   // Torn temporaries of this very target (a crash mid-write) go first.
+  (void)RemoveTornTemporaries(target.string());
   const std::string prefix = absl::StrCat(".", name, ".tmp-");
-  if (auto names = ListDir(parent.string()); names.ok()) {
-    for (const std::string& n : *names) {
-      if (absl::StartsWith(n, prefix)) (void)RemoveTree((parent / n).string());
-    }
-  }
   const fs::path tmp = parent / absl::StrFormat("%s%08x", prefix, std::random_device{}());
   if (absl::Status st = MakeDir(tmp.string()); !st.ok()) return st;
   return AtomicDir(target.string(), tmp.string());

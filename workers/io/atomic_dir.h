@@ -41,4 +41,8 @@ class AtomicDir {
 // True for the names AtomicDir uses for its temporaries (".<x>.tmp-<hex>").
 bool IsAtomicDirTemporary(const std::string& name);
 
+// Removes the temporaries of `target` that a crash left beside it (confined: never through a
+// symlink); how many. A missing parent is none.
+int RemoveTornTemporaries(const std::string& target);
+
 }  // namespace rp::workers::io

@@ -3,11 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -325,6 +327,24 @@ absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
 }
 
 absl::Status CheckPeftAdapter(const std::string& dir, const models::TransformerConfig& config) {
+  // The adapter's own description first: an adapter of another rank, scale or set of targets
+  // can have tensors of the right shapes and would load silently otherwise.
+  auto peft = ReadPeftConfig(dir);
+  if (!peft.ok())
+    return absl::Status(peft.status().code(), absl::StrCat("adapter '", dir, "': ", peft.status().message()));
+  if (peft->rank != config.lora.rank ||
+      std::abs(peft->alpha - config.lora.alpha) > 1e-9 * std::abs(config.lora.alpha)) {
+    return absl::InvalidArgumentError(absl::StrCat("adapter '", dir, "': adapter_config.json has r = ", peft->rank,
+                                                   ", lora_alpha = ", peft->alpha, "; the job's model.lora has rank ",
+                                                   config.lora.rank, ", alpha ", config.lora.alpha));
+  }
+  const std::set<std::string> theirs(peft->targets.begin(), peft->targets.end());
+  const std::set<std::string> ours(config.lora.targets.begin(), config.lora.targets.end());
+  if (theirs != ours) {
+    return absl::InvalidArgumentError(absl::StrCat("adapter '", dir, "': adapter_config.json targets [",
+                                                   absl::StrJoin(theirs, ", "), "]; the job's model.lora targets [",
+                                                   absl::StrJoin(ours, ", "), "]"));
+  }
   auto sf = SafetensorsFile::Open((fs::path(dir) / "adapter_model.safetensors").string());
   if (!sf.ok()) return sf.status();
   for (int l = 0; l < config.num_layers(); ++l) {

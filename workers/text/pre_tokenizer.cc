@@ -4,6 +4,8 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "workers/text/byte_level.h"
@@ -39,6 +41,12 @@ Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
 absl::Status Regex::FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>* out,
                             const WorkLimits* limits) const {
+  return ForEachMatch(
+      text, [out](size_t b, size_t e) { out->emplace_back(b, e); }, limits);
+}
+
+absl::Status Regex::ForEachMatch(std::string_view text, const std::function<void(size_t, size_t)>& match,
+                                 const WorkLimits* limits) const {
   auto* code = static_cast<pcre2_code*>(code_);
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -63,7 +71,7 @@ absl::Status Regex::FindAll(std::string_view text, std::vector<std::pair<size_t,
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t b = ov[0], e = ov[1];
     if (e > b) {
-      out->emplace_back(b, e);
+      match(b, e);
       start = e;
     } else {  // an empty match: step over one character
       size_t next = b;
@@ -106,76 +114,119 @@ bool PreTokenizer::byte_level() const {
 
 namespace {
 
-// Splits `piece` by `regex` the way `tokenizers`' Split does and appends the non-empty results.
-absl::Status SplitPiece(const std::string& piece, const Regex& regex, SplitBehavior behavior, bool invert,
-                        std::vector<std::pair<size_t, size_t>>* scratch, std::vector<std::string>* out,
-                        const WorkLimits* limits) {
-  scratch->clear();
-  if (absl::Status st = regex.FindAll(piece, scratch, limits); !st.ok()) return st;
-  // Segments in order: (begin, end, is_delimiter).
-  struct Seg {
-    size_t b, e;
-    bool delim;
+// `tokenizers`' NormalizedString::split folds over (range, is_delimiter) segments, one segment at a
+// time: the kept ranges go to `emit` in order as they are decided, so nothing of the text's
+// pieces is held beyond one pending range (a 64 MiB record is not split into a vector first).
+class SplitFold {
+ public:
+  SplitFold(SplitBehavior behavior, const std::function<absl::Status(size_t, size_t)>& emit)
+      : behavior_(behavior), emit_(emit) {}
+
+  absl::Status Segment(size_t b, size_t e, bool delim) {
+    switch (behavior_) {
+      case SplitBehavior::kRemoved:
+        return delim ? absl::OkStatus() : Emit(b, e);
+      case SplitBehavior::kIsolated:
+        return Emit(b, e);
+      case SplitBehavior::kContiguous:            // runs of the same kind become one piece
+      case SplitBehavior::kMergedWithPrevious: {  // a delimiter joins the piece before it
+        const bool join = behavior_ == SplitBehavior::kContiguous ? delim == previous_ : delim && !previous_;
+        previous_ = delim;
+        if (join && pending_) {
+          pending_->second = e;
+          return absl::OkStatus();
+        }
+        absl::Status st = Flush();
+        pending_.emplace(b, e);
+        return st;
+      }
+      case SplitBehavior::kMergedWithNext:  // a delimiter joins the piece after it unless that is one too
+        if (delim) {
+          absl::Status st = Flush();
+          pending_.emplace(b, e);
+          return st;
+        }
+        if (pending_) {
+          const size_t from = pending_->first;
+          pending_.reset();
+          return Emit(from, e);
+        }
+        return Emit(b, e);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Flush() {
+    if (!pending_) return absl::OkStatus();
+    const auto [b, e] = *pending_;
+    pending_.reset();
+    return Emit(b, e);
+  }
+
+ private:
+  absl::Status Emit(size_t b, size_t e) { return e > b ? emit_(b, e) : absl::OkStatus(); }
+  const SplitBehavior behavior_;
+  const std::function<absl::Status(size_t, size_t)>& emit_;
+  bool previous_ = false;
+  std::optional<std::pair<size_t, size_t>> pending_;
+};
+
+// Splits `piece` by `regex` the way `tokenizers`' Split does; each kept piece goes to `next`.
+absl::Status SplitStream(std::string_view piece, const Regex& regex, SplitBehavior behavior, bool invert,
+                         const WorkLimits* limits, const std::function<absl::Status(std::string_view)>& next) {
+  const std::function<absl::Status(size_t, size_t)> emit = [&](size_t b, size_t e) {
+    return next(piece.substr(b, e - b));
   };
-  std::vector<Seg> segs;
+  SplitFold fold(behavior, emit);
+  absl::Status st;  // the first failure of a later step; the rest of the matches are skipped
   size_t pos = 0;
-  for (auto [b, e] : *scratch) {
-    if (b > pos) segs.push_back({pos, b, invert});
-    segs.push_back({b, e, !invert});
-    pos = e;
-  }
-  if (pos < piece.size()) segs.push_back({pos, piece.size(), invert});
-  // The folds of `tokenizers`' NormalizedString::split, over (range, is_delimiter) segments.
-  std::vector<std::pair<size_t, size_t>> kept;
-  bool previous = false;
-  switch (behavior) {
-    case SplitBehavior::kRemoved:
-      for (const Seg& s : segs) {
-        if (!s.delim) kept.emplace_back(s.b, s.e);
-      }
-      break;
-    case SplitBehavior::kIsolated:
-      for (const Seg& s : segs) kept.emplace_back(s.b, s.e);
-      break;
-    case SplitBehavior::kContiguous:
-      for (const Seg& s : segs) {
-        if (s.delim == previous && !kept.empty()) {
-          kept.back().second = s.e;
-        } else {
-          kept.emplace_back(s.b, s.e);
-        }
-        previous = s.delim;
-      }
-      break;
-    case SplitBehavior::kMergedWithPrevious:
-      for (const Seg& s : segs) {
-        if (s.delim && !previous && !kept.empty()) {
-          kept.back().second = s.e;
-        } else {
-          kept.emplace_back(s.b, s.e);
-        }
-        previous = s.delim;
-      }
-      break;
-    case SplitBehavior::kMergedWithNext:
-      for (auto it = segs.rbegin(); it != segs.rend(); ++it) {
-        if (it->delim && !previous && !kept.empty()) {
-          kept.back().first = it->b;
-        } else {
-          kept.emplace_back(it->b, it->e);
-        }
-        previous = it->delim;
-      }
-      std::reverse(kept.begin(), kept.end());
-      break;
-  }
-  for (auto [b, e] : kept) {
-    if (e > b) out->emplace_back(piece.substr(b, e - b));
-  }
-  return absl::OkStatus();
+  absl::Status found = regex.ForEachMatch(
+      piece,
+      [&](size_t b, size_t e) {
+        if (!st.ok()) return;
+        if (b > pos) st = fold.Segment(pos, b, invert);
+        if (st.ok()) st = fold.Segment(b, e, !invert);
+        pos = e;
+      },
+      limits);
+  if (!st.ok()) return st;
+  if (!found.ok()) return found;
+  if (pos < piece.size()) st = fold.Segment(pos, piece.size(), invert);
+  if (!st.ok()) return st;
+  return fold.Flush();
 }
 
 }  // namespace
+
+absl::Status PreTokenizer::Walk(size_t step, std::string_view piece, const WorkLimits* limits,
+                                const std::function<void(std::string_view)>& word) const {
+  if (step == steps_.size()) {
+    word(piece);
+    return absl::OkStatus();
+  }
+  const Step& s = steps_[step];
+  auto deeper = [&](std::string_view p) { return Walk(step + 1, p, limits, word); };
+  if (s.kind == Step::Kind::kSplit) return SplitStream(piece, *s.regex, s.behavior, s.invert, limits, deeper);
+  std::string prefixed;
+  if (s.add_prefix_space && (piece.empty() || piece[0] != ' ')) {
+    prefixed.reserve(piece.size() + 1);
+    prefixed.push_back(' ');
+    prefixed.append(piece);
+    piece = prefixed;
+  }
+  std::string mapped;
+  auto byte_level = [&](std::string_view w) {
+    mapped.clear();
+    ByteLevelEncode(w, &mapped);
+    return deeper(mapped);
+  };
+  if (s.regex) return SplitStream(piece, *s.regex, SplitBehavior::kIsolated, false, limits, byte_level);
+  return byte_level(piece);
+}
+
+absl::Status PreTokenizer::ForEachWord(std::string_view text, const WorkLimits* limits,
+                                       const std::function<void(std::string_view)>& word) const {
+  return Walk(0, text, limits, word);
+}
 
 std::vector<std::string> PreTokenizer::Apply(std::string_view text) const {
   return *ApplyWithin(text, nullptr);  // never fails without limits
@@ -187,37 +238,9 @@ absl::StatusOr<std::vector<std::string>> PreTokenizer::Apply(std::string_view te
 
 absl::StatusOr<std::vector<std::string>> PreTokenizer::ApplyWithin(std::string_view text,
                                                                    const WorkLimits* limits) const {
-  std::vector<std::string> pieces{std::string(text)};
-  std::vector<std::string> next;
-  std::vector<std::pair<size_t, size_t>> scratch;
-  for (const Step& step : steps_) {
-    next.clear();
-    for (std::string& p : pieces) {
-      if (step.kind == Step::Kind::kSplit) {
-        if (absl::Status st = SplitPiece(p, *step.regex, step.behavior, step.invert, &scratch, &next, limits);
-            !st.ok()) {
-          return st;
-        }
-        continue;
-      }
-      if (step.add_prefix_space && (p.empty() || p[0] != ' ')) p.insert(p.begin(), ' ');
-      std::vector<std::string> words;
-      if (step.regex) {
-        if (absl::Status st = SplitPiece(p, *step.regex, SplitBehavior::kIsolated, false, &scratch, &words, limits);
-            !st.ok()) {
-          return st;
-        }
-      } else {
-        words.push_back(std::move(p));
-      }
-      for (const std::string& w : words) {
-        std::string mapped;
-        ByteLevelEncode(w, &mapped);
-        next.push_back(std::move(mapped));
-      }
-    }
-    pieces.swap(next);
-  }
+  std::vector<std::string> pieces;
+  absl::Status st = Walk(0, text, limits, [&](std::string_view w) { pieces.emplace_back(w); });
+  if (!st.ok()) return st;
   return pieces;
 }
 

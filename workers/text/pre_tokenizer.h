@@ -9,6 +9,7 @@
 // then immutable: Apply is const and safe from any number of threads.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,10 +46,17 @@ class PreTokenizer {
   // unsplit; with them that is ResourceExhausted, and `limits` are checked between matches.
   std::vector<std::string> Apply(std::string_view text) const;
   absl::StatusOr<std::vector<std::string>> Apply(std::string_view text, const WorkLimits& limits) const;
+  // The same pieces, each handed to `word` as it is decided (valid during the call): no piece is
+  // held beyond the one in hand, so a large text costs no vector of its pieces. `limits` may be
+  // null (then it cannot fail).
+  absl::Status ForEachWord(std::string_view text, const WorkLimits* limits,
+                           const std::function<void(std::string_view)>& word) const;
   bool byte_level() const;
 
  private:
   absl::StatusOr<std::vector<std::string>> ApplyWithin(std::string_view text, const WorkLimits* limits) const;
+  absl::Status Walk(size_t step, std::string_view piece, const WorkLimits* limits,
+                    const std::function<void(std::string_view)>& word) const;
   std::vector<Step> steps_;
 };
 
@@ -63,6 +71,9 @@ class Regex {
   // ResourceExhausted naming the byte, where without them the rest counts as unmatched.
   absl::Status FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>* out,
                        const WorkLimits* limits = nullptr) const;
+  // The same matches handed to `match(begin, end)` one by one.
+  absl::Status ForEachMatch(std::string_view text, const std::function<void(size_t, size_t)>& match,
+                            const WorkLimits* limits = nullptr) const;
 
  private:
   Regex() = default;

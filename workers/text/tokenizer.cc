@@ -336,19 +336,8 @@ absl::Status Tokenizer::Impl::EncodeText(std::string_view text, std::vector<int3
       model->Tokenize(piece, out);
       return;
     }
-    if (limits == nullptr) {
-      for (const std::string& w : pre->Apply(piece)) model->Tokenize(w, out);
-      return;
-    }
-    auto words = pre->Apply(piece, *limits);
-    if (!words.ok()) {
-      status = words.status();
-      return;
-    }
-    for (size_t k = 0; k < words->size(); ++k) {
-      if (k % 256 == 255 && !(status = limits->Check()).ok()) return;
-      model->Tokenize((*words)[k], out);
-    }
+    // Word by word as the pre-tokenizer decides them: no vector of the text's pieces.
+    status = pre->ForEachWord(piece, limits, [&](std::string_view w) { model->Tokenize(w, out); });
   };
   auto push = [&](int32_t id) { out->push_back(id); };
   raw_added.Split(

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/run_command.h"
 #include "workers/text/byte_level.h"
+#include "workers/text/pre_tokenizer.h"
 #include "workers/text/tokenizer.h"
 
 namespace rp::workers::text {
@@ -170,6 +172,31 @@ TEST(Tokenizer, UnsupportedOrCorruptFilesAreRefusedByName) {
   j = Minimal();
   j["model"]["vocab"]["dup"] = 5;
   EXPECT_NE(ErrorOf(j).find("id 5 is given to both"), std::string::npos) << ErrorOf(j);
+}
+
+// The Split pre-tokenizer's five delimiter behaviours, with and without invert, against PyPI
+// `tokenizers` (make_split_cases.py: 780 pieces lists over patterns matching at the start, the
+// end, in runs, alone, and a backtracking one). The split is folded as a stream (no vector of the
+// text's pieces), so each behaviour's fold is checked here piece for piece.
+TEST(Tokenizer, SplitBehavioursEqualTokenizers) {
+  const std::string out = ::testing::TempDir() + "rp_split_cases_" + std::to_string(getpid()) + ".json";
+  std::string log;
+  ASSERT_EQ(RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_split_cases.py " + out, &log), 0) << log;
+  const json cases = json::parse(ReadFile(out));
+  std::remove(out.c_str());
+  ASSERT_GT(cases.size(), 700u);
+  const std::map<std::string, SplitBehavior> behaviors = {{"Removed", SplitBehavior::kRemoved},
+                                                          {"Isolated", SplitBehavior::kIsolated},
+                                                          {"MergedWithPrevious", SplitBehavior::kMergedWithPrevious},
+                                                          {"MergedWithNext", SplitBehavior::kMergedWithNext},
+                                                          {"Contiguous", SplitBehavior::kContiguous}};
+  for (const json& c : cases) {
+    auto step = PreTokenizer::SplitStep(c["pattern"].get<std::string>(), behaviors.at(c["behavior"].get<std::string>()),
+                                        c["invert"].get<bool>());
+    ASSERT_TRUE(step.ok()) << step.status();
+    PreTokenizer pre({*step});
+    EXPECT_EQ(pre.Apply(c["text"].get<std::string>()), c["pieces"].get<std::vector<std::string>>()) << c.dump();
+  }
 }
 
 TEST(Tokenizer, ALongWordMergesInLinearithmicTime) {
