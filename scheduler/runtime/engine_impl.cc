@@ -1,7 +1,5 @@
 #include "scheduler/runtime/engine_impl.h"
 
-#include <malloc.h>
-
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -203,19 +201,6 @@ absl::Status Engine::Impl::CloseInput(JobId id) {
   base::MutexLock lock(&job->mu);
   job->input_closed = true;
   job->cv.SignalAll();
-  return absl::OkStatus();
-}
-
-absl::Status Engine::Impl::EndWaitingFeeds(JobId id, const absl::Status& why) {
-  auto job = Find(id);
-  if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
-  std::deque<runtime::WaitingFeed> waiting;
-  {
-    base::MutexLock lock(&job->mu);
-    waiting.swap(job->waiting);
-    job->cv.SignalAll();
-  }
-  for (auto& w : waiting) w.done(why);
   return absl::OkStatus();
 }
 
@@ -496,50 +481,6 @@ void Engine::Impl::RunnerLoop() {
     ReleaseEnded(*job);
     ReleaseData(*job);
   }
-}
-
-// An ended job's datasets (training and validation tokens, a mapped token file) are freed
-// whatever else it keeps: nothing reads them after the runner is done. Info keeps the step count
-// they implied.
-void Engine::Impl::ReleaseData(Job& job) {
-  std::unique_ptr<runtime::TokenDataset> data, validation;
-  {
-    base::MutexLock lock(&job.mu);
-    if (!IsTerminal(job.state)) return;
-    if (job.data) job.data_steps = job.data->batches_per_epoch() * job.spec.token_file->max_epochs;
-    data = std::move(job.data);
-    validation = std::move(job.validation);
-  }
-  // Freed outside the lock (a large unmap or free must not stall GetJob), then handed back to the
-  // system: glibc raises its mmap threshold after large frees, so a dataset's vectors may sit in
-  // the heap or a tokenizing thread's arena, where free() alone keeps them resident.
-  data.reset();
-  validation.reset();
-  malloc_trim(0);
-}
-
-// A job whose start (BuildJob) was stopped by a cancel, pause or shutdown; everything it had
-// loaded is freed with BuildJob's locals. Cancelled: the job ends (false: the caller ends it
-// like any other). Paused: back to kPaused, not started, in the queue again so Resume starts it
-// afresh; resumed already (the flag raced with Resume): queued again.
-bool Engine::Impl::StartInterrupted(const std::shared_ptr<Job>& job) {
-  base::MutexLock lock(&mu_);
-  base::MutexLock jl(&job->mu);
-  if (job->terminal()) return false;
-  if (job->cancel || shutdown_) {
-    job->SetState(JobState::kCancelled,
-                  shutdown_ ? "stopped while starting (the daemon stopped)" : "cancelled while starting");
-    return false;
-  }
-  job->controller_started = false;
-  if (job->pause) {
-    job->SetState(JobState::kPaused, "paused while starting; it starts again on resume");
-  } else {
-    job->SetState(JobState::kQueued, "queued again (resumed while starting)");
-  }
-  pending_.push_back(job->id);
-  cv_.SignalAll();
-  return true;
 }
 
 // A daemon job (it has a checkpoint root) costs host memory only while it runs: once it ended

@@ -72,9 +72,12 @@ bool IsTokenDatasetFile(const TokenFileSource& tf) {
 absl::Status PrepareSource(TokenFileSource& tf, const JobSpec& spec, EngineJob* job, const std::string& field,
                            std::unique_ptr<TokenDataset>* raw) {
   auto bad = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(field, ": ", why)); };
-  // A file's error keeps its code (PermissionDenied outside the roots, NotFound), named by field.
+  // A file's error, named by field: PermissionDenied outside the roots stays so (DAEMON.md's
+  // status codes), anything else about the file is InvalidArgument.
   auto failed = [&](const absl::Status& st) {
-    return absl::Status(st.code(), absl::StrCat(field, ": ", st.message()));
+    const bool denied = st.code() == absl::StatusCode::kPermissionDenied;
+    return absl::Status(denied ? st.code() : absl::StatusCode::kInvalidArgument,
+                        absl::StrCat(field, ": ", st.message()));
   };
   if (IsJsonl(tf)) {
     if (tf.tokenizer_dir.empty()) tf.tokenizer_dir = spec.hf_dir;

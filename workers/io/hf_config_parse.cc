@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "workers/io/bounded_json.h"
+#include "workers/base/json_depth.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
 
@@ -252,10 +252,9 @@ absl::Status ParseRope(const Json& j, models::TransformerConfig* c) {
 }  // namespace
 
 absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& text) {
-  auto parsed = ParseBoundedJson(text, "config.json");
-  if (!parsed.ok()) return parsed.status();
-  const Json& j = *parsed;
-  if (!j.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
+  if (std::string deep = base::JsonDepthError(text); !deep.empty()) return Bad(deep);
+  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   const Json& cj = j;  // read only from here: operator[] on a const object never inserts
   const std::string type =
       cj.contains("model_type") && cj["model_type"].is_string() ? cj["model_type"].get<std::string>() : "";

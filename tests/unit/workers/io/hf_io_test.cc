@@ -727,35 +727,5 @@ TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
   EXPECT_TRUE(at::allclose(rp::testing::ToTensor(*q), rp::testing::ToTensor(*q0), 0, 1e-2));  // up to bf16 rounding
 }
 
-// adapter_config.json is read and compared with the job: an adapter of another rank, alpha or
-// set of targets is refused at Submit naming both sides (with tensors of the right shapes it
-// used to load silently).
-TEST_F(HfModels, AnAdapterOfAnotherRankAlphaOrTargetsIsRefused) {
-  const std::string base = dir_ + "/lora/base", adapter = dir_ + "/lora/adapter";
-  auto cfg = ReadHfConfig(base);
-  ASSERT_TRUE(cfg.ok()) << cfg.status();
-  auto lora = ReadPeftConfig(adapter);
-  ASSERT_TRUE(lora.ok()) << lora.status();
-  auto engine = scheduler::Engine::Create({"cpu:1"});
-  ASSERT_TRUE(engine.ok());
-  auto submit = [&](const models::LoraConfig& l) {
-    models::TransformerConfig c = *cfg;
-    c.lora = l;
-    scheduler::JobSpec spec;
-    spec.model = rp::testing::ModelOf(c);
-    spec.hf_dir = base;
-    spec.lora_adapter_dir = adapter;
-    return (*engine)->Submit(spec).status();
-  };
-  EXPECT_TRUE(submit(*lora).ok()) << submit(*lora);
-  models::LoraConfig alpha = *lora;
-  alpha.alpha *= 2;
-  EXPECT_NE(submit(alpha).message().find("adapter_config.json has r = 4, lora_alpha = 8"), std::string::npos)
-      << submit(alpha);
-  models::LoraConfig targets = *lora;
-  targets.targets.pop_back();
-  EXPECT_NE(submit(targets).message().find("adapter_config.json targets ["), std::string::npos) << submit(targets);
-}
-
 }  // namespace
 }  // namespace rp::workers::io

@@ -142,12 +142,16 @@ void ExpectTrainedLikeReference(const MoeRun& run, SafetensorsFile& ref, const p
     // moves them by percents, and AdamW's m / (sqrt(v) + 1e-8) makes that a visible part of a
     // step of lr = 1e-3. Measured on the worst one (layers.2.self_attn.q_proj, element 736):
     // transformers itself in fp64 gives a second gradient 1.2 % off its fp32 one and a weight
-    // 3.3e-6 away, ours 1e-5 away. Those elements, under 1 % of a tensor, get 4e-4.
+    // 3.3e-6 away, ours 1e-5 away. Those elements, under 1 % of a tensor, get 4e-4. Any other
+    // element may be off by 1 % of a step (1e-5), within the same 1 % count: on an AMD EPYC host
+    // the CPU kernels' summation order moves four second-step updates of qwen3moe by 2.5e-6 to
+    // 4.5e-6 where the two gradients differ in sign or size (m / sqrt(v) amplifies that). Every
+    // gradient itself is compared element by element, tightly, in moe_gradients_test.
     at::Tensor small = (*ref.Read("grad." + name, at::kFloat)).abs().lt(2e-5);
     if (!async) small = small.logical_or((*ref.Read("grad2." + name, at::kFloat)).abs().lt(2e-5));
     const at::Tensor diff = (got - want).abs();
     const at::Tensor tight = diff.le(2e-6 + 1e-4 * want.abs());
-    const at::Tensor loose = small.logical_and(diff.le(4e-4));
+    const at::Tensor loose = small.logical_and(diff.le(4e-4)).logical_or(diff.le(1e-5));
     EXPECT_TRUE(tight.logical_or(loose).all().item<bool>()) << name << " max diff " << diff.max().item<float>();
     EXPECT_LE(tight.logical_not().sum().item<int64_t>(), std::max<int64_t>(1, want.numel() / 100)) << name;
     experts_checked += name.find("mlp.experts.") != std::string::npos;
