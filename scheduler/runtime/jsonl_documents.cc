@@ -1,11 +1,13 @@
 #include "scheduler/runtime/jsonl_documents.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <semaphore>
 #include <string_view>
 #include <thread>
 
@@ -21,7 +23,16 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr uint64_t kMaxTokenizerBytes = 256ull << 20;  // real ones are 2-30 MB
+constexpr uint64_t kMaxTokenizerBytes = 64ull << 20;  // real ones are 2-35 MB
+// Parsing a tokenizer.json costs about ten times its size while it runs (the JSON value, then
+// the vocabulary's maps): at most this many are parsed or held at once, whoever asks (Submit's
+// admission threads, 64 of them, and the runner), so concurrent submits cannot multiply that peak.
+constexpr std::ptrdiff_t kConcurrentTokenizerLoads = 2;
+
+std::counting_semaphore<kConcurrentTokenizerLoads>& TokenizerLoadGate() {
+  static std::counting_semaphore<kConcurrentTokenizerLoads> gate(kConcurrentTokenizerLoads);
+  return gate;
+}
 constexpr uint64_t kMaxConfigBytes = 16ull << 20;
 
 // A read-only mapping that unmaps itself.
@@ -105,6 +116,13 @@ absl::Status AppendRecord(std::string_view line, const std::string& path, int64_
 
 absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const std::string& eos_token) {
   const std::string file = dir + "/tokenizer.json";
+  TokenizerLoadGate().acquire();
+  // Released when the loaded tokenizer (or this attempt) is gone; the parse's freed memory is
+  // handed back first (glibc keeps it in the loading thread's arena otherwise).
+  std::shared_ptr<void> permit(nullptr, [](void*) {
+    malloc_trim(0);
+    TokenizerLoadGate().release();
+  });
   auto text = workers::io::ReadSmallFile(file, kMaxTokenizerBytes);
   if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("tokenizer: ", text.status().message()));
   auto tok = workers::text::Tokenizer::FromJson(*text);
@@ -134,7 +152,7 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const s
           absl::StrCat("eos_token '", eos, "' is not a token of '", file, "' (set data.token_file.eos_token)"));
     }
   }
-  return LoadedTokenizer{*std::move(tok), eos_id};
+  return LoadedTokenizer{std::move(permit), *std::move(tok), eos_id};
 }
 
 absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok,

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,7 +25,11 @@ namespace rp::scheduler::runtime {
 
 // A tokenizer directory: tokenizer.json, and the end-of-sequence token to append after every
 // document: `eos_token` when non-empty, else tokenizer_config.json's "eos_token" when present.
+// At most two are held at once in the process (a parse and a loaded vocabulary cost about ten
+// times the file): LoadTokenizerDir waits for a permit, which the value holds until destroyed;
+// concurrent Submits cannot multiply that peak.
 struct LoadedTokenizer {
+  std::shared_ptr<void> permit;  // first: released (and freed memory trimmed) after the tokenizer
   workers::text::Tokenizer tokenizer;
   std::optional<int32_t> eos_id;
 };
