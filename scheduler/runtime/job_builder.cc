@@ -130,7 +130,7 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> LoadPackedSource(const TokenFileSo
     packed = ReadJsonlDocuments(tf.path, *tok, limits);
   } else {
     progress("reading " + tf.path);
-    packed = ReadTokenDatasetFile(tf.path);
+    packed = ReadTokenDatasetFile(tf.path, stop);
   }
   if (!packed.ok()) return packed.status();
   std::vector<int64_t> starts = std::move(packed->document_starts);
@@ -289,7 +289,10 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     if (cuda) {
       registrar = [d = devices.front()](void* base, int64_t bytes) { return d->RegisterHostMemory(base, bytes); };
     }
-    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get(), registrar); !st.ok()) return st;
+    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get(), registrar, &job.stop_starting);
+        !st.ok()) {
+      return st;
+    }
     if (const int64_t mapped = store->MappedBytes(); cuda && mapped > 0) {
       progress(absl::StrCat("registered ", store->RegisteredBytes() >> 20, " of ", mapped >> 20,
                             " MiB of mapped base weights for DMA (the rest is copied to pinned memory)"));

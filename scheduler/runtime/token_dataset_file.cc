@@ -55,7 +55,10 @@ absl::Status CheckTokenDatasetFile(const std::string& path) {
   return f.ok() ? absl::OkStatus() : f.status();
 }
 
-absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path) {
+absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path, const std::atomic<bool>* stop) {
+  auto stopped = [&] { return stop != nullptr && stop->load(std::memory_order_relaxed); };
+  auto stopped_error = [&] { return absl::CancelledError(absl::StrCat("reading '", path, "' was stopped")); };
+  if (stopped()) return stopped_error();
   int64_t n = 0;
   auto f = OpenChecked(path, &n);
   if (!f.ok()) return f.status();
@@ -66,6 +69,7 @@ absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path) {
   const int64_t* p = ids->data_ptr<int64_t>();
   out.tokens.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
+    if ((i & ((int64_t{1} << 20) - 1)) == 0 && stopped()) return stopped_error();
     if (p[i] < 0 || p[i] > std::numeric_limits<int32_t>::max()) {
       return absl::InvalidArgumentError(
           absl::StrCat("token dataset '", path, "': input_ids[", i, "] is ", p[i], " (token ids are in [0, 2^31))"));

@@ -11,6 +11,7 @@
 // runner, when the job starts).
 #pragma once
 
+#include <atomic>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,8 @@
 namespace rp::scheduler::runtime {
 
 absl::Status CheckTokenDatasetFile(const std::string& path);
-absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path);
+// `stop` (may be null), raised by another thread (cancel, pause, a drain), ends the read with
+// Cancelled (checked every 2^20 tokens).
+absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace rp::scheduler::runtime

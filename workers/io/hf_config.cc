@@ -230,11 +230,15 @@ class Registrations {
 
 }  // namespace
 
-absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store, const MappingRegistrar& registrar) {
+absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store, const MappingRegistrar& registrar,
+                           const std::atomic<bool>* stop) {
   auto w = OpenHfWeights(dir);
   if (!w.ok()) return w.status();
   Registrations registrations(registrar);
   for (int i = 0; i < store->num_params(); ++i) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
+      return absl::CancelledError(absl::StrCat("loading weights from '", dir, "' was stopped"));
+    }
     HostParam& p = store->param(i);
     if (p.name.find(".lora_") != std::string::npos) continue;  // adapters: not in a base model
     auto src = LocateParam(*w, dir, p.name, p.shape);

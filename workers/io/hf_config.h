@@ -6,6 +6,7 @@
 // run while the store trains.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,8 +35,10 @@ absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& model_
 // file is unmapped. A refused registration is not an error: those masters stay unregistered
 // (RelocateMasters copies them).
 using MappingRegistrar = std::function<absl::StatusOr<std::shared_ptr<void>>(void* base, int64_t bytes)>;
+// `stop` (may be null), raised by another thread (the job's cancel, pause, a drain), ends the load
+// between tensors with Cancelled; the store is then partly loaded and is to be dropped.
 absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store,
-                           const MappingRegistrar& registrar = nullptr);
+                           const MappingRegistrar& registrar = nullptr, const std::atomic<bool>* stop = nullptr);
 // The same checks without loading: every base parameter of `config` is in the directory with its
 // shape (files opened and headers parsed; nothing allocated beyond that).
 absl::Status CheckHfWeights(const std::string& model_dir, const models::TransformerConfig& config);

@@ -274,6 +274,9 @@ TEST(TokenDatasetFile, BadFilesAreRefusedNamingTheTensor) {
   // An int32 mask of 256 trains its token (a narrowing to uint8 would have made it 0).
   auto masked = ReadTokenDatasetFile(d + "/mask256.safetensors");
   ASSERT_TRUE(masked.ok()) << masked.status();
+  // A long step of a starting job: a raised stop (cancel, pause, drain) ends the read.
+  std::atomic<bool> stop{true};
+  EXPECT_EQ(ReadTokenDatasetFile(d + "/mask256.safetensors", &stop).status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(masked->trained, (std::vector<uint8_t>{0, 0, 0, 0, 1, 0, 0, 0, 0, 0}));
 }
 
