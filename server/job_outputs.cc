@@ -1,4 +1,5 @@
-// A job's outputs and the daemon's drain: ExportModel, Checkpoint, Drain (job_manager.h).
+// A job's outputs and the daemon's drain and shutdown: ExportModel, Checkpoint, Drain, Shutdown
+// (job_manager.h).
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -165,6 +166,56 @@ int JobManager::Drain(std::chrono::seconds deadline) {
   }
   JobLog()->info("drain: paused {} job(s)", paused);
   return paused;
+}
+
+void JobManager::Shutdown() {
+  std::vector<std::shared_ptr<Managed>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    jobs = order_;
+  }
+  // Feeds still waiting for room in a job's queue (a paused job's, a full one's) end now with a
+  // status: their StreamBatches calls finish, so the gRPC server's shutdown never waits on them.
+  for (const auto& j : jobs) {
+    std::optional<scheduler::JobId> eid;
+    {
+      std::lock_guard<std::mutex> lock(j->mu);
+      j->stop = true;  // no new feed is accepted from here
+      eid = j->engine_id;
+    }
+    if (eid) {
+      (void)engine_->EndWaitingFeeds(
+          *eid, absl::UnavailableError("the daemon is shutting down; this batch was not queued (resend it after the "
+                                       "restart)"));
+    }
+  }
+  for (const auto& j : jobs) {
+    std::lock_guard<std::mutex> lock(j->mu);
+    j->stop = true;
+    j->cv.notify_all();
+    // Watchers learn that the daemon is going away (their stream ends with UNAVAILABLE).
+    for (auto& s : j->subscribers) {
+      v1::JobEvent e;
+      e.set_job_id(j->id);
+      e.set_message("daemon shutting down");
+      s->OnEvent(e, true);
+    }
+    j->subscribers.clear();
+  }
+  {
+    absl::MutexLock reap(&reap_mu_);
+    for (const auto& j : jobs) {
+      if (j->pump.joinable()) j->pump.join();
+    }
+  }
+  std::vector<Task> tasks;
+  {
+    absl::MutexLock lock(&tasks_mu_);
+    tasks.swap(tasks_);
+  }
+  for (auto& t : tasks) t.thread.join();
 }
 
 }  // namespace rp::server

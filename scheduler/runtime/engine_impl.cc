@@ -60,32 +60,6 @@ absl::StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
 
 Engine::Impl::~Impl() { Shutdown(); }
 
-void Engine::Impl::Shutdown() {
-  {
-    base::MutexLock lock(&mu_);
-    if (shutdown_) return;
-    shutdown_ = true;
-    for (auto& [id, job] : jobs_) {
-      base::MutexLock jl(&job->mu);
-      job->cancel = true;
-      job->stop_starting = true;
-      job->cv.SignalAll();
-    }
-  }
-  cv_.SignalAll();
-  if (runner_.joinable()) runner_.join();
-  base::MutexLock lock(&mu_);
-  for (auto& [id, job] : jobs_) {
-    std::deque<runtime::WaitingFeed> waiting;
-    {
-      base::MutexLock jl(&job->mu);
-      if (!job->terminal()) job->SetState(JobState::kCancelled, "engine shut down");
-      waiting.swap(job->waiting);
-    }
-    for (auto& w : waiting) w.done(absl::UnavailableError("the engine is shutting down"));
-  }
-}
-
 std::vector<workers::Device*> Engine::Impl::RawDevices() const {
   std::vector<workers::Device*> out;
   for (const auto& d : devices_) out.push_back(d.get());

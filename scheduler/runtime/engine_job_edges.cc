@@ -1,6 +1,7 @@
 // engine_job_edges.cc — Engine::Impl at the edges of a job's run (engine_impl.h): a start
 // (BuildJob: tokenizing, loading) stopped by a cancel, pause or shutdown, and what an ended job
-// gives back besides its store; feeds still waiting for room ended by a shutdown.
+// gives back besides its store; feeds still waiting for room ended by a shutdown; the engine's
+// own shutdown, the edge of every job.
 #include <malloc.h>
 
 #include <deque>
@@ -67,6 +68,34 @@ absl::Status Engine::Impl::EndWaitingFeeds(JobId id, const absl::Status& why) {
   }
   for (auto& w : waiting) w.done(why);
   return absl::OkStatus();
+}
+
+// Every job is cancelled (a starting one stops at once), the runner joins, and what still waits
+// for room is told.
+void Engine::Impl::Shutdown() {
+  {
+    base::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    for (auto& [id, job] : jobs_) {
+      base::MutexLock jl(&job->mu);
+      job->cancel = true;
+      job->stop_starting = true;
+      job->cv.SignalAll();
+    }
+  }
+  cv_.SignalAll();
+  if (runner_.joinable()) runner_.join();
+  base::MutexLock lock(&mu_);
+  for (auto& [id, job] : jobs_) {
+    std::deque<runtime::WaitingFeed> waiting;
+    {
+      base::MutexLock jl(&job->mu);
+      if (!job->terminal()) job->SetState(JobState::kCancelled, "engine shut down");
+      waiting.swap(job->waiting);
+    }
+    for (auto& w : waiting) w.done(absl::UnavailableError("the engine is shutting down"));
+  }
 }
 
 }  // namespace rp::scheduler

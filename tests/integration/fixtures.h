@@ -170,6 +170,18 @@ class Watcher {
   std::thread thread_;
 };
 
+// A batch of the tiny model's shape (4 x 16 pseudo-random byte tokens); `job` names the stream's
+// job on its first batch.
+inline roundpipe::v1::Batch TinyBatch(const std::string& job, uint32_t seed, bool keep_open = false) {
+  roundpipe::v1::Batch b;
+  b.set_job_id(job);
+  b.set_batch(4);
+  b.set_sequence(16);
+  b.set_keep_open(keep_open);
+  for (int32_t t : DaemonTest::SomeTokens(64, seed)) b.add_tokens(t);
+  return b;
+}
+
 // Reads an F32/BF16/F16 safetensors file (independently of the engine's writer) as fp32 tensors.
 inline std::map<std::string, at::Tensor> ReadSafetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
