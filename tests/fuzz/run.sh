@@ -8,8 +8,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${RP_FUZZ_BUILD:-$ROOT/build/fuzz}"
 SECONDS_EACH="${RP_FUZZ_SECONDS:-20}"
 if ! command -v clang++ >/dev/null; then
-  echo "fuzz: SKIPPED — clang++ is not installed (deploy/install-deps.sh installs it)"
-  exit 0
+  echo "fuzz: FAILED — clang++ is not installed (deploy/install-deps.sh installs it)"
+  exit 1
 fi
 [ -f "$BUILD/build.ninja" ] || cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$BUILD" >/dev/null

