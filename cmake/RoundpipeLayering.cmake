@@ -37,7 +37,7 @@ function(_rp_walk_links item regex chain visited_var)
   endif()
   if(base MATCHES "${regex}" AND NOT is_interface_target)
     message(FATAL_ERROR "layering violation: ${chain} -> ${name} (matches '${regex}'); "
-                        "see DESIGN §1: planning and workers/ never link these")
+                        "see ARCHITECTURE §1: planning and workers/ never link these")
   endif()
   if(TARGET ${name})
     get_target_property(aliased ${name} ALIASED_TARGET)

@@ -1,5 +1,5 @@
 # gRPC + protobuf (Debian 12), spdlog, SQLite, libsystemd and prometheus-cpp (Debian 13 binaries
-# unpacked by deploy/install-deps.sh into ${RP_PREFIX}/prometheus, see DESIGN §7).
+# unpacked by deploy/install-deps.sh into ${RP_PREFIX}/prometheus, see ARCHITECTURE §7).
 find_package(Protobuf REQUIRED)
 # Debian's protobuf runtime under our own name, the one target our generated code links.
 add_library(rp_protobuf INTERFACE)

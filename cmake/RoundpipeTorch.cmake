@@ -14,7 +14,7 @@
 # Inputs (cache): RP_TORCH_PREFIX, the torch package directory (holds include/ and lib/; default:
 # the venv's `torch`, else python3's). -DTorch_DIR=<prefix>/share/cmake/Torch is accepted too.
 #
-# The clash (DESIGN §7): the wheel's include/ directory ships its own fmt (12.x) and protobuf
+# The clash (ARCHITECTURE §7): the wheel's include/ directory ships its own fmt (12.x) and protobuf
 # headers. Debian's spdlog is built against fmt 9 and our generated .pb.h files against Debian's
 # protobuf; with torch's include dir first on the path, a TU would silently compile against the
 # wrong headers (ODR violations / link errors). We therefore include a filtered directory in the
@@ -130,7 +130,16 @@ foreach(_d IN LISTS RP_TORCH_RUNTIME_DIRS)
   target_link_options(rp_torch INTERFACE "LINKER:-rpath,${_d}" "LINKER:-rpath-link,${_d}")
 endforeach()
 
-# rp_torch_pch(target): precompile the heavy ATen header for a target's TUs (2-core budget).
+# rp_torch_pch(target): the heavy ATen header precompiled once for the whole build (about a
+# minute of a core per precompile): every target reuses rp_torch_pch_host's. GCC takes a PCH made
+# with the same code-generation flags; the targets differ only in include directories, warnings
+# and -D macros that ATen never reads, and a PCH GCC finds unusable is parsed as text instead.
+# -pthread on every LibTorch target: gRPC's targets add it (it defines _REENTRANT), and GCC
+# refuses a PCH made without a macro the including TU defines.
+target_compile_options(rp_torch INTERFACE -pthread)
+add_library(rp_torch_pch_host STATIC ${CMAKE_CURRENT_LIST_DIR}/torch_pch_host.cc)
+target_link_libraries(rp_torch_pch_host PUBLIC rp_torch)
+target_precompile_headers(rp_torch_pch_host PRIVATE <ATen/ATen.h>)
 function(rp_torch_pch target)
-  target_precompile_headers(${target} PRIVATE <ATen/ATen.h>)
+  target_precompile_headers(${target} REUSE_FROM rp_torch_pch_host)
 endfunction()

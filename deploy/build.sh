@@ -22,6 +22,10 @@ fi
 
 export CCACHE_DIR="${CCACHE_DIR:-${HOME:-/root}/.cache/ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+# Cache hits whatever the checkout's path (a clean clone elsewhere reuses a warm cache): paths
+# under the checkout are hashed relative to it, and the build directory is not hashed.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$RP_ROOT}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 # Precompiled headers (rp_torch_pch) are only cacheable with these sloppiness settings.
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 if [ ! -f "$RP_BUILD_DIR/build.ninja" ]; then

@@ -1,4 +1,4 @@
-// engine.h — the engine facade (DESIGN §1): the library API that the daemon, the tools, tests
+// engine.h — the engine facade (ARCHITECTURE §1): the library API that the daemon, the tools, tests
 // and benchmarks drive. It owns the devices and, per job while it runs, the HostModelStore and
 // the Controller. Everything crossing it is a value type (scheduler/engine_types.h); the
 // implementation (scheduler/runtime/, LibTorch, workers/) sits behind a pimpl and is linked

@@ -212,7 +212,7 @@ struct JobEvent {
   // why. After kMaxCheckpointFailures policy failures in a row the job pauses. kProgress: what
   // a loading job is doing ("loading weights 37 %"), in `message`.
   // kEval: an evaluation on the validation source finished (`eval`). kProfile: the measured
-  // profile was written to the path in `message`.
+  // profile was written to the path in `message`; kProfileFailed: it could not be, `message` says why.
   enum class Kind {
     kState,
     kIteration,
@@ -221,7 +221,8 @@ struct JobEvent {
     kCheckpointFailed,
     kProgress,
     kEval,
-    kProfile
+    kProfile,
+    kProfileFailed
   } kind = Kind::kState;
   JobState state = JobState::kQueued;
   IterationStats stats;                        // kIteration
@@ -229,6 +230,10 @@ struct JobEvent {
   std::chrono::system_clock::time_point time;  // when the engine emitted it
   CheckpointInfo checkpoint;                   // kCheckpoint
   EvalStats eval;                              // kEval
+  // kState to kPaused: who paused the job. kRequested: a caller's Pause (a user or a drain),
+  // before or while it ran; `message` only adds detail. kByEngine: the engine paused the job
+  // itself (checkpoints kept failing); `message` says why.
+  enum class PauseCause { kRequested, kByEngine } pause_cause = PauseCause::kRequested;
 };
 
 // Failure policies of the runner (both optimizer modes):

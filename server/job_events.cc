@@ -59,10 +59,10 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
         rec.set_message(message);
       } else if (drained) {
         rec.set_message("paused by a daemon drain");
-      } else if (!message.empty() && message != "paused before it started") {
+      } else if (e.pause_cause == scheduler::JobEvent::PauseCause::kByEngine) {
         rec.set_message(message);  // the engine paused it itself (e.g. checkpoints keep failing): say why
-      } else if (rec.message().empty()) {
-        rec.set_message("paused");
+      } else {
+        rec.set_message(message.empty() ? "paused" : message);  // a caller's pause, with the engine's detail
       }
       if (s == v1::JOB_STATE_RUNNING) {
         rec.clear_message();
@@ -176,16 +176,21 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
                        ev.is_best ? " (best)" : absl::StrCat(" (best ", ev.best_loss, " at step ", ev.best_step, ")"));
       break;
     }
-    case scheduler::JobEvent::Kind::kProfile: {
-      const bool written = e.message.rfind("could not", 0) != 0;
-      if (written) rec.set_profile(e.message);
+    case scheduler::JobEvent::Kind::kProfile:
+      rec.set_profile(e.message);
       stamp();
       fx.persist = true;
       out.set_profile(e.message);
-      fx.log = written ? EventEffect::Log::kInfo : EventEffect::Log::kWarn;
-      fx.log_line = written ? absl::StrCat("measured profile written to ", e.message) : e.message;
+      fx.log = EventEffect::Log::kInfo;
+      fx.log_line = absl::StrCat("measured profile written to ", e.message);
       break;
-    }
+    case scheduler::JobEvent::Kind::kProfileFailed:
+      stamp();
+      fx.persist = true;
+      out.set_profile(e.message);
+      fx.log = EventEffect::Log::kWarn;
+      fx.log_line = e.message;
+      break;
     case scheduler::JobEvent::Kind::kBatchRejected:
       out.set_batch_rejected(e.message);
       fx.log = EventEffect::Log::kWarn;

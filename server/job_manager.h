@@ -1,7 +1,7 @@
 // job_manager.h — the daemon's jobs: admission (spec -> engine), the SQLite job store, data
 // feeding (streamed batches through a bounded queue, or a server-side token file), progress and
 // events for watchers, metrics, pause/resume/cancel, export, drain and restart recovery.
-// Proto messages stop here: the engine below only sees engine types (DESIGN §1).
+// Proto messages stop here: the engine below only sees engine types (ARCHITECTURE §1).
 //
 // Contract: every public method is thread-safe and returns quickly (never waits for training);
 // gRPC handlers call it from callback threads. Per job, a pump thread turns engine events into

@@ -1,4 +1,4 @@
-// metrics.h — the daemon's Prometheus metric families (DESIGN §5): prefix roundpipe_, base
+// metrics.h — the daemon's Prometheus metric families (ARCHITECTURE §5): prefix roundpipe_, base
 // units, _total on counters, low-cardinality labels (worker, stream, direction, kind, pool,
 // state; never a job id). One registry is created in main and passed in; nothing is global.
 //

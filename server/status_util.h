@@ -1,4 +1,4 @@
-// status_util.h — the one place where absl::Status becomes grpc::Status (DESIGN §6), and the
+// status_util.h — the one place where absl::Status becomes grpc::Status (ARCHITECTURE §6), and the
 // exception barrier every RPC handler and background task runs its work behind.
 //
 // Contract: pure functions, any thread. ToGrpcStatus bounds the message (kMaxStatusMessageBytes)

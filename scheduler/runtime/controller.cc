@@ -1,7 +1,6 @@
 #include "scheduler/runtime/controller.h"
 
 #include "scheduler/runtime/model_adapter.h"
-#include "scheduler/runtime/profile_costs.h"
 
 #include <ATen/ATen.h>
 
@@ -10,7 +9,6 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "scheduler/planning/comparison.h"
 #include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
@@ -20,23 +18,7 @@
 
 namespace rp::scheduler {
 
-namespace {
-// The planner's slot as the data plane's task (the workers never see the plan).
-workers::StageTask ToStageTask(const planning::StageSlot& sl) {
-  workers::StageTask t;
-  t.slot = sl.index;
-  t.iteration = sl.iteration;
-  t.kind = sl.kind == planning::SlotKind::kForward ? workers::StageKind::kForward
-           : sl.kind == planning::SlotKind::kFused ? workers::StageKind::kFused
-                                                   : workers::StageKind::kBackward;
-  t.stage = sl.stage;
-  t.first_layer = sl.first_layer;
-  t.num_layers = sl.num_layers;
-  t.first_microbatch = sl.first_microbatch;
-  t.num_microbatches = sl.num_microbatches;
-  return t;
-}
-}  // namespace
+using runtime::ToStageTask;
 
 using planning::SlotKind;
 
@@ -153,85 +135,6 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
   ApplyPartition(opt_.partition);
 }
 
-void Controller::ApplyPartition(const planning::Partition& p) {
-  opt_.partition = p;
-  const int L = store_->config().num_layers();
-  act_consumers_.assign(static_cast<size_t>(L + 1), 0);
-  int first = 0;
-  for (int n : p.forward) {
-    ++act_consumers_[static_cast<size_t>(first)];
-    first += n;
-  }
-  ++act_consumers_[static_cast<size_t>(L - p.fused)];
-  int top = L - p.fused;
-  for (int n : p.backward) {
-    top -= n;
-    ++act_consumers_[static_cast<size_t>(top)];
-  }
-  if (book_) {
-    // Per-layer upload / gradient-download counts of one iteration.
-    const int M = opt_.microbatches;
-    const int R = M / (opt_.microbatches_per_round > 0 ? opt_.microbatches_per_round : M);
-    std::vector<int> uploads(static_cast<size_t>(L), 0), grads(static_cast<size_t>(L), 0);
-    for (const auto& st :
-         planning::DescribeStages(p, planning::CostModel{std::vector<planning::LayerCost>(static_cast<size_t>(L))})) {
-      for (int l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
-        uploads[static_cast<size_t>(l)] += R;
-        if (st.kind != planning::StageShape::Kind::kForward) grads[static_cast<size_t>(l)] += R;
-      }
-    }
-    book_->SetCounts(uploads, grads, iteration_);
-  }
-}
-
-// Feeds the compute times of a profiling iteration (one layer per slot) into the profile and,
-// once enough iterations were measured, plans the partition used from the next iteration on.
-void Controller::RecordProfile(int iteration, const InFlight& f) {
-  if (!profile_ || !timeline_ || planned_) return;
-  // Compute time per (slot, micro-batch): a backward stage that recomputes ahead runs as two
-  // operations (recompute, then backward), which together are its recompute+backward time.
-  std::map<std::pair<int, int>, double> compute_s;
-  for (const workers::TimelineEntry& e : timeline_->EntriesEndingSince(f.timeline_start)) {
-    if (e.iteration != iteration || e.stream != "compute" || e.slot < 0 || e.slot >= static_cast<int>(f.slots.size())) {
-      continue;
-    }
-    compute_s[{e.slot, e.microbatch}] += e.end_s - e.start_s;
-  }
-  for (const auto& [key, seconds] : compute_s) {
-    const planning::StageSlot& sl = f.slots[static_cast<size_t>(key.first)];
-    if (sl.num_layers != 1) continue;
-    const auto kind = sl.kind == SlotKind::kForward ? planning::MeasuredProfile::Kind::kForward
-                      : sl.kind == SlotKind::kFused ? planning::MeasuredProfile::Kind::kFused
-                                                    : planning::MeasuredProfile::Kind::kBackward;
-    profile_->Record(sl.first_layer, kind, seconds);
-  }
-  if (++profiled_iterations_ < opt_.profile_iterations || !profile_->Complete()) return;
-  // Memory from the real parameter sizes and the analytic activation estimate, times measured.
-  const planning::CostModel base =
-      runtime::ProfileBaseCosts(*store_, last_microbatch_rows_, last_seq_len_, opt_.head_chunk_tokens);
-  planning::CostModel measured = profile_->Apply(base);
-  measured_ = measured;
-  planning::PartitionProblem problem{&measured, static_cast<int>(workers_.size()), opt_.microbatches,
-                                     opt_.stage_memory_cap};
-  problem.min_stages = opt_.min_stages;
-  problem.t_max_window = opt_.t_max_window;
-  planning::SimulatedChoice choice;
-  choice.microbatches_per_round = opt_.microbatches_per_round;
-  choice.mode = opt_.mode;
-  choice.sim.recompute_ahead = opt_.recompute_ahead;
-  auto r = opt_.partition_by_simulation ? planning::SimulatedBestPartition(problem, choice)
-                                        : planning::AutoPartition(problem);
-  if (r.ok()) {
-    planned_ = *r;
-    plan_problem_.clear();
-  } else {
-    // Keep the profiling partition (one layer per slot: the smallest stages there are) and say
-    // why; planning is retried after every further iteration.
-    plan_problem_ =
-        absl::StrCat("automatic partition failed (", r.status().message(), "); running one layer per stage slot");
-  }
-}
-
 Controller::~Controller() {
   // Let every stage finish and release the optimizer's last P_cp wait before its thread joins.
   for (auto& [it, f] : inflight_) {
@@ -241,106 +144,12 @@ Controller::~Controller() {
   if (optimizer_) optimizer_->WaitIdle();
 }
 
-absl::Status Controller::ValidateBatch(const at::Tensor& tokens, const std::optional<at::Tensor>& labels,
-                                       const std::optional<at::Tensor>& positions) const {
-  return ValidateBatchFor(store_->config().vocab, opt_.microbatches, tokens, labels, positions);
-}
-
-absl::Status Controller::ValidateBatchFor(int64_t V, int microbatches, const at::Tensor& tokens,
-                                          const std::optional<at::Tensor>& labels,
-                                          const std::optional<at::Tensor>& positions) {
-  if (!tokens.defined() || tokens.dim() != 2) {
-    return absl::InvalidArgumentError("batch: tokens must be a 2-d [batch, sequence] tensor");
-  }
-  if (tokens.scalar_type() != at::kLong && tokens.scalar_type() != at::kInt) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch: tokens must be int32 or int64, got ", c10::toString(tokens.scalar_type())));
-  }
-  const int64_t B = tokens.size(0), S = tokens.size(1);
-  if (B == 0 || S == 0) return absl::InvalidArgumentError("batch: empty batch");
-  if (B % microbatches != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch: ", B, " sequences cannot be split into ", microbatches, " equal micro-batches"));
-  }
-  const int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
-  if (lo < 0 || hi >= V) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch: token ids must lie in [0, ", V, "), found [", lo, ", ", hi, "]"));
-  }
-  if (labels) {
-    if (!labels->defined() || labels->sizes() != tokens.sizes()) {
-      return absl::InvalidArgumentError("batch: labels must have the shape of tokens");
-    }
-    if (labels->scalar_type() != at::kLong && labels->scalar_type() != at::kInt) {
-      return absl::InvalidArgumentError("batch: labels must be int32 or int64");
-    }
-    at::Tensor l = labels->to(at::kLong);
-    at::Tensor bad = l.ne(workers::models::kIgnoreIndex).logical_and(l.lt(0).logical_or(l.ge(V)));
-    if (bad.any().item<bool>()) {
-      return absl::InvalidArgumentError(absl::StrCat("batch: labels must be -100 or lie in [0, ", V, ")"));
-    }
-  }
-  if (positions) {
-    if (!positions->defined() || positions->sizes() != tokens.sizes()) {
-      return absl::InvalidArgumentError("batch: positions must have the shape of tokens");
-    }
-    if (positions->scalar_type() != at::kLong && positions->scalar_type() != at::kInt) {
-      return absl::InvalidArgumentError("batch: positions must be int32 or int64");
-    }
-    // Each row starts a document; afterwards a position is 0 (a new document) or the previous + 1.
-    at::Tensor p = positions->to(at::kLong);
-    at::Tensor next = p.narrow(1, 1, S - 1), prev = p.narrow(1, 0, S - 1);
-    const bool ok =
-        p.select(1, 0).eq(0).all().item<bool>() && next.eq(0).logical_or(next.eq(prev + 1)).all().item<bool>();
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          "batch: positions must start every row at 0 and then be 0 (a new document) or the previous position + 1");
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens,
                                                         const std::optional<at::Tensor>& labels,
                                                         const std::optional<at::Tensor>& positions) {
   auto it = SubmitIteration(tokens, labels, positions);
   if (!it.ok()) return it.status();
   return AwaitIteration(*it);
-}
-
-absl::StatusOr<Controller::HostBatch> Controller::ToHostMicrobatches(const at::Tensor& tokens_in,
-                                                                     const std::optional<at::Tensor>& labels_in,
-                                                                     const std::optional<at::Tensor>& positions_in,
-                                                                     bool training) {
-  if (absl::Status st = ValidateBatch(tokens_in, labels_in, positions_in); !st.ok()) return st;
-  const int M = opt_.microbatches;
-  at::Tensor tokens = tokens_in.to(at::kLong).contiguous();
-  at::Tensor labels = labels_in ? labels_in->to(at::kLong).contiguous() : workers::models::ShiftLabels(tokens);
-  HostBatch hb;
-  hb.valid = labels.ne(workers::models::kIgnoreIndex).sum().item<int64_t>();
-  if (hb.valid == 0 && training) return absl::InvalidArgumentError("batch: no token has a label to train on");
-  std::vector<std::pair<const at::Tensor*, std::vector<at::Tensor>*>> parts = {{&tokens, &hb.tokens},
-                                                                               {&labels, &hb.labels}};
-  at::Tensor positions;
-  if (positions_in) {
-    positions = positions_in->to(at::kLong).contiguous();
-    parts.push_back({&positions, &hb.positions});
-  }
-  // Micro-batch inputs go into the devices' host memory (pinned on CUDA: asynchronous uploads).
-  const int64_t per = tokens.size(0) / M;
-  try {
-    for (int m = 0; m < M; ++m) {
-      for (auto [src, dst] : parts) {
-        const at::Tensor part = src->narrow(0, m * per, per);
-        at::Tensor h = devices_.front()->EmptyHost(part.sizes(), part.scalar_type());
-        h.copy_(part);
-        dst->push_back(std::move(h));
-      }
-    }
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat("batch: ", e.what()));
-  }
-  return hb;
 }
 
 absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
@@ -508,70 +317,6 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
   }
   RecordProfile(iteration, f);
   return st;
-}
-
-absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
-                                                const std::optional<at::Tensor>& positions_in) {
-  if (!inflight_.empty()) {
-    return absl::FailedPreconditionError("controller: await every submitted iteration before an evaluation");
-  }
-  if (absl::Status st = Flush(); !st.ok()) return st;  // async: the weights hold every step
-  auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/false);
-  if (!host.ok()) return host.status();
-  if (host->valid == 0) return EvalResult{};  // nothing to evaluate in this batch
-  const auto start = std::chrono::steady_clock::now();
-  const int L = store_->config().num_layers();
-  const int M = opt_.microbatches;
-  const int E = -2 - evaluations_++;  // an iteration id of its own: never a training iteration's
-  auto ctx = std::make_shared<workers::RunContext>();
-  ctx->cfg = &store_->config();
-  ctx->store = store_;
-  ctx->acts = &acts_;
-  ctx->iteration = E;
-  ctx->seq_len = tokens_in.size(1);
-  ctx->positions = std::move(host->positions);
-  ctx->loss_scale = 1.0;  // sums, not means: the caller averages over a whole validation set
-  ctx->head_chunk_tokens = opt_.head_chunk_tokens;
-  // Who takes layer l's input: the forward stages that start there and the loss stage.
-  ctx->act_consumers.assign(static_cast<size_t>(L + 1), 0);
-  int first = 0;
-  for (int n : opt_.partition.forward) {
-    ++ctx->act_consumers[static_cast<size_t>(first)];
-    first += n;
-  }
-  ++ctx->act_consumers[static_cast<size_t>(L - opt_.partition.fused)];
-  for (int m = 0; m < M; ++m) {
-    acts_.Put(workers::ActKind::kActivation, 0, m, std::move(host->tokens[m]), ctx->act_consumers[0], E);
-    acts_.Put(workers::ActKind::kLabels, 0, m, std::move(host->labels[m]), 1, E);
-  }
-  // The training plan's forward slots and B_1's, on the workers the round-robin continues with.
-  planning::DispatchOptions d;
-  d.num_workers = static_cast<int>(workers_.size());
-  d.microbatches_per_iteration = M;
-  d.microbatches_per_round = opt_.microbatches_per_round;
-  d.g0 = next_g0_;
-  d.mode = planning::OptimizerMode::kSync;
-  auto plan = planning::BuildDispatchPlan(opt_.partition, L, d);
-  if (!plan.ok()) return plan.status();
-  std::vector<workers::EventPtr> done;
-  for (planning::StageSlot sl : plan->slots) {
-    if (sl.kind == SlotKind::kBackward) continue;
-    sl.iteration = E;
-    workers::StageTask task = ToStageTask(sl);
-    if (sl.kind == SlotKind::kFused) task.kind = workers::StageKind::kEval;
-    done.push_back(workers_[static_cast<size_t>(sl.worker)]->Submit(task, ctx));
-  }
-  for (auto& w : workers_) w->Flush();
-  for (const auto& e : done) e->Wait();
-  if (absl::Status err = ctx->error(); !err.ok()) {
-    acts_.Discard(E);
-    return err;
-  }
-  EvalResult r;
-  r.loss_sum = ctx->loss();
-  r.tokens = ctx->tokens();
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
 }
 
 absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {

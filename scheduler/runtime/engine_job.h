@@ -113,10 +113,13 @@ struct EngineJob {
     events.push_back(std::move(e));
     cv.SignalAll();
   }
-  void SetState(JobState s, std::string why = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void SetState(JobState s, std::string why = "", JobEvent::PauseCause cause = JobEvent::PauseCause::kRequested)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     state = s;
     message = why;
-    Emit({JobEvent::Kind::kState, s, {}, std::move(why)});
+    JobEvent e{JobEvent::Kind::kState, s, {}, std::move(why)};
+    e.pause_cause = cause;
+    Emit(std::move(e));
   }
   // Writes the state at the current step as <checkpoint_root>/step-<N> and reports it (caller
   // holds run_mu, at an iteration boundary with the optimizer flushed). One that existed already

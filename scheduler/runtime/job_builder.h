@@ -36,7 +36,7 @@ namespace rp::scheduler {
 int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices);
 
 // Default partition when a job names none: AutoPartition over a cost model in which parameter
-// counts (planning::ModelConfig::LayerParams) stand in for time (DESIGN §9).
+// counts (planning::ModelConfig::LayerParams) stand in for time (ARCHITECTURE §9).
 absl::StatusOr<planning::Partition> PlanFromParameterSizes(const planning::ModelConfig& model, int num_workers,
                                                            int microbatches);
 

@@ -136,7 +136,8 @@ bool JobRunner::MaybePause() {
     (void)c_.Flush();
   }
   base::MutexLock lock(&job_.mu);
-  job_.SetState(JobState::kPaused, std::exchange(job_.pause_reason, ""));
+  const auto cause = job_.pause_reason.empty() ? JobEvent::PauseCause::kRequested : JobEvent::PauseCause::kByEngine;
+  job_.SetState(JobState::kPaused, std::exchange(job_.pause_reason, ""), cause);
   for (;;) {
     while (job_.pause && !job_.cancel && job_.checkpoints.empty()) job_.cv.Wait(&job_.mu);
     if (job_.checkpoints.empty()) break;
@@ -166,7 +167,8 @@ void JobRunner::MaybeWriteProfile() {
   base::MutexLock lock(&job_.mu);
   if (!st.ok()) {
     (void)workers::io::RemoveTree(tmp);
-    job_.Emit({JobEvent::Kind::kProfile, job_.state, {}, absl::StrCat("could not write the profile: ", st.message())});
+    job_.Emit(
+        {JobEvent::Kind::kProfileFailed, job_.state, {}, absl::StrCat("could not write the profile: ", st.message())});
     return;
   }
   job_.profile_written = path;

@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "workers/io/bounded_json.h"
 #include "workers/io/confined_fs.h"
+#include "workers/text/jsonl_record.h"
 
 namespace rp::scheduler::runtime {
 namespace {
@@ -71,40 +71,19 @@ absl::Status AppendRecord(std::string_view line, const std::string& path, int64_
     out->trained.insert(out->trained.end(), ids.size(), trained ? 1 : 0);
   };
   const size_t first_token = out->tokens.size();
-  if (std::string deep = base::JsonDepthError(line); !deep.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(where(), ": ", deep));
-  }
-  const json rec = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-  if (rec.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(where(), ": not valid JSON"));
-  if (!rec.is_object()) return absl::InvalidArgumentError(absl::StrCat(where(), ": not a JSON object"));
-  auto field = [&](const char* key) -> absl::StatusOr<std::string> {
-    const json& v = rec[key];
-    if (!v.is_string())
-      return absl::InvalidArgumentError(absl::StrCat(where(), ": field \"", key, "\" must be a string"));
-    return v.get<std::string>();
-  };
-  if (rec.contains("text")) {
-    auto text = field("text");
-    if (!text.ok()) return text.status();
-    auto ids = encode(*text, /*special=*/true);
-    if (!ids.ok()) return ids.status();
-    append(*ids, true);
-  } else if (rec.contains("prompt") && rec.contains("completion")) {
-    auto prompt = field("prompt");
-    if (!prompt.ok()) return prompt.status();
-    auto completion = field("completion");
-    if (!completion.ok()) return completion.status();
-    auto p = encode(*prompt, /*special=*/true);
+  auto rec = workers::text::ParseJsonlRecord(line);
+  if (!rec.ok()) return absl::InvalidArgumentError(absl::StrCat(where(), ": ", rec.status().message()));
+  if (rec->has_prompt) {
+    auto p = encode(rec->prompt, /*special=*/true);
     if (!p.ok()) return p.status();
-    auto c = encode(*completion, /*special=*/false);
+    auto c = encode(rec->text, /*special=*/false);
     if (!c.ok()) return c.status();
     append(*p, false);
     append(*c, true);
   } else {
-    std::vector<std::string> keys;
-    for (const auto& [k, v] : rec.items()) keys.push_back(k);
-    return absl::InvalidArgumentError(absl::StrCat(where(), ": needs a string \"text\", or strings \"prompt\" and ",
-                                                   "\"completion\" (it has: ", absl::StrJoin(keys, ", "), ")"));
+    auto ids = encode(rec->text, /*special=*/true);
+    if (!ids.ok()) return ids.status();
+    append(*ids, true);
   }
   if (tok.eos_id) append({*tok.eos_id}, true);
   if (out->tokens.size() > first_token) out->document_starts.push_back(static_cast<int64_t>(first_token));

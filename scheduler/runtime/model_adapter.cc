@@ -167,4 +167,19 @@ planning::HostStateOptions HostStateOptionsFor(const JobSpec& spec, bool base_ma
   return o;
 }
 
+workers::StageTask ToStageTask(const planning::StageSlot& sl) {
+  workers::StageTask t;
+  t.slot = sl.index;
+  t.iteration = sl.iteration;
+  t.kind = sl.kind == planning::SlotKind::kForward ? workers::StageKind::kForward
+           : sl.kind == planning::SlotKind::kFused ? workers::StageKind::kFused
+                                                   : workers::StageKind::kBackward;
+  t.stage = sl.stage;
+  t.first_layer = sl.first_layer;
+  t.num_layers = sl.num_layers;
+  t.first_microbatch = sl.first_microbatch;
+  t.num_microbatches = sl.num_microbatches;
+  return t;
+}
+
 }  // namespace rp::scheduler::runtime

@@ -1,6 +1,7 @@
 // model_adapter.h — (runtime) the one translation between the facade's value types and the data
 // plane's: the planner's model description (planning::ModelConfig, the one preset registry)
-// and the engine's TransformerConfig, precision and dtype, the optimizer spec and AdamW.
+// and the engine's TransformerConfig, precision and dtype, the optimizer spec and AdamW, the
+// planner's stage slot and the workers' StageTask.
 //
 // Contract: pure functions, any thread. ToTransformerConfig refuses what the engine cannot run
 // (InvalidArgument naming the field or family) and applies TransformerConfig::Validate.
@@ -10,9 +11,11 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/engine_types.h"
+#include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/planning/model_config.h"
 #include "workers/models/transformer_config.h"
 #include "workers/optim/adamw.h"
+#include "workers/stage_task.h"
 
 namespace rp::scheduler::runtime {
 
@@ -27,5 +30,7 @@ std::string OptimizerName(OptimizerSpec::Algorithm a);
 // comes from model files already in the job's dtype (workers::io::HfBaseIsStoredAs).
 planning::HostStateOptions HostStateOptionsFor(const JobSpec& spec, bool base_mapped);
 workers::LrSchedule ToLrSchedule(const LrScheduleSpec& s);
+// The planner's stage slot as the data plane's task (the workers never see the plan).
+workers::StageTask ToStageTask(const planning::StageSlot& sl);
 
 }  // namespace rp::scheduler::runtime

@@ -2,48 +2,49 @@
 
 #include <ATen/ATen.h>
 
-#include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/runtime/token_dataset_layout.h"
 #include "workers/io/safetensors_reader.h"
 
 namespace rp::scheduler::runtime {
 namespace {
 
-constexpr const char* kTokenDatasetFormat = "roundpipe.token_dataset.v1";
+TokenElement ElementOf(at::ScalarType t) {
+  switch (t) {
+    case at::kInt:
+      return TokenElement::kInt32;
+    case at::kLong:
+      return TokenElement::kInt64;
+    case at::kByte:
+      return TokenElement::kUInt8;
+    case at::kBool:
+      return TokenElement::kBool;
+    case at::kShort:
+      return TokenElement::kInt16;
+    default:
+      return TokenElement::kOther;
+  }
+}
 
-bool IsInteger(at::ScalarType t) {
-  return t == at::kInt || t == at::kLong || t == at::kByte || t == at::kBool || t == at::kShort;
+std::optional<TokenTensor> TensorOf(const workers::io::SafetensorsFile& f, const char* name) {
+  const workers::io::TensorInfo* info = f.Find(name);
+  if (info == nullptr) return std::nullopt;
+  return TokenTensor{ElementOf(info->dtype), info->shape};
 }
 
 absl::StatusOr<std::unique_ptr<workers::io::SafetensorsFile>> OpenChecked(const std::string& path, int64_t* n) {
   auto f = workers::io::SafetensorsFile::Open(path);
   if (!f.ok()) return absl::InvalidArgumentError(absl::StrCat("token dataset: ", f.status().message()));
   const auto& meta = (*f)->metadata();
-  if (auto fmt = meta.find("format"); fmt == meta.end() || fmt->second != kTokenDatasetFormat) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token dataset '", path, "': __metadata__ \"format\" must be \"", kTokenDatasetFormat, "\" (it is ",
-        fmt == meta.end() ? std::string("absent") : absl::StrCat("\"", fmt->second, "\""), ")"));
-  }
-  const auto* ids = (*f)->Find("input_ids");
-  if (ids == nullptr) return absl::InvalidArgumentError(absl::StrCat("token dataset '", path, "' has no input_ids"));
-  if (ids->shape.size() != 1 || (ids->dtype != at::kInt && ids->dtype != at::kLong)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token dataset '", path, "': input_ids must be one-dimensional int32 or int64"));
-  }
-  *n = ids->shape[0];
-  if (const auto* m = (*f)->Find("loss_mask")) {
-    if (m->shape != std::vector<int64_t>{*n} || !IsInteger(m->dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat("token dataset '", path, "': loss_mask must be an integer or ",
-                                                     "bool vector as long as input_ids (", *n, ")"));
-    }
-  }
-  if (const auto* d = (*f)->Find("document_offsets")) {
-    if (d->shape.size() != 1 || d->shape[0] < 2 || d->dtype != at::kLong) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token dataset '", path, "': document_offsets must be an int64 vector of at least 2"));
-    }
-  }
+  const auto fmt = meta.find("format");
+  const auto ids = TensorOf(**f, "input_ids"), mask = TensorOf(**f, "loss_mask"),
+             offsets = TensorOf(**f, "document_offsets");
+  auto tokens = CheckTokenDatasetLayout(path, fmt == meta.end() ? nullptr : &fmt->second, ids ? &*ids : nullptr,
+                                        mask ? &*mask : nullptr, offsets ? &*offsets : nullptr);
+  if (!tokens.ok()) return tokens.status();
+  *n = *tokens;
   return f;
 }
 
@@ -68,13 +69,12 @@ absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path, const
   PackedTokens out;
   const int64_t* p = ids->data_ptr<int64_t>();
   out.tokens.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    if ((i & ((int64_t{1} << 20) - 1)) == 0 && stopped()) return stopped_error();
-    if (p[i] < 0 || p[i] > std::numeric_limits<int32_t>::max()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token dataset '", path, "': input_ids[", i, "] is ", p[i], " (token ids are in [0, 2^31))"));
-    }
-    out.tokens[static_cast<size_t>(i)] = static_cast<int32_t>(p[i]);
+  constexpr int64_t kChunk = int64_t{1} << 20;  // the stop flag is polled between chunks
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    if (stopped()) return stopped_error();
+    const int64_t count = std::min(kChunk, n - begin);
+    if (absl::Status st = CheckTokenIds(path, p + begin, count, begin); !st.ok()) return st;
+    for (int64_t i = begin; i < begin + count; ++i) out.tokens[static_cast<size_t>(i)] = static_cast<int32_t>(p[i]);
   }
   out.trained.assign(static_cast<size_t>(n), 1);
   if ((*f)->Find("loss_mask") != nullptr) {
@@ -89,19 +89,10 @@ absl::StatusOr<PackedTokens> ReadTokenDatasetFile(const std::string& path, const
   if ((*f)->Find("document_offsets") != nullptr) {
     auto d = (*f)->Read("document_offsets", at::kLong);
     if (!d.ok()) return d.status();
-    const int64_t* o = d->data_ptr<int64_t>();
-    const int64_t k = d->numel();
-    for (int64_t i = 0; i < k; ++i) {
-      if ((i == 0 && o[i] != 0) || (i > 0 && o[i] < o[i - 1]) || (i == k - 1 && o[i] != n)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "token dataset '", path, "': document_offsets must rise from 0 to ", n, " (entry ", i, " is ", o[i], ")"));
-      }
-    }
-    out.documents = k - 1;
-    out.document_starts.clear();
-    for (int64_t i = 0; i + 1 < k; ++i) {
-      if (o[i] < o[i + 1]) out.document_starts.push_back(o[i]);  // empty documents start nothing
-    }
+    auto starts = DocumentStarts(path, d->data_ptr<int64_t>(), d->numel(), n);
+    if (!starts.ok()) return starts.status();
+    out.documents = d->numel() - 1;
+    out.document_starts = *std::move(starts);
   }
   return out;
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # run.sh — builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded
-# time from a small seed corpus. Exit status 0 = no crash, leak or sanitizer report.
+# time from a small seed corpus plus the inputs that once crashed it (tests/fuzz/regressions/).
+# Exit status 0 = no crash, leak or sanitizer report.
 #   RP_FUZZ_SECONDS  seconds per target (default 20)
 #   RP_FUZZ_BUILD    build directory (default <checkout>/build/fuzz)
+#   RP_FUZZ_ONLY     run only this target (e.g. jsonl_fuzzer)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${RP_FUZZ_BUILD:-$ROOT/build/fuzz}"
@@ -11,10 +13,13 @@ if ! command -v clang++ >/dev/null; then
   echo "fuzz: FAILED — clang++ is not installed (deploy/install-deps.sh installs it)"
   exit 1
 fi
-[ -f "$BUILD/build.ninja" ] || cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+launcher=""
+command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
+[ -f "$BUILD/build.ninja" ] || cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ $launcher >/dev/null
 cmake --build "$BUILD" >/dev/null
 corpus="$BUILD/corpus"
-mkdir -p "$corpus/st" "$corpus/cfg" "$corpus/npy" "$corpus/tok"
+mkdir -p "$corpus/st" "$corpus/cfg" "$corpus/npy" "$corpus/tok" "$corpus/jsonl" "$corpus/tds" "$corpus/prof" "$corpus/peft" \
+  "$corpus/mx" "$corpus/meta"
 cat >"$corpus/tok/bpe.json" <<'JSON'
 {"added_tokens":[{"id":5,"content":"<s>","special":true}],"normalizer":{"type":"Sequence","normalizers":[{"type":"NFC"}]},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\s+|\\p{L}+"},"behavior":"Isolated"},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>"}},{"Sequence":{"id":"A"}}],"special_tokens":{"<s>":{"ids":[5]}}},"decoder":{"type":"ByteLevel"},"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2,"c":3,"d":4},"merges":["a b"]}}
 JSON
@@ -38,13 +43,41 @@ for name, descr, shape, count, size in (("u2", "<u2", "(8,)", 8, 2), ("i8", "<i8
     with open(sys.argv[1] + "/" + name, "wb") as f:
         f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + bytes(count * size))
 PY
-for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg" "npy_header_fuzzer npy" "tokenizer_fuzzer tok"; do
+printf '%s\n' '{"text": "ab ab c"}' '{"prompt": "a", "completion": " ab"}' '{"text": 3}' >"$corpus/jsonl/records"
+cat >"$corpus/prof/two.json" <<'JSON'
+{"format":"roundpipe.profile.v1","name":"seed","tokens_per_microbatch":64,"activation_hop_s":0.001,"layers":[{"kind":"embedding","forward_s":0.001,"backward_s":0.002,"fused_s":0.003},{"kind":"block","forward_s":0.01,"backward_s":0.02,"fused_s":0.03,"param_bytes":1024,"trainable_bytes":1024},{"kind":"head","forward_s":0.001,"backward_s":0.002,"fused_s":0.003}]}
+JSON
+cat >"$corpus/peft/lora.json" <<'JSON'
+{"peft_type":"LORA","r":8,"lora_alpha":16,"target_modules":["q_proj","v_proj"],"target_parameters":["mlp.experts.gate_up_proj"],"use_dora":false}
+JSON
+cat >"$corpus/meta/meta.json" <<'JSON'
+{"format":"roundpipe-checkpoint-2","step":3,"adamw_step":3,"batches_consumed":3,"loss_scale":1.0,"good_steps":0,"partition":{"forward":[2,2],"fused":1,"backward":[3]},"note":"job 1","optimizer":"adamw","eval":{"step":2,"loss":1.5,"tokens":64,"best_loss":1.5,"best_step":2,"without_improvement":0,"best_checkpoint":""},"base":{"fingerprint":"ab","tensors":1,"bytes":4,"file":"base.json"},"crc32":{"weights.safetensors":1,"optimizer.safetensors":2,"base.json":3}}
+JSON
+# MXFP4: rank 2 scales [2, 1], blocks [2, 1, 16], then 2 scale bytes and 32 block bytes.
+python3 - "$corpus/mx" "$corpus/tds" <<'PY'
+import json, struct, sys
+open(sys.argv[1] + "/two", "wb").write(bytes([1, 2, 1, 16, 127, 130]) + bytes(range(32)))
+# A token dataset: int32 ids, a bool mask, int64 document offsets.
+ids, mask, offs = struct.pack("<4i", 1, 2, 3, 4), bytes([0, 1, 1, 1]), struct.pack("<3q", 0, 2, 4)
+h = json.dumps({"__metadata__": {"format": "roundpipe.token_dataset.v1"},
+                "input_ids": {"dtype": "I32", "shape": [4], "data_offsets": [0, 16]},
+                "loss_mask": {"dtype": "BOOL", "shape": [4], "data_offsets": [16, 20]},
+                "document_offsets": {"dtype": "I64", "shape": [3], "data_offsets": [20, 44]}}).encode()
+open(sys.argv[2] + "/three", "wb").write(struct.pack("<Q", len(h)) + h + ids + mask + offs)
+PY
+for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg" "npy_header_fuzzer npy" "tokenizer_fuzzer tok" \
+  "jsonl_fuzzer jsonl" "token_dataset_fuzzer tds" "profile_fuzzer prof" "peft_config_fuzzer peft" "mxfp4_fuzzer mx" \
+  "checkpoint_meta_fuzzer meta"; do
+  [ -z "${RP_FUZZ_ONLY:-}" ] || [ "$RP_FUZZ_ONLY" = "${t%% *}" ] || continue
   set -- $t
   echo "fuzz: $1 for ${SECONDS_EACH}s"
   mkdir -p "$BUILD/artifacts"
+  # Inputs that once crashed a target (tests/fuzz/regressions/<target>/) run first, every time.
+  regressions=""
+  [ -d "$ROOT/tests/fuzz/regressions/$1" ] && regressions="$ROOT/tests/fuzz/regressions/$1"
   rc=0
   "$BUILD/$1" -max_total_time="$SECONDS_EACH" -max_len=4096 -print_final_stats=1 \
-    -artifact_prefix="$BUILD/artifacts/$1-" "$corpus/$2" >"$BUILD/$1.log" 2>&1 || rc=$?
+    -artifact_prefix="$BUILD/artifacts/$1-" "$corpus/$2" $regressions >"$BUILD/$1.log" 2>&1 || rc=$?
   grep -E 'Done [0-9]+ runs|ERROR|SUMMARY' "$BUILD/$1.log" || true
   if [ "$rc" != 0 ]; then
     echo "fuzz: $1 found a problem (exit $rc); input saved under $BUILD/artifacts, log $BUILD/$1.log"

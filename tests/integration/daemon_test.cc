@@ -1,5 +1,5 @@
 // Integration tests against the real roundpiped process on 127.0.0.1 port 0, driven through the
-// real client library and CLI (DESIGN §6): the job life cycle, queueing, restart, metrics.
+// real client library and CLI (ARCHITECTURE §6): the job life cycle, queueing, restart, metrics.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -497,7 +497,7 @@ TEST_F(DaemonTest, MetricsScrapeHasEveryFamilyAndCountersMove) {
   Watcher w(*c, job->id());
   ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED));
   const std::string text = HttpGet(daemon_.metrics_address(), "/metrics");
-  // The golden list of families (DESIGN §5).
+  // The golden list of families (ARCHITECTURE §5).
   for (const char* family :
        {"roundpipe_tokens_trained_total", "roundpipe_iterations_total", "roundpipe_iteration_duration_seconds",
         "roundpipe_optimizer_step_seconds", "roundpipe_loss", "roundpipe_learning_rate", "roundpipe_grad_norm",

@@ -1,6 +1,6 @@
 // Day-one smoke test: LibTorch (CPU and CUDA libraries), gRPC + protobuf, spdlog and
 // prometheus-cpp linked into one binary and exercised together, with torch's headers on the
-// include path of this very translation unit (the fmt/protobuf shadowing case, DESIGN §7).
+// include path of this very translation unit (the fmt/protobuf shadowing case, ARCHITECTURE §7).
 #include <ATen/ATen.h>
 #include <dlfcn.h>
 #include <grpcpp/grpcpp.h>

@@ -1,7 +1,7 @@
 // check.h — the one vocabulary for broken invariants, shared by every room (the foundation
 // folder workers/base/ is on every library's include view, the daemon's included).
 //
-// Policy (DESIGN §6, docs/DAEMON.md "Faults"): user input and the environment (files, disks,
+// Policy (ARCHITECTURE §6, docs/DAEMON.md "Faults"): user input and the environment (files, disks,
 // devices, the network) are never checked with RP_CHECK; they return absl::Status with a message
 // naming what to fix. RP_CHECK states what the code itself guarantees — an event counted down
 // more often than it has producers, a buffer freed that was never handed out. When one fails the

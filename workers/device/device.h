@@ -1,6 +1,6 @@
 // device.h — the device backend interface: one compute stream and four copy streams per device
 // (activation upload, activation download, parameter upload, gradient download), with
-// host-visible events between them (paper §4.2.1, DESIGN §4).
+// host-visible events between them (paper §4.2.1, ARCHITECTURE §4).
 //
 // Contract: a Stream executes its operations one at a time in enqueue order, asynchronously to
 // the caller; Enqueue/WaitEvent/RecordEvent are thread-safe. Operations report their own

@@ -1,7 +1,7 @@
 // event.h — a one-shot host event: Set() once, any number of threads Wait() for it.
 //
 // Contract: thread-safe. The engine's cross-worker and worker<->optimizer dependencies are
-// point-to-point Events (DESIGN §3), never global barriers. Set() is idempotent. On GPU a CUDA
+// point-to-point Events (ARCHITECTURE §3), never global barriers. Set() is idempotent. On GPU a CUDA
 // event is paired with one of these as its "recorded" flag, so nothing waits on a CUDA event
 // before it is recorded.
 #pragma once

@@ -14,7 +14,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "workers/base/json_depth.h"
 #include "workers/io/atomic_dir.h"
 #include "workers/io/confined_fs.h"
 #include "workers/io/safetensors_reader.h"
@@ -43,96 +42,11 @@ absl::StatusOr<uint32_t> FileCrc(const fs::path& p) {
 }
 
 // meta.json: a regular file of at most 1 MiB, parsed without exceptions.
-absl::StatusOr<nlohmann::json> ReadMetaJson(const fs::path& dir) {
+absl::StatusOr<CheckpointMetaFile> ReadMetaFile(const fs::path& dir) {
   auto text = ReadSmallFile((dir / "meta.json").string(), uint64_t{1} << 20);
   if (!text.ok())
     return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json: ", text.status().message()));
-  if (std::string deep = base::JsonDepthError(*text); !deep.empty()) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json: ", deep));
-  }
-  return nlohmann::json::parse(*text, nullptr, false);
-}
-
-// Typed access to meta.json fields that never throws: a field of the wrong type is absent.
-std::string StringField(const nlohmann::json& j, const char* key) {
-  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
-}
-int64_t IntField(const nlohmann::json& j, const char* key, int64_t fallback) {
-  return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : fallback;
-}
-double NumberField(const nlohmann::json& j, const char* key, double fallback) {
-  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
-}
-// A partition entry: a layer count in [0, 1<<20] (anything else is damage).
-bool LayerCount(const nlohmann::json& x, int* out) {
-  if (!x.is_number_integer()) return false;
-  const int64_t v = x.get<int64_t>();
-  if (v < 0 || v > (int64_t{1} << 20)) return false;
-  *out = static_cast<int>(v);
-  return true;
-}
-
-// The files meta.json carries a checksum of: base.json only when something is frozen.
-std::vector<const char*> CheckedFiles(bool has_base) {
-  std::vector<const char*> files = {"weights.safetensors", "optimizer.safetensors"};
-  if (has_base) files.push_back("base.json");
-  return files;
-}
-
-bool KnownFormat(const nlohmann::json& j) {
-  const std::string f = StringField(j, "format");
-  return f == "roundpipe-checkpoint-1" || f == "roundpipe-checkpoint-2";
-}
-bool HasBase(const nlohmann::json& j) { return j.contains("base") && j["base"].is_object(); }
-
-absl::StatusOr<CheckpointMeta> MetaFromJson(const nlohmann::json& j, const std::string& dir) {
-  const auto& p = j.contains("partition") ? j["partition"] : nlohmann::json();
-  if (!p.is_object() || !p.contains("forward") || !p["forward"].is_array() || !p.contains("fused") ||
-      !p["fused"].is_number_integer() || !p.contains("backward") || !p["backward"].is_array()) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has no partition"));
-  }
-  CheckpointMeta m;
-  m.step = IntField(j, "step", -1);
-  m.batches_consumed = IntField(j, "batches_consumed", -1);
-  m.loss_scale = NumberField(j, "loss_scale", 1.0);
-  m.good_steps = IntField(j, "good_steps", 0);
-  if (m.step < 0 || m.batches_consumed < 0) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has no valid step / batches_consumed"));
-  }
-  int fused = 0;
-  if (!LayerCount(p["fused"], &fused)) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has a bad partition"));
-  }
-  m.fused = fused;
-  for (const char* side : {"forward", "backward"}) {
-    for (const auto& x : p[side]) {
-      int v = 0;
-      if (!LayerCount(x, &v)) {
-        return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has a bad partition"));
-      }
-      (std::string(side) == "forward" ? m.forward : m.backward).push_back(v);
-    }
-  }
-  m.note = StringField(j, "note");
-  m.optimizer = StringField(j, "optimizer");
-  if (m.optimizer.empty()) m.optimizer = "adamw";  // written before SGD and Lion existed
-  if (HasBase(j)) m.base_fingerprint = StringField(j["base"], "fingerprint");
-  if (j.contains("eval")) {
-    const auto& e = j["eval"];
-    CheckpointMeta::Eval ev;
-    ev.step = IntField(e, "step", -1);
-    ev.loss = NumberField(e, "loss", 0);
-    ev.tokens = IntField(e, "tokens", -1);
-    ev.best_loss = NumberField(e, "best_loss", 0);
-    ev.best_step = IntField(e, "best_step", -1);
-    ev.without_improvement = static_cast<int>(IntField(e, "without_improvement", -1));
-    ev.best_checkpoint = StringField(e, "best_checkpoint");
-    if (!e.is_object() || ev.step < 0 || ev.tokens < 0 || ev.best_step < 0 || ev.without_improvement < 0) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json has a bad eval record"));
-    }
-    m.eval = ev;
-  }
-  return m;
+  return ParseCheckpointMeta(*text, dir.string());
 }
 
 }  // namespace
@@ -203,7 +117,7 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
                  {"bytes", base.bytes},
                  {"file", "base.json"}};
   }
-  for (const char* file : CheckedFiles(frozen)) {
+  for (const char* file : CheckpointCheckedFiles(frozen)) {
     auto crc = FileCrc(out->PathOf(file));
     if (!crc.ok()) return fail(crc.status());
     j["crc32"][file] = *crc;
@@ -216,18 +130,17 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
 namespace {
 
 // meta.json of a complete checkpoint whose files pass their checksums.
-absl::StatusOr<nlohmann::json> VerifiedMetaJson(const fs::path& dir) {
-  auto parsed = ReadMetaJson(dir);
+absl::StatusOr<CheckpointMetaFile> VerifiedMetaFile(const fs::path& dir) {
+  auto parsed = ReadMetaFile(dir);
   if (!parsed.ok()) return parsed.status();
-  const nlohmann::json& j = *parsed;
-  if (j.is_discarded() || !j.is_object() || !KnownFormat(j) || !j.contains("crc32")) {
+  if (!parsed->has_checksums) {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json is damaged"));
   }
-  for (const char* file : CheckedFiles(HasBase(j))) {
+  for (const char* file : CheckpointCheckedFiles(parsed->has_base)) {
     auto crc = FileCrc(dir / file);
     if (!crc.ok()) return crc.status();
-    if (!j["crc32"].is_object() || !j["crc32"].contains(file) || !j["crc32"][file].is_number_unsigned() ||
-        j["crc32"][file].get<uint64_t>() != *crc) {
+    auto recorded = parsed->crc32.find(file);
+    if (recorded == parsed->crc32.end() || recorded->second != *crc) {
       return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", file, " fails its checksum"));
     }
   }
@@ -237,15 +150,15 @@ absl::StatusOr<nlohmann::json> VerifiedMetaJson(const fs::path& dir) {
 }  // namespace
 
 absl::StatusOr<CheckpointMeta> VerifyCheckpoint(const std::string& dir) {
-  auto j = VerifiedMetaJson(dir);
-  if (!j.ok()) return j.status();
-  return MetaFromJson(*j, dir);
+  auto f = VerifiedMetaFile(dir);
+  if (!f.ok()) return f.status();
+  return f->meta;
 }
 
 namespace {
 
-absl::StatusOr<FrozenBase> BaseOf(const fs::path& dir, const nlohmann::json& j) {
-  if (!HasBase(j)) return FrozenBase{};
+absl::StatusOr<FrozenBase> BaseOf(const fs::path& dir, const CheckpointMetaFile& meta) {
+  if (!meta.has_base) return FrozenBase{};
   auto text = ReadSmallFile((dir / "base.json").string(), uint64_t{256} << 20);
   if (!text.ok()) return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", text.status().message()));
   auto base = ParseFrozenBaseJson(*text);
@@ -258,10 +171,9 @@ absl::StatusOr<FrozenBase> BaseOf(const fs::path& dir, const nlohmann::json& j) 
 absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostModelStore* store, AdamWState* adamw,
                                               FrozenBase* base_out) {
   const fs::path dir(dir_in);
-  auto parsed = VerifiedMetaJson(dir);
+  auto parsed = VerifiedMetaFile(dir);
   if (!parsed.ok()) return parsed.status();
-  const nlohmann::json& j = *parsed;
-  auto recorded = BaseOf(dir, j);
+  auto recorded = BaseOf(dir, *parsed);
   if (!recorded.ok()) return recorded.status();
   FrozenBase actual;
   if (!recorded->empty() || base_out) actual = DescribeFrozenBase(*store);
@@ -275,8 +187,8 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
   auto opt = SafetensorsFile::Open((dir / "optimizer.safetensors").string());
   if (!opt.ok()) return absl::DataLossError(std::string(opt.status().message()));
   AdamWState st;
-  st.step = IntField(j, "adamw_step", 0);
-  const bool factored = StringField(j, "optimizer") == "adafactor";
+  st.step = parsed->adamw_step;
+  const bool factored = parsed->meta.optimizer == "adafactor";
   st.m.resize(static_cast<size_t>(store->num_params()));
   st.v.resize(static_cast<size_t>(store->num_params()));
   bool reloaded_base = false;
@@ -307,23 +219,19 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostMod
   }
   *adamw = std::move(st);
   if (base_out) *base_out = reloaded_base ? DescribeFrozenBase(*store) : std::move(actual);
-  return MetaFromJson(j, dir.string());
+  return parsed->meta;
 }
 
 absl::StatusOr<FrozenBase> ReadCheckpointBase(const std::string& dir) {
-  auto parsed = VerifiedMetaJson(dir);
+  auto parsed = VerifiedMetaFile(dir);
   if (!parsed.ok()) return parsed.status();
   return BaseOf(dir, *parsed);
 }
 
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
-  auto parsed = ReadMetaJson(dir);
+  auto parsed = ReadMetaFile(dir);
   if (!parsed.ok()) return parsed.status();
-  const nlohmann::json& j = *parsed;
-  if (j.is_discarded() || !j.is_object() || !KnownFormat(j)) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": meta.json is damaged"));
-  }
-  return MetaFromJson(j, dir);
+  return parsed->meta;
 }
 
 std::vector<std::string> ListCheckpoints(const std::string& parent) {

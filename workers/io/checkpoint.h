@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "workers/io/checkpoint_meta.h"
 #include "workers/io/frozen_base.h"
 #include "workers/optim/adamw.h"
 
@@ -26,32 +27,6 @@ class HostModelStore;
 }
 
 namespace rp::workers::io {
-
-struct CheckpointMeta {
-  int64_t step = 0;              // optimizer steps taken
-  int64_t batches_consumed = 0;  // data cursor: batches the job has taken from its input
-  double loss_scale = 1;
-  int64_t good_steps = 0;
-  std::vector<int> forward;  // the partition in use (F_1..F_Sf, B_1, B_2..B_Sb)
-  int fused = 0;
-  std::vector<int> backward;
-  std::string note;                 // free text from the caller (e.g. the job id)
-  std::string optimizer = "adamw";  // the update rule the state belongs to: "adamw", "sgd", "lion"
-  // Read only: the frozen base's fingerprint ("" when the job trains every parameter).
-  std::string base_fingerprint;
-  // The job's evaluations up to this point (absent: none yet), so a resumed job continues its
-  // best eval loss, early-stopping count and kept best checkpoint.
-  struct Eval {
-    int64_t step = 0;  // the latest evaluation
-    double loss = 0;
-    int64_t tokens = 0;
-    double best_loss = 0;
-    int64_t best_step = 0;
-    int without_improvement = 0;
-    std::string best_checkpoint;
-  };
-  std::optional<Eval> eval;
-};
 
 // `base`: the store's frozen base as DescribeFrozenBase gives it, if the caller keeps it (it does
 // not change while a job runs); null to compute it here (one read of every frozen byte).

@@ -12,7 +12,6 @@
 #include <set>
 #include <sstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "workers/io/bounded_json.h"
@@ -286,48 +285,7 @@ absl::StatusOr<at::Tensor> ReadHfTensor(const std::string& dir, const std::strin
 absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
   auto text = ReadText(fs::path(dir) / "adapter_config.json");
   if (!text.ok()) return text.status();
-  auto parsed = ParseBoundedJson(*text, "adapter_config.json");
-  if (!parsed.ok()) return parsed.status();
-  const nlohmann::json& j = *parsed;
-  if (!j.is_object()) return absl::InvalidArgumentError("adapter_config.json: not a JSON object");
-  if (!(j.contains("peft_type") && j["peft_type"].is_string() && j["peft_type"] == "LORA"))
-    return absl::InvalidArgumentError("adapter_config.json: not LORA");
-  models::LoraConfig c;
-  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1 || j["r"].get<int64_t>() > 65536) {
-    return absl::InvalidArgumentError("adapter_config.json: r must be an integer in [1, 65536]");
-  }
-  c.rank = j["r"].get<int>();
-  c.alpha = j.contains("lora_alpha") && j["lora_alpha"].is_number() ? j["lora_alpha"].get<double>() : 8.0;
-  if (!j.contains("target_modules") || !j["target_modules"].is_array()) {
-    return absl::InvalidArgumentError("adapter_config.json: target_modules must be a list");
-  }
-  for (const auto& t : j["target_modules"]) {
-    if (!t.is_string()) return absl::InvalidArgumentError("adapter_config.json: target_modules must be strings");
-    c.targets.push_back(t.get<std::string>());
-  }
-  // PEFT's target_parameters: the stacked experts, named by any suffix ending in
-  // experts.gate_up_proj / experts.down_proj.
-  if (j.contains("target_parameters") && !j["target_parameters"].is_null()) {
-    if (!j["target_parameters"].is_array()) {
-      return absl::InvalidArgumentError("adapter_config.json: target_parameters must be a list");
-    }
-    for (const auto& t : j["target_parameters"]) {
-      const std::string name = t.is_string() ? t.get<std::string>() : "";
-      const std::string which = absl::EndsWith(name, "experts.gate_up_proj") ? "experts.gate_up_proj"
-                                : absl::EndsWith(name, "experts.down_proj")  ? "experts.down_proj"
-                                                                             : "";
-      if (which.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("adapter_config.json: target_parameters entry '", name,
-                                                       "' is not supported (experts.gate_up_proj, experts.down_proj)"));
-      }
-      c.targets.push_back(which);
-    }
-  }
-  auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
-  if (flag("use_dora") || flag("use_rslora")) {
-    return absl::InvalidArgumentError("adapter_config.json: DoRA / rsLoRA are not supported");
-  }
-  return c;
+  return ParsePeftConfig(*text);
 }
 
 absl::Status CheckPeftAdapter(const std::string& dir, const models::TransformerConfig& config) {

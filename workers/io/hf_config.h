@@ -44,6 +44,9 @@ absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store,
 absl::Status CheckHfWeights(const std::string& model_dir, const models::TransformerConfig& config);
 
 // A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors).
+// adapter_config.json's text (ParsePeftConfig) or a directory's file: LoRA only, rank in
+// [1, 65536], target modules and PEFT's stacked-expert target_parameters; DoRA / rsLoRA refused.
+absl::StatusOr<models::LoraConfig> ParsePeftConfig(const std::string& json_text);
 absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& adapter_dir);
 absl::Status LoadPeftAdapter(const std::string& adapter_dir, HostModelStore* store);
 absl::Status CheckPeftAdapter(const std::string& adapter_dir, const models::TransformerConfig& config);

@@ -77,7 +77,7 @@ TokenLayout DocumentLayout(const Rope& table, const at::Tensor& positions);
 // tokens [b, s] int64 -> hidden [b, s, h] in the weight's dtype.
 at::Tensor EmbeddingForward(const at::Tensor& weight, const at::Tensor& tokens);
 
-// What a sparse block's router decided for T tokens, kept for recompute fidelity (DESIGN §9):
+// What a sparse block's router decided for T tokens, kept for recompute fidelity (ARCHITECTURE §10):
 // the forward records it and the backward's recompute replays it instead of routing again, so
 // the recompute can never pick other experts (bf16 ties, another device's kernels) and needs no
 // host synchronisation to count tokens per expert.

@@ -16,6 +16,7 @@
 #include "scheduler/runtime/engine_impl.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "tests/support/engine_values.h"
+#include "tests/support/oracle_cache.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/run_command.h"
 #include "tests/support/tokens.h"
@@ -919,19 +920,21 @@ void ExpectTrainsLikeTheReference(Engine& engine, const JobSpec& spec, const std
   EXPECT_GT(masked, batches * B * S / 5);  // the masks really mask
 }
 
-nlohmann::json MakeFixture(const std::string& script, const std::string& dir, const std::string& args = "") {
-  std::string out;
-  EXPECT_EQ(
-      rp::testing::RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/" + script + " " + dir + args, &out), 0)
-      << out;
-  return nlohmann::json::parse(rp::testing::ReadWholeFile(dir + "/expected.json"));
+// The oracle's directory (made once for every test process; read only) and its expected.json.
+nlohmann::json MakeFixture(const std::string& script, std::string* dir, const std::string& args = "",
+                           const std::vector<std::string>& key_files = {}) {
+  auto made = rp::testing::CachedOracle(RP_VENV_PYTHON, RP_TEST_DIR "/" + script, args, key_files);
+  EXPECT_TRUE(made.ok()) << made.status();
+  *dir = made.ok() ? *made : std::string("/nonexistent");
+  return nlohmann::json::parse(rp::testing::ReadWholeFile(*dir + "/expected.json"), nullptr, false);
 }
 
 // A JSONL prompt/completion dataset read and tokenized by the runner trains exactly like the plain
 // LibTorch reference on the tokens and masks PyPI `tokenizers` gives (make_jsonl_dataset.py).
 TEST(Engine, JsonlJobTrainsLikeTheReferenceOnTheSameTokensAndMasks) {
-  const std::string dir = ::testing::TempDir() + "rp_engine_jsonl_" + std::to_string(getpid());
-  const auto expected = MakeFixture("make_jsonl_dataset.py", dir);
+  std::string dir;
+  const auto expected = MakeFixture("make_jsonl_dataset.py", &dir);
+  ASSERT_FALSE(expected.is_discarded());
   JobSpec spec = TinyJob();
   spec.model.vocab = expected["vocab"].get<int>();
   spec.token_file = TokenFileSource{dir + "/train.jsonl", TokenFileSource::Format::kAuto, 4, 16, 1};
@@ -956,8 +959,10 @@ TEST(Engine, JsonlJobTrainsLikeTheReferenceOnTheSameTokensAndMasks) {
 // Chat rendered by `roundpipe_client.py prepare` with the model's chat template trains on the
 // assistant turns only, exactly like the reference on transformers' tokens and assistant mask.
 TEST(Engine, PreparedChatTrainsLikeTheReferenceOnTheAssistantTurns) {
-  const std::string dir = ::testing::TempDir() + "rp_engine_chat_" + std::to_string(getpid());
-  const auto expected = MakeFixture("make_chat_dataset.py", dir, " " RP_CLIENT_PY_DIR);
+  std::string dir;
+  const auto expected =
+      MakeFixture("make_chat_dataset.py", &dir, " " RP_CLIENT_PY_DIR, {RP_CLIENT_PY_DIR "/roundpipe_prepare.py"});
+  ASSERT_FALSE(expected.is_discarded());
   JobSpec spec = TinyJob();
   spec.model.vocab = expected["vocab"].get<int>();
   spec.token_file = TokenFileSource{dir + "/markers.safetensors", TokenFileSource::Format::kAuto, 4, 16, 1};

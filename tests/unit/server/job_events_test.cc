@@ -55,11 +55,26 @@ TEST(JobEventTracker, StatesMessagesAndTransitions) {
   EXPECT_TRUE(rec.has_started());
   EXPECT_TRUE(fx.persist);
   EXPECT_FALSE(fx.ended);
-  // The engine paused it itself: the reason stays; a drain says so.
-  fx = t.Apply(State(JobState::kPaused, "paused after 3 checkpoints in a row failed"), now, false, &rec);
+  // The engine paused it itself: the reason stays (the event says who paused, never its wording);
+  // a caller's pause says "paused" or the engine's detail; a drain says so.
+  JobEvent self = State(JobState::kPaused, "paused after 3 checkpoints in a row failed");
+  self.pause_cause = JobEvent::PauseCause::kByEngine;
+  fx = t.Apply(self, now, false, &rec);
   EXPECT_EQ(rec.message(), "paused after 3 checkpoints in a row failed");
+  fx = t.Apply(State(JobState::kPaused), now, false, &rec);
+  EXPECT_EQ(rec.message(), "paused");
+  fx = t.Apply(State(JobState::kPaused, "paused while starting; it starts again on resume"), now, false, &rec);
+  EXPECT_EQ(rec.message(), "paused while starting; it starts again on resume");
   fx = t.Apply(State(JobState::kPaused, "paused before it started"), now, true, &rec);
   EXPECT_EQ(rec.message(), "paused by a daemon drain");
+  // A profile written is recorded; one that failed is a warning and never taken for a path,
+  // whatever its wording.
+  fx = t.Apply(Other(JobEvent::Kind::kProfile, "could not-really/profile.json"), now, false, &rec);
+  EXPECT_EQ(rec.profile(), "could not-really/profile.json");
+  EXPECT_EQ(fx.log, EventEffect::Log::kInfo);
+  fx = t.Apply(Other(JobEvent::Kind::kProfileFailed, "disk full"), now, false, &rec);
+  EXPECT_EQ(rec.profile(), "could not-really/profile.json");
+  EXPECT_EQ(fx.log, EventEffect::Log::kWarn);
   fx = t.Apply(State(JobState::kRunning), now, false, &rec);
   EXPECT_TRUE(rec.message().empty());
   // A checkpoint failure is counted and named in the final message.

@@ -18,6 +18,7 @@
 #include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/token_dataset.h"
 #include "scheduler/runtime/token_dataset_file.h"
+#include "tests/support/oracle_cache.h"
 #include "tests/support/run_command.h"
 
 namespace rp::scheduler::runtime {
@@ -26,13 +27,12 @@ namespace {
 using rp::testing::RunCommand;
 const auto& ReadAll = rp::testing::ReadWholeFile;
 
-// The fixture, made once per process.
+// The fixture, made once for every test process (read only).
 const std::string& Fixture() {
   static const std::string dir = [] {
-    std::string d = ::testing::TempDir() + "rp_jsonl_" + std::to_string(getpid());
-    std::string out;
-    EXPECT_EQ(RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_jsonl_dataset.py " + d, &out), 0) << out;
-    return d;
+    auto made = rp::testing::CachedOracle(RP_VENV_PYTHON, RP_TEST_DIR "/make_jsonl_dataset.py");
+    EXPECT_TRUE(made.ok()) << made.status();
+    return made.ok() ? *made : std::string("/nonexistent");
   }();
   return dir;
 }
@@ -211,13 +211,10 @@ TEST(JsonlDocuments, ARunawayRecordIsBoundedAndAStopEndsTheReadAtOnce) {
 }
 
 TEST(TokenDatasetFile, PreparedChatHoldsTransformersTokensAndAssistantMask) {
-  const std::string d = ::testing::TempDir() + "rp_chat_" + std::to_string(getpid());
-  std::string out;
-  ASSERT_EQ(
-      RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_chat_dataset.py " + d + " " RP_CLIENT_PY_DIR,
-                 &out),
-      0)
-      << out;
+  auto made = rp::testing::CachedOracle(RP_VENV_PYTHON, RP_TEST_DIR "/make_chat_dataset.py", " " RP_CLIENT_PY_DIR,
+                                        {RP_CLIENT_PY_DIR "/roundpipe_prepare.py"});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::string d = *made;
   const auto want = nlohmann::json::parse(ReadAll(d + "/expected.json"));
   for (const char* name : {"markers", "plain"}) {  // transformers' mask, and our prefix rule
     auto packed = ReadTokenDatasetFile(d + "/" + name + ".safetensors");

@@ -196,7 +196,7 @@ TEST_F(HfModels, Qwen3MoeRouterAuxLossTrainsLikeTransformers) {
   EXPECT_NEAR(run.stats[0].loss, with_aux - aux, 2e-5);
 }
 
-// Recompute fidelity (DESIGN §9). qwen3moe_ties routes each token to one of four experts, and
+// Recompute fidelity (ARCHITECTURE §10). qwen3moe_ties routes each token to one of four experts, and
 // for about a fifth of the tokens experts 0 and 1 are closer than bf16 can tell. A hook makes
 // every router that runs with autograd — a backward stage's recompute, or the fused B_1 — select
 // on bf16-rounded probabilities, as a lower-precision re-run of the router would: it flips those

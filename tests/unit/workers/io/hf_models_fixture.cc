@@ -1,15 +1,13 @@
 #include "tests/unit/workers/io/hf_models_fixture.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <functional>
 
 #include "tests/support/engine_values.h"
+#include "tests/support/oracle_cache.h"
 #include "tests/support/run_command.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/hf_export.h"
@@ -25,45 +23,12 @@ using rp::testing::RunCommand;
 
 std::string HfModels::dir_, HfModels::error_;
 
-namespace {
-
-// The models are made once per version of make_hf_models.py and of the venv's packages (ctest
-// runs every test in its own process, and making them all takes tens of seconds): into a cache
-// directory named by their hash, under a file lock so parallel tests wait for the first; each test process then
-// works on its own copy (tests write exports and broken variants next to the models).
-absl::StatusOr<std::string> CachedModels() {
-  // The key: the script, and when the venv's packages last changed (an upgraded transformers,
-  // peft or torch makes new references).
-  std::string key = ReadWholeFile(RP_TEST_DIR "/make_hf_models.py");
-  const fs::path venv_lib = fs::path(RP_VENV_PYTHON).parent_path().parent_path() / "lib";
-  std::error_code ec;
-  for (const auto& python : fs::directory_iterator(venv_lib, ec)) {
-    const auto stamp = fs::last_write_time(python.path() / "site-packages", ec);
-    if (!ec) key += std::to_string(stamp.time_since_epoch().count());
-  }
-  const fs::path cache =
-      fs::temp_directory_path() / ("rp_hf_models_cache_" + std::to_string(std::hash<std::string>{}(key)));
-  const int lock = ::open((cache.string() + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) return absl::InternalError("cannot lock the model cache");
-  std::string out;
-  if (!fs::exists(cache / ".complete")) {
-    fs::remove_all(cache);
-    if (RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_hf_models.py " + cache.string(), &out) != 0) {
-      ::close(lock);
-      return absl::UnavailableError(out);
-    }
-    std::ofstream(cache / ".complete") << "made\n";
-  }
-  ::close(lock);
-  return cache.string();
-}
-
-}  // namespace
-
 void HfModels::SetUpTestSuite() {
   dir_ = (fs::temp_directory_path() / ("rp_hf_models_" + std::to_string(getpid()))).string();
   fs::remove_all(dir_);
-  auto cache = CachedModels();
+  // Made once per version of make_hf_models.py and of the venv's packages, shared by every test
+  // process; each process works on its own copy (tests write exports and broken variants there).
+  auto cache = rp::testing::CachedOracle(RP_VENV_PYTHON, RP_TEST_DIR "/make_hf_models.py");
   if (!cache.ok()) {
     error_ = std::string(cache.status().message());
     return;

@@ -24,7 +24,8 @@ TEST(Mxfp4, DequantisationEqualsTransformersBitForBit) {
   const std::string file =
       (std::filesystem::temp_directory_path() / ("rp_mxfp4_" + std::to_string(getpid()) + ".safetensors")).string();
   std::string log;
-  ASSERT_EQ(rp::testing::RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/mxfp4_reference.py " + file, &log), 0)
+  ASSERT_EQ(rp::testing::RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/mxfp4_reference.py " + file, &log),
+            0)
       << "the oracle mxfp4_reference.py (transformers) failed: " << log;
   auto ref = SafetensorsFile::Open(file);
   ASSERT_TRUE(ref.ok()) << ref.status();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tests/support/oracle_cache.h"
 #include "tests/support/run_command.h"
 #include "workers/text/byte_level.h"
 #include "workers/text/pre_tokenizer.h"
@@ -32,16 +33,13 @@ const auto& ReadFile = rp::testing::ReadWholeFile;
 class TokenizerVsHf : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    // One directory per process: ctest runs each case in its own process, in parallel.
-    dir_ = new std::string(::testing::TempDir() + "rp_tokenizers_" + std::to_string(getpid()));
-    std::string out;
-    const int rc = RunCommand(std::string(RP_VENV_PYTHON) + " " RP_TEST_DIR "/make_tokenizers.py " + *dir_, &out);
-    ASSERT_EQ(rc, 0) << out;
+    // Made once for every test process (tokenizers trains four BPE models, ~30 s); read only here.
+    auto made = rp::testing::CachedOracle(RP_VENV_PYTHON, RP_TEST_DIR "/make_tokenizers.py");
+    ASSERT_TRUE(made.ok()) << made.status();
+    dir_ = new std::string(*made);
     docs_ = new std::vector<std::string>(json::parse(ReadFile(*dir_ + "/docs.json")).get<std::vector<std::string>>());
   }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    std::filesystem::remove_all(*dir_, ec);
+  static void TearDownTestSuite() {  // the cache stays for the next process
     delete docs_;
     delete dir_;
   }

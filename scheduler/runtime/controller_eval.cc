@@ -1,0 +1,79 @@
+// Controller: an evaluation pass — the training plan's forward slots and B_1 (as an eval stage
+// that sums the loss, no backward), between iterations, with the weights flushed.
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/planning/dispatch_plan.h"
+#include "scheduler/runtime/controller.h"
+#include "scheduler/runtime/model_adapter.h"
+
+namespace rp::scheduler {
+
+using planning::SlotKind;
+using runtime::ToStageTask;
+
+absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
+                                                const std::optional<at::Tensor>& positions_in) {
+  if (!inflight_.empty()) {
+    return absl::FailedPreconditionError("controller: await every submitted iteration before an evaluation");
+  }
+  if (absl::Status st = Flush(); !st.ok()) return st;  // async: the weights hold every step
+  auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/false);
+  if (!host.ok()) return host.status();
+  if (host->valid == 0) return EvalResult{};  // nothing to evaluate in this batch
+  const auto start = std::chrono::steady_clock::now();
+  const int L = store_->config().num_layers();
+  const int M = opt_.microbatches;
+  const int E = -2 - evaluations_++;  // an iteration id of its own: never a training iteration's
+  auto ctx = std::make_shared<workers::RunContext>();
+  ctx->cfg = &store_->config();
+  ctx->store = store_;
+  ctx->acts = &acts_;
+  ctx->iteration = E;
+  ctx->seq_len = tokens_in.size(1);
+  ctx->positions = std::move(host->positions);
+  ctx->loss_scale = 1.0;  // sums, not means: the caller averages over a whole validation set
+  ctx->head_chunk_tokens = opt_.head_chunk_tokens;
+  // Who takes layer l's input: the forward stages that start there and the loss stage.
+  ctx->act_consumers.assign(static_cast<size_t>(L + 1), 0);
+  int first = 0;
+  for (int n : opt_.partition.forward) {
+    ++ctx->act_consumers[static_cast<size_t>(first)];
+    first += n;
+  }
+  ++ctx->act_consumers[static_cast<size_t>(L - opt_.partition.fused)];
+  for (int m = 0; m < M; ++m) {
+    acts_.Put(workers::ActKind::kActivation, 0, m, std::move(host->tokens[m]), ctx->act_consumers[0], E);
+    acts_.Put(workers::ActKind::kLabels, 0, m, std::move(host->labels[m]), 1, E);
+  }
+  // The training plan's forward slots and B_1's, on the workers the round-robin continues with.
+  planning::DispatchOptions d;
+  d.num_workers = static_cast<int>(workers_.size());
+  d.microbatches_per_iteration = M;
+  d.microbatches_per_round = opt_.microbatches_per_round;
+  d.g0 = next_g0_;
+  d.mode = planning::OptimizerMode::kSync;
+  auto plan = planning::BuildDispatchPlan(opt_.partition, L, d);
+  if (!plan.ok()) return plan.status();
+  std::vector<workers::EventPtr> done;
+  for (planning::StageSlot sl : plan->slots) {
+    if (sl.kind == SlotKind::kBackward) continue;
+    sl.iteration = E;
+    workers::StageTask task = ToStageTask(sl);
+    if (sl.kind == SlotKind::kFused) task.kind = workers::StageKind::kEval;
+    done.push_back(workers_[static_cast<size_t>(sl.worker)]->Submit(task, ctx));
+  }
+  for (auto& w : workers_) w->Flush();
+  for (const auto& e : done) e->Wait();
+  if (absl::Status err = ctx->error(); !err.ok()) {
+    acts_.Discard(E);
+    return err;
+  }
+  EvalResult r;
+  r.loss_sum = ctx->loss();
+  r.tokens = ctx->tokens();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+}  // namespace rp::scheduler

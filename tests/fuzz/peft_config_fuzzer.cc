@@ -1,0 +1,17 @@
+// libFuzzer target: a PEFT adapter_config.json (workers/io/peft_config_parse.cc). Whatever the
+// text, ParsePeftConfig returns a status; an accepted config has a rank in [1, 65536] and a
+// finite alpha.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "workers/io/hf_config.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto c = rp::workers::io::ParsePeftConfig(std::string(reinterpret_cast<const char*>(data), size));
+  if (!c.ok()) return 0;
+  if (c->rank < 1 || c->rank > 65536) std::abort();
+  if (!std::isfinite(c->alpha)) std::abort();
+  return 0;
+}
