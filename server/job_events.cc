@@ -35,6 +35,117 @@ bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
+namespace {
+void Stamp(v1::Job& rec) { *rec.mutable_updated() = TimeUtil::GetCurrentTime(); }
+}  // namespace
+
+void JobEventTracker::ApplyState(const scheduler::JobEvent& e, bool drained, v1::Job& rec, EventEffect& fx) {
+  v1::JobEvent& out = fx.out;
+  const v1::JobState s = ToProto(e.state);
+  std::string message = e.message;
+  if (s == v1::JOB_STATE_FAILED) rec.set_error(message);
+  if (s == v1::JOB_STATE_SUCCEEDED && message.empty() && checkpoint_failures_ > 0) {
+    message = absl::StrCat("succeeded, but ", checkpoint_failures_,
+                           " checkpoint(s) failed (last: ", last_checkpoint_failure_, ")");
+  }
+  fx.from = rec.state();
+  fx.to = s;
+  rec.set_state(s);
+  if (s != v1::JOB_STATE_PAUSED) {
+    rec.set_message(message);
+  } else if (drained) {
+    rec.set_message("paused by a daemon drain");
+  } else if (e.pause_cause == scheduler::JobEvent::PauseCause::kByEngine) {
+    rec.set_message(message);  // the engine paused it itself (e.g. checkpoints keep failing): say why
+  } else {
+    rec.set_message(message.empty() ? "paused" : message);  // a caller's pause, with the engine's detail
+  }
+  if (s == v1::JOB_STATE_RUNNING) {
+    rec.clear_message();
+    if (!rec.has_started()) *rec.mutable_started() = out.time();
+  }
+  Stamp(rec);
+  out.set_state(s);
+  out.set_message(message);
+  fx.ended = IsTerminal(s);
+  fx.persist = true;
+  fx.log = EventEffect::Log::kInfo;
+  fx.log_line = absl::StrCat(v1::JobState_Name(s), message.empty() ? "" : ": ", message);
+}
+
+void JobEventTracker::ApplyIteration(const scheduler::JobEvent& e, std::chrono::steady_clock::time_point now,
+                                     v1::Job& rec, EventEffect& fx) {
+  v1::JobEvent& out = fx.out;
+  const scheduler::IterationStats& st = e.stats;
+  v1::JobProgress* p = rec.mutable_progress();
+  if (std::exchange(progress_message_, false)) rec.clear_message();  // loaded: training now
+  p->set_step(p->step() + 1);
+  p->set_tokens(p->tokens() + st.tokens);
+  p->set_last_loss(st.loss);
+  const double tps = st.seconds > 0 ? static_cast<double>(st.tokens) / st.seconds : 0;
+  p->set_tokens_per_second(tps);
+  if (last_step_at_ != std::chrono::steady_clock::time_point{}) {
+    const double dt = std::chrono::duration<double>(now - last_step_at_).count();
+    ema_step_s_ = ema_step_s_ == 0 ? dt : 0.8 * ema_step_s_ + 0.2 * dt;
+  } else {
+    ema_step_s_ = st.seconds;
+  }
+  last_step_at_ = now;
+  if (!st.partition.empty()) rec.set_partition(st.partition);
+  v1::HostMemory* mem = rec.mutable_host_memory();
+  mem->set_peak_state_bytes(std::max(mem->peak_state_bytes(), st.host_state_bytes));
+  mem->set_peak_activation_bytes(std::max(mem->peak_activation_bytes(), st.activation_peak_bytes));
+  if (st.partition_problem != partition_problem_) {  // log changes only, not every step
+    if (!st.partition_problem.empty()) {
+      fx.log = EventEffect::Log::kWarn;
+      fx.log_line = st.partition_problem;
+    }
+    partition_problem_ = st.partition_problem;
+  }
+  v1::StepMetrics* m = out.mutable_step();
+  m->set_step(p->step());
+  m->set_loss(st.loss);
+  m->set_tokens_per_second(tps);
+  m->set_learning_rate(st.lr);
+  m->set_grad_norm(st.grad_norm);
+  m->set_bubble_ratio(st.bubble_ratio);
+  m->set_skipped(st.skipped_step);
+  m->set_eta_seconds(rec.total_steps() > 0
+                         ? std::max<double>(0, static_cast<double>(rec.total_steps() - p->step())) * ema_step_s_
+                         : -1);
+  if (now - last_persist_ > std::chrono::seconds(1)) {  // at most once a second: steps are frequent
+    Stamp(rec);
+    fx.persist = true;
+    last_persist_ = now;
+  }
+  if (fx.log == EventEffect::Log::kNone && p->step() % 50 == 1) {
+    fx.log = EventEffect::Log::kInfo;
+    fx.log_line = absl::StrCat("step ", p->step(), " loss ", st.loss, " tokens/s ", static_cast<int64_t>(tps));
+  }
+}
+
+void JobEventTracker::ApplyEval(const scheduler::JobEvent& e, v1::Job& rec, EventEffect& fx) {
+  v1::JobEvent& out = fx.out;
+  const scheduler::EvalStats& ev = e.eval;
+  v1::EvalMetrics m;
+  m.set_step(ev.step);
+  m.set_loss(ev.loss);
+  m.set_tokens(ev.tokens);
+  m.set_seconds(ev.seconds);
+  m.set_best_loss(ev.best_loss);
+  m.set_best_step(ev.best_step);
+  m.set_is_best(ev.is_best);
+  *rec.mutable_last_eval() = m;
+  if (!ev.checkpoint.empty()) rec.set_best_checkpoint(ev.checkpoint);
+  *out.mutable_eval() = m;
+  Stamp(rec);
+  fx.persist = true;
+  fx.log = EventEffect::Log::kInfo;
+  fx.log_line =
+      absl::StrCat("eval at step ", ev.step, ": loss ", ev.loss, " over ", ev.tokens, " tokens",
+                   ev.is_best ? " (best)" : absl::StrCat(" (best ", ev.best_loss, " at step ", ev.best_step, ")"));
+}
+
 EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::steady_clock::time_point now,
                                    bool drained, v1::Job* record) {
   v1::Job& rec = *record;
@@ -42,90 +153,14 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
   v1::JobEvent& out = fx.out;
   *out.mutable_time() = TimeUtil::NanosecondsToTimestamp(
       std::chrono::duration_cast<std::chrono::nanoseconds>(e.time.time_since_epoch()).count());
-  const auto stamp = [&] { *rec.mutable_updated() = TimeUtil::GetCurrentTime(); };
+  const auto stamp = [&] { Stamp(rec); };
   switch (e.kind) {
-    case scheduler::JobEvent::Kind::kState: {
-      const v1::JobState s = ToProto(e.state);
-      std::string message = e.message;
-      if (s == v1::JOB_STATE_FAILED) rec.set_error(message);
-      if (s == v1::JOB_STATE_SUCCEEDED && message.empty() && checkpoint_failures_ > 0) {
-        message = absl::StrCat("succeeded, but ", checkpoint_failures_,
-                               " checkpoint(s) failed (last: ", last_checkpoint_failure_, ")");
-      }
-      fx.from = rec.state();
-      fx.to = s;
-      rec.set_state(s);
-      if (s != v1::JOB_STATE_PAUSED) {
-        rec.set_message(message);
-      } else if (drained) {
-        rec.set_message("paused by a daemon drain");
-      } else if (e.pause_cause == scheduler::JobEvent::PauseCause::kByEngine) {
-        rec.set_message(message);  // the engine paused it itself (e.g. checkpoints keep failing): say why
-      } else {
-        rec.set_message(message.empty() ? "paused" : message);  // a caller's pause, with the engine's detail
-      }
-      if (s == v1::JOB_STATE_RUNNING) {
-        rec.clear_message();
-        if (!rec.has_started()) *rec.mutable_started() = out.time();
-      }
-      stamp();
-      out.set_state(s);
-      out.set_message(message);
-      fx.ended = IsTerminal(s);
-      fx.persist = true;
-      fx.log = EventEffect::Log::kInfo;
-      fx.log_line = absl::StrCat(v1::JobState_Name(s), message.empty() ? "" : ": ", message);
+    case scheduler::JobEvent::Kind::kState:
+      ApplyState(e, drained, rec, fx);
       break;
-    }
-    case scheduler::JobEvent::Kind::kIteration: {
-      const scheduler::IterationStats& st = e.stats;
-      v1::JobProgress* p = rec.mutable_progress();
-      if (std::exchange(progress_message_, false)) rec.clear_message();  // loaded: training now
-      p->set_step(p->step() + 1);
-      p->set_tokens(p->tokens() + st.tokens);
-      p->set_last_loss(st.loss);
-      const double tps = st.seconds > 0 ? static_cast<double>(st.tokens) / st.seconds : 0;
-      p->set_tokens_per_second(tps);
-      if (last_step_at_ != std::chrono::steady_clock::time_point{}) {
-        const double dt = std::chrono::duration<double>(now - last_step_at_).count();
-        ema_step_s_ = ema_step_s_ == 0 ? dt : 0.8 * ema_step_s_ + 0.2 * dt;
-      } else {
-        ema_step_s_ = st.seconds;
-      }
-      last_step_at_ = now;
-      if (!st.partition.empty()) rec.set_partition(st.partition);
-      v1::HostMemory* mem = rec.mutable_host_memory();
-      mem->set_peak_state_bytes(std::max(mem->peak_state_bytes(), st.host_state_bytes));
-      mem->set_peak_activation_bytes(std::max(mem->peak_activation_bytes(), st.activation_peak_bytes));
-      if (st.partition_problem != partition_problem_) {  // log changes only, not every step
-        if (!st.partition_problem.empty()) {
-          fx.log = EventEffect::Log::kWarn;
-          fx.log_line = st.partition_problem;
-        }
-        partition_problem_ = st.partition_problem;
-      }
-      v1::StepMetrics* m = out.mutable_step();
-      m->set_step(p->step());
-      m->set_loss(st.loss);
-      m->set_tokens_per_second(tps);
-      m->set_learning_rate(st.lr);
-      m->set_grad_norm(st.grad_norm);
-      m->set_bubble_ratio(st.bubble_ratio);
-      m->set_skipped(st.skipped_step);
-      m->set_eta_seconds(rec.total_steps() > 0
-                             ? std::max<double>(0, static_cast<double>(rec.total_steps() - p->step())) * ema_step_s_
-                             : -1);
-      if (now - last_persist_ > std::chrono::seconds(1)) {  // at most once a second: steps are frequent
-        stamp();
-        fx.persist = true;
-        last_persist_ = now;
-      }
-      if (fx.log == EventEffect::Log::kNone && p->step() % 50 == 1) {
-        fx.log = EventEffect::Log::kInfo;
-        fx.log_line = absl::StrCat("step ", p->step(), " loss ", st.loss, " tokens/s ", static_cast<int64_t>(tps));
-      }
+    case scheduler::JobEvent::Kind::kIteration:
+      ApplyIteration(e, now, rec, fx);
       break;
-    }
     case scheduler::JobEvent::Kind::kCheckpoint:
       rec.set_last_checkpoint(e.checkpoint.path);
       rec.set_last_checkpoint_step(e.checkpoint.step);
@@ -155,27 +190,9 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
       fx.log = EventEffect::Log::kInfo;
       fx.log_line = e.message;
       break;
-    case scheduler::JobEvent::Kind::kEval: {
-      const scheduler::EvalStats& ev = e.eval;
-      v1::EvalMetrics m;
-      m.set_step(ev.step);
-      m.set_loss(ev.loss);
-      m.set_tokens(ev.tokens);
-      m.set_seconds(ev.seconds);
-      m.set_best_loss(ev.best_loss);
-      m.set_best_step(ev.best_step);
-      m.set_is_best(ev.is_best);
-      *rec.mutable_last_eval() = m;
-      if (!ev.checkpoint.empty()) rec.set_best_checkpoint(ev.checkpoint);
-      *out.mutable_eval() = m;
-      stamp();
-      fx.persist = true;
-      fx.log = EventEffect::Log::kInfo;
-      fx.log_line =
-          absl::StrCat("eval at step ", ev.step, ": loss ", ev.loss, " over ", ev.tokens, " tokens",
-                       ev.is_best ? " (best)" : absl::StrCat(" (best ", ev.best_loss, " at step ", ev.best_step, ")"));
+    case scheduler::JobEvent::Kind::kEval:
+      ApplyEval(e, rec, fx);
       break;
-    }
     case scheduler::JobEvent::Kind::kProfile:
       rec.set_profile(e.message);
       stamp();

@@ -38,6 +38,12 @@ class JobEventTracker {
   int checkpoint_failures() const { return checkpoint_failures_; }
 
  private:
+  // One kind of event each (Apply stamps the event's time and dispatches).
+  void ApplyState(const scheduler::JobEvent& e, bool drained, roundpipe::v1::Job& rec, EventEffect& fx);
+  void ApplyIteration(const scheduler::JobEvent& e, std::chrono::steady_clock::time_point now, roundpipe::v1::Job& rec,
+                      EventEffect& fx);
+  void ApplyEval(const scheduler::JobEvent& e, roundpipe::v1::Job& rec, EventEffect& fx);
+
   std::chrono::steady_clock::time_point last_step_at_{}, last_persist_{};
   double ema_step_s_ = 0;          // smoothed wall time per step (ETA)
   std::string partition_problem_;  // the last automatic-partition problem logged
