@@ -9,11 +9,17 @@ engine's model-I/O tests, and records what `transformers` computes on fixed toke
                                       OUT_DIR/gptoss_mxfp4/ (experts stored as MXFP4 blocks and scales)
                                       and OUT_DIR/{lora,lora_moe,lora_gptoss,lora_moe_experts,lora_gptoss_experts}/ (base, PEFT
                                       adapter, peft's two steps)
-  make_hf_models.py --only NAME OUT_DIR   -> only that model (llama, qwen3, qwen3moe, qwen3moe_ties, qwen3moe_aux, gptoss
-                                             or gptoss_mxfp4) and its references
+  make_hf_models.py --only NAME OUT_DIR   (or OUT_DIR --only NAME)
+                                        -> only that model (llama, qwen3, qwen3moe, qwen3moe_ties, qwen3moe_aux, gptoss
+                                             or gptoss_mxfp4) and its references; qwen3moe_aux and
+                                             qwen3moe_aux_batch also reference_linear.safetensors
+                                             (three steps, lr 1e-2, eps 0.1)
   make_hf_models.py --check-close EXPORT_DIR REFERENCE_DIR
                                    -> the export holds the reference's trained weights (tolerances in
                                       check_close)
+  make_hf_models.py --check-moved EXPORT_DIR MODEL_DIR REFERENCE_FILE
+                                   -> every tensor of the export within 1e-4 of how far transformers
+                                      moved it (REFERENCE_FILE's after.*, from MODEL_DIR's weights)
   make_hf_models.py --check-equal EXPORT_DIR ENGINE.safetensors
                                    -> the export, loaded by transformers, holds exactly these tensors
   make_hf_models.py --check EXPORT_DIR REFERENCE_DIR
@@ -108,8 +114,10 @@ def make(out, only=None):
         backward = aux_backward if name in ("qwen3moe_aux", "qwen3moe_step2", "gptoss") else plain_backward
         if name == "qwen3moe_aux_batch":
             backward = aux_backward_batch
+        if name in ("qwen3moe_aux_batch", "qwen3moe_aux"):
             # Three steps where AdamW's update follows the gradient (eps 0.1 >> sqrt(v)), so a
-            # gradient error of any step shows in the weights after.
+            # gradient error of any step shows in the weights after (with eps 1e-8 AdamW's update
+            # is sign-like and amplifies rounding where a moment nearly cancels).
             again = AutoModelForCausalLM.from_pretrained(f"{out}/{name}", dtype=torch.float32,
                                                          attn_implementation="eager")
             save_file(train_steps(again, tokens, backward, steps=3, lr=1e-2, eps=0.1),
@@ -363,6 +371,26 @@ def check_close(export_dir, reference_dir):
     return 0 if not bad else 1
 
 
+def check_moved(export_dir, model_dir, reference_file):
+    """Every tensor of the export, loaded by transformers, within 1e-4 of how far transformers'
+    own training moved it (max |export - after| <= 1e-4 max |after - before| + 1e-8): a gradient
+    error in any one tensor at any step shows, where |w|-relative tolerances would hide it."""
+    model = AutoModelForCausalLM.from_pretrained(export_dir, torch_dtype=torch.float32)
+    before = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).state_dict()
+    ref = load_file(reference_file)
+    bad, worst = [], 0.0
+    for n, p in model.state_dict().items():
+        want = ref["after." + n]
+        moved = (want - before[n]).abs().max().item()
+        diff = (p - want).abs().max().item()
+        worst = max(worst, diff / moved if moved > 0 else 0.0)
+        if diff > 1e-4 * moved + 1e-8:
+            bad.append(f"{n} (max |diff| {diff:.3g}, moved {moved:.3g})")
+    print(f"export loads with transformers: {len(model.state_dict())} tensors, worst diff/moved {worst:.3g}, "
+          f"off: {bad}")
+    return 0 if not bad else 1
+
+
 def check_equal(export_dir, engine_weights):
     """The export loaded by transformers holds exactly the engine's weights (fp32 both ways)."""
     model = AutoModelForCausalLM.from_pretrained(export_dir, torch_dtype=torch.float32)
@@ -379,10 +407,14 @@ if __name__ == "__main__":
         sys.exit(check(sys.argv[2], sys.argv[3]))
     if sys.argv[1] == "--check-equal":
         sys.exit(check_equal(sys.argv[2], sys.argv[3]))
+    if sys.argv[1] == "--check-moved":
+        sys.exit(check_moved(sys.argv[2], sys.argv[3], sys.argv[4]))
     if sys.argv[1] == "--check-close":
         sys.exit(check_close(sys.argv[2], sys.argv[3]))
     if sys.argv[1] == "--only":
         sys.exit(make(sys.argv[3], only=sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[2] == "--only":  # OUT_DIR --only NAME (tests' CachedOracle order)
+        sys.exit(make(sys.argv[1], only=sys.argv[3]))
     if sys.argv[1] == "--check-lora":
         sys.exit(check_lora(*sys.argv[2:6]))
     make(sys.argv[1])
