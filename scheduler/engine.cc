@@ -51,8 +51,8 @@ absl::StatusOr<TensorValue> Engine::Parameter(JobId id, const std::string& name)
 absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& note) {
   return impl_->Checkpoint(id, note);
 }
-absl::StatusOr<int64_t> Engine::Export(JobId id, const std::string& dir, ExportKind kind) {
-  return impl_->Export(id, dir, kind);
+absl::StatusOr<int64_t> Engine::Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop) {
+  return impl_->Export(id, dir, kind, stop);
 }
 EngineStats Engine::Stats() const { return impl_->Stats(); }
 

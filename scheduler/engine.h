@@ -86,8 +86,9 @@ class Engine {
   // Blocks until written; FailedPrecondition for a job that has not started or has no root.
   absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& note = "");
   // Writes the job's weights to `dir` (which must not exist) in `kind`'s format and returns the
-  // bytes written. Waits for an iteration boundary of a running job.
-  absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind);
+  // bytes written. Waits for an iteration boundary of a running job. `stop` (optional) is polled
+  // before each tensor: its error ends the export, nothing left behind.
+  absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop = {});
   EngineStats Stats() const;
   // Device operations recorded so far that ended after `since_s` (bounded ring: the oldest go).
   std::vector<OpRecord> Timeline(double since_s = -1) const;

@@ -10,11 +10,13 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
@@ -335,6 +337,10 @@ struct OpRecord {
 // (safetensors + config.json), or for LoRA jobs a PEFT adapter directory; kPeftAdapter (LoRA
 // only); kMergedLora, a LoRA job's base with the adapters merged in, as a HF model directory.
 enum class ExportKind { kHfModel, kPeftAdapter, kMergedLora };
+
+// Polled between the units of a long step the caller waits for (an export: before each tensor):
+// a non-OK status stops the step with that status, leaving nothing half-written behind.
+using StopCheck = std::function<absl::Status()>;
 
 struct BuildInfo {
   std::string torch_version;

@@ -41,7 +41,7 @@ std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vec
 }
 
 absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const JobSpec& job,
-                                         const std::string& out_dir, ExportKind kind) {
+                                         const std::string& out_dir, ExportKind kind, const StopCheck& stop) {
   auto config = runtime::ToTransformerConfig(job.model);
   if (!config.ok()) return config.status();
   auto f = io::SafetensorsFile::Open(checkpoint_dir + "/weights.safetensors");
@@ -60,7 +60,7 @@ absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, cons
         if (weights->Find(name)) return weights->Read(name, at::kFloat);
         return base.Read(name);
       },
-      dtype, kind);
+      dtype, kind, stop);
 }
 
 absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job) { return runtime::PredictHostStateBytes(job); }

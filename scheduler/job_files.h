@@ -34,7 +34,7 @@ std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vec
 // from the job's model.hf_dir (or its seeded initialisation), checked against the checkpoint's
 // record (DataLoss naming the tensor when the files changed since).
 absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const JobSpec& job,
-                                         const std::string& out_dir, ExportKind kind);
+                                         const std::string& out_dir, ExportKind kind, const StopCheck& stop = {});
 
 // Host bytes job `job` will allocate for its model state once it runs (planning::HostStateBytes
 // of its layout; a LoRA base from model files in the job's dtype is mapped, not counted). Reads

@@ -127,6 +127,7 @@ void JobEventTracker::ApplyIteration(const scheduler::JobEvent& e, std::chrono::
 void JobEventTracker::ApplyEval(const scheduler::JobEvent& e, v1::Job& rec, EventEffect& fx) {
   v1::JobEvent& out = fx.out;
   const scheduler::EvalStats& ev = e.eval;
+  if (std::exchange(progress_message_, false)) rec.clear_message();  // "evaluating at step ...": done
   v1::EvalMetrics m;
   m.set_step(ev.step);
   m.set_loss(ev.loss);

@@ -77,8 +77,11 @@ class JobManager {
   void Unsubscribe(const std::string& id, JobSubscriber* subscriber);
 
   // Writes the job's weights as a Hugging Face directory (LoRA jobs: a PEFT adapter directory, or
-  // with merge_lora the merged weights); `dir` empty = <output_dir>/export-step<N>.
-  absl::StatusOr<std::string> Export(const std::string& id, const std::string& dir, bool merge_lora = false);
+  // with merge_lora the merged weights); `dir` empty = <output_dir>/export-step<N>. Checked before
+  // each tensor: `caller_gone` (optional; the RPC cancelled: CANCELLED) and a drain or shutdown
+  // (UNAVAILABLE); either ends the export with nothing written. A long export logs its progress.
+  absl::StatusOr<std::string> Export(const std::string& id, const std::string& dir, bool merge_lora = false,
+                                     const std::function<bool()>& caller_gone = {});
   absl::StatusOr<roundpipe::v1::CheckpointResponse> Checkpoint(const std::string& id);
 
   // Stops admitting jobs and pauses running/queued ones; waits up to `deadline` for the running

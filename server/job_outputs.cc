@@ -1,5 +1,6 @@
 // A job's outputs and the daemon's drain and shutdown: ExportModel, Checkpoint, Drain, Shutdown
 // (job_manager.h).
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,7 +14,8 @@ namespace rp::server {
 
 namespace v1 = roundpipe::v1;
 
-absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in, bool merge_lora) {
+absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in, bool merge_lora,
+                                               const std::function<bool()>& caller_gone) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   std::optional<scheduler::JobId> eid;
@@ -52,8 +54,28 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
   // `dir` that the next start removes (Recover), even if nothing exports there again.
   const std::string journal = ExportJournalPath(id, dir);
   std::ofstream(journal) << dir;
+  const auto started = std::chrono::steady_clock::now();
+  auto last_log = started;
+  int64_t tensors = 0;
+  const scheduler::StopCheck stop = [&]() -> absl::Status {
+    if (caller_gone && caller_gone()) return absl::CancelledError("the client cancelled the export");
+    {
+      absl::MutexLock lock(&mu_);
+      if (draining_ || shutdown_) {
+        return absl::UnavailableError("the daemon is draining; nothing was exported (export again after the restart)");
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_log >= std::chrono::seconds(10)) {
+      last_log = now;
+      JobLog()->info("[{}] exporting to {}: {} tensors written in {} s", id, dir, tensors,
+                     std::chrono::duration_cast<std::chrono::seconds>(now - started).count());
+    }
+    ++tensors;
+    return absl::OkStatus();
+  };
   if (eid) {
-    bytes = engine_->Export(*eid, dir, kind);
+    bytes = engine_->Export(*eid, dir, kind, stop);
   } else {
     // From an earlier daemon run: the job's final weights are its newest checkpoint (the engine
     // writes one when a job ends), which must hold the step the job ended at.
@@ -63,7 +85,7 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
           "job ", id, " has no checkpoint of its final step ", step, " under ", resolved->engine.checkpoint_root,
           all.empty() ? std::string() : absl::StrCat(" (newest: step ", all.front().step, ")")));
     }
-    bytes = scheduler::ExportCheckpoint(all.front().path, resolved->engine, dir, kind);
+    bytes = scheduler::ExportCheckpoint(all.front().path, resolved->engine, dir, kind, stop);
   }
   std::error_code ec;
   std::filesystem::remove(journal, ec);

@@ -309,12 +309,14 @@ grpc::ServerUnaryReactor* JobServiceImpl::ExportModel(grpc::CallbackServerContex
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
   // Writing a model can take a while: off the callback thread.
   auto* r = ctx->DefaultReactor();
-  absl::Status queued = manager_->RunInBackground(
-      [this, r, job = req->job_id(), dir = req->output_dir(), merge = req->merge_lora(), resp] {
-        auto path = Guarded("ExportModel", [&] { return manager_->Export(job, dir, merge); });
-        if (path.ok()) resp->set_path(*path);
-        r->Finish(ToGrpcStatus(path.status()));
-      });
+  absl::Status queued = manager_->RunInBackground([this, ctx, r, job = req->job_id(), dir = req->output_dir(),
+                                                   merge = req->merge_lora(), resp] {
+    // ctx lives until Finish: a client that gave up stops the export at the next tensor.
+    auto path =
+        Guarded("ExportModel", [&] { return manager_->Export(job, dir, merge, [ctx] { return ctx->IsCancelled(); }); });
+    if (path.ok()) resp->set_path(*path);
+    r->Finish(ToGrpcStatus(path.status()));
+  });
   if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
   return r;
 }

@@ -337,7 +337,7 @@ absl::StatusOr<TensorValue> Engine::Impl::Parameter(JobId id, const std::string&
   return ToValue(*t);
 }
 
-absl::StatusOr<int64_t> Engine::Impl::Export(JobId id, const std::string& dir, ExportKind kind) {
+absl::StatusOr<int64_t> Engine::Impl::Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   base::MutexLock run(&job->run_mu);  // a consistent state: between iterations, or final
@@ -357,7 +357,7 @@ absl::StatusOr<int64_t> Engine::Impl::Export(JobId id, const std::string& dir, E
         job->run_mu.AssumeHeld();  // called by ExportJob, inside this function's run_mu
         return job->ReadParameter(name);
       },
-      job->dtype, kind);
+      job->dtype, kind, stop);
 }
 
 EngineStats Engine::Impl::Stats() const {

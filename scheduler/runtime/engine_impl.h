@@ -47,7 +47,7 @@ class Engine::Impl {
   absl::StatusOr<std::vector<ParameterShape>> ParameterShapes(JobId id) const;
   absl::StatusOr<TensorValue> Parameter(JobId id, const std::string& name) const;
   absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& note);
-  absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind);
+  absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop);
   EngineStats Stats() const;
   const workers::Timeline& timeline() const { return timeline_; }
   void Shutdown();

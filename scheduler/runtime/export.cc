@@ -6,7 +6,13 @@ namespace rp::scheduler::runtime {
 
 absl::StatusOr<int64_t> WriteExport(const std::string& dir, const workers::models::TransformerConfig& config,
                                     const std::vector<ParameterShape>& shapes, const TensorFetch& fetch,
-                                    at::ScalarType dtype, ExportKind kind) {
+                                    at::ScalarType dtype, ExportKind kind, const StopCheck& stop) {
+  const TensorFetch checked = [&](const std::string& name) -> absl::StatusOr<at::Tensor> {
+    if (stop) {
+      if (absl::Status st = stop(); !st.ok()) return st;
+    }
+    return fetch(name);
+  };
   std::vector<workers::io::NamedShape> named;
   for (const ParameterShape& p : shapes) named.emplace_back(p.name, p.shape);
   workers::io::HfExportOptions o;
@@ -17,13 +23,13 @@ absl::StatusOr<int64_t> WriteExport(const std::string& dir, const workers::model
   if (config.lora.rank > 0 && kind == ExportKind::kHfModel) kind = ExportKind::kPeftAdapter;
   switch (kind) {
     case ExportKind::kPeftAdapter:
-      return workers::io::ExportPeftAdapter(dir, config, named, fetch);
+      return workers::io::ExportPeftAdapter(dir, config, named, checked);
     case ExportKind::kMergedLora:
-      return workers::io::ExportMergedLora(dir, config, named, fetch, o);
+      return workers::io::ExportMergedLora(dir, config, named, checked, o);
     case ExportKind::kHfModel:
       break;
   }
-  return workers::io::ExportHfModel(dir, config, named, fetch, o);
+  return workers::io::ExportHfModel(dir, config, named, checked, o);
 }
 
 }  // namespace rp::scheduler::runtime

@@ -19,9 +19,10 @@ namespace rp::scheduler::runtime {
 
 using TensorFetch = std::function<absl::StatusOr<at::Tensor>(const std::string&)>;
 
-// InvalidArgument for a LoRA format on a job without adapters.
+// InvalidArgument for a LoRA format on a job without adapters. `stop` (optional) is polled before
+// each tensor; its error ends the export (the temporary directory removed) with that status.
 absl::StatusOr<int64_t> WriteExport(const std::string& dir, const workers::models::TransformerConfig& config,
                                     const std::vector<ParameterShape>& shapes, const TensorFetch& fetch,
-                                    at::ScalarType dtype, ExportKind kind);
+                                    at::ScalarType dtype, ExportKind kind, const StopCheck& stop = {});
 
 }  // namespace rp::scheduler::runtime

@@ -58,15 +58,29 @@ bool JobRunner::FinishPending() {
   return true;
 }
 
-void JobRunner::End(JobState s, std::string message) {
-  if (!FinishPending()) return;  // already FAILED
+bool JobRunner::End(JobState s, std::string message) {
+  if (!FinishPending()) return true;  // already FAILED
   if (s == JobState::kSucceeded && job_.validation) {
     int64_t step;
     {
       base::MutexLock lock(&job_.mu);
       step = job_.first_step + job_.steps_done;
     }
-    if (step != last_eval_step_ && !Evaluate(/*at_end=*/true)) return;
+    if (step != last_eval_step_) {
+      switch (Evaluate(/*at_end=*/true)) {
+        case EvalOutcome::kEnded:
+          return true;
+        case EvalOutcome::kInterrupted: {
+          base::MutexLock lock(&job_.mu);
+          if (!job_.cancel) return false;  // paused: the loop pauses, then ends the job again
+          s = JobState::kCancelled;
+          message = "cancelled during the final evaluation";
+          break;
+        }
+        case EvalOutcome::kDone:
+          break;
+      }
+    }
   }
   {
     base::MutexLock run(&job_.run_mu);
@@ -80,6 +94,7 @@ void JobRunner::End(JobState s, std::string message) {
   }
   base::MutexLock lock(&job_.mu);
   job_.SetState(s, std::move(message));
+  return true;
 }
 
 bool JobRunner::TakeCheckpoints() {
@@ -123,6 +138,11 @@ void JobRunner::PolicyCheckpoint() {
   last_policy_step_ = submitted;
   base::MutexLock lock(&job_.mu);
   job_.checkpoints.push_back({"every " + std::to_string(job_.spec.checkpoint_every) + " steps_", nullptr});
+}
+
+bool JobRunner::Cancelled() {
+  base::MutexLock lock(&job_.mu);
+  return job_.cancel;
 }
 
 bool JobRunner::MaybePause() {
@@ -175,31 +195,43 @@ void JobRunner::MaybeWriteProfile() {
   job_.Emit({JobEvent::Kind::kProfile, job_.state, {}, path});
 }
 
-bool JobRunner::MaybeEvaluate() {
+JobRunner::EvalOutcome JobRunner::MaybeEvaluate() {
   const int64_t every = job_.spec.eval.every_steps;
-  if (!job_.validation || every <= 0) return true;
+  if (!job_.validation || every <= 0) return EvalOutcome::kDone;
   const int64_t submitted = job_.first_step + steps_ + (pending_ ? 1 : 0);
-  if (submitted == 0 || submitted == last_eval_step_ || submitted % every != 0) return true;
+  if (submitted == 0 || submitted == last_eval_step_ || submitted % every != 0) return EvalOutcome::kDone;
   return Evaluate(/*at_end=*/false);
 }
 
-bool JobRunner::Evaluate(bool at_end) {
-  if (!FinishPending()) return false;
+JobRunner::EvalOutcome JobRunner::Evaluate(bool at_end) {
+  if (!FinishPending()) return EvalOutcome::kEnded;
   const auto t0 = std::chrono::steady_clock::now();
   int64_t step;
   {
     base::MutexLock lock(&job_.mu);
     step = job_.first_step + job_.steps_done;
   }
-  last_eval_step_ = step;
+  const int64_t previous_eval_step = std::exchange(last_eval_step_, step);
+  const int64_t batches = job_.validation->batches_per_epoch();
+  auto last_report = t0;
   double sum = 0;
   int64_t tokens = 0;
   {
     base::MutexLock run(&job_.run_mu);
-    for (int64_t b = 0; b < job_.validation->batches_per_epoch(); ++b) {
+    for (int64_t b = 0; b < batches; ++b) {
       {
         base::MutexLock lock(&job_.mu);
-        if (job_.cancel) return true;  // the loop ends the job
+        if (job_.cancel || job_.pause) {
+          last_eval_step_ = previous_eval_step;  // abandoned: evaluated again at this step
+          return EvalOutcome::kInterrupted;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (now - t0 >= kEvalProgressAfter && now - last_report >= kEvalProgressEvery) {
+          last_report = now;
+          std::string what = absl::StrCat("evaluating at step ", step, ": validation batch ", b + 1, " of ", batches);
+          job_.message = what;
+          job_.Emit({JobEvent::Kind::kProgress, job_.state, {}, std::move(what)});
+        }
       }
       auto [tokens_b, labels_b] = job_.validation->Batch(b);
       const at::Tensor positions = job_.validation->Positions(b);
@@ -209,7 +241,7 @@ bool JobRunner::Evaluate(bool at_end) {
         base::MutexLock lock(&job_.mu);
         job_.SetState(JobState::kFailed,
                       absl::StrCat("evaluation at step ", step, ", validation batch ", b, ": ", r.status().message()));
-        return false;
+        return EvalOutcome::kEnded;
       }
       sum += r->loss_sum;
       tokens += r->tokens;
@@ -218,7 +250,7 @@ bool JobRunner::Evaluate(bool at_end) {
   base::MutexLock lock(&job_.mu);
   if (tokens == 0) {
     job_.SetState(JobState::kFailed, "data.validation: no token of the validation set has a label to evaluate");
-    return false;
+    return EvalOutcome::kEnded;
   }
   EvalStats ev;
   ev.step = step;
@@ -253,10 +285,10 @@ bool JobRunner::Evaluate(bool at_end) {
         absl::StrCat("stopped early at step ", step, ": the eval loss did not improve for ", patience,
                      " evaluation(s) (best ", ev.best_loss, " at step ", ev.best_step, ")");
     lock.Unlock();
-    End(JobState::kSucceeded, why);
-    return false;
+    End(JobState::kSucceeded, why);  // evaluated at this step: End does not evaluate again
+    return EvalOutcome::kEnded;
   }
-  return true;
+  return EvalOutcome::kDone;
 }
 
 JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
@@ -267,8 +299,8 @@ JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
     if (job_.cancel || index >= job_.data->batches_per_epoch() * job_.spec.token_file->max_epochs) {
       const bool cancelled = job_.cancel;
       lock.Unlock();
-      End(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "");
-      return Next::kEnded;
+      return End(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "") ? Next::kEnded
+                                                                                                        : Next::kAgain;
     }
     ++job_.consumed;
     lock.Unlock();
@@ -291,8 +323,8 @@ JobRunner::Next JobRunner::TakeBatch(TensorBatch* batch, int64_t* data_index) {
     if (job_.cancel || job_.batches.empty()) {
       const bool cancelled = job_.cancel;
       lock.Unlock();
-      End(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "");
-      return Next::kEnded;
+      return End(cancelled ? JobState::kCancelled : JobState::kSucceeded, cancelled ? "cancelled" : "") ? Next::kEnded
+                                                                                                        : Next::kAgain;
     }
     *batch = std::move(job_.batches.front());
     job_.batches.pop_front();
@@ -320,11 +352,13 @@ void JobRunner::Run() {
   for (;;) {
     PolicyCheckpoint();
     if (!TakeCheckpoints()) return;
-    if (!MaybeEvaluate()) return;
     if (!MaybePause()) return;
+    const EvalOutcome eval = MaybeEvaluate();
+    if (eval == EvalOutcome::kEnded) return;
+    if (eval == EvalOutcome::kInterrupted && !Cancelled()) continue;  // paused: pause, then the pass again
     if (job_.spec.max_steps > 0 && steps_ + (pending_ ? 1 : 0) >= job_.spec.max_steps) {
-      End(JobState::kSucceeded, "");
-      return;
+      if (End(JobState::kSucceeded, "")) return;
+      continue;  // the final evaluation was paused: pause, then end after the resume
     }
     TensorBatch batch;
     int64_t data_index = -1;  // token-file jobs: the batch's index in the file

@@ -8,6 +8,7 @@
 // Every state change is an event of the job (EngineJob::SetState).
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -24,9 +25,11 @@ class JobRunner {
  private:
   // Awaits the pending iteration and reports it; false when the job must stop (it failed).
   bool FinishPending();
-  // Reports the pending iteration, flushes the optimizer, writes a daemon job's final
-  // checkpoint (export works after any restart, and the store can be released), then `s`.
-  void End(JobState s, std::string message);
+  // Reports the pending iteration, runs the final evaluation, flushes the optimizer, writes a
+  // daemon job's final checkpoint (export works after any restart, and the store can be
+  // released), then `s`. False when a pause interrupted the final evaluation: the job did not end
+  // (the loop pauses, and ends it again after the resume); a cancel there ends it CANCELLED.
+  bool End(JobState s, std::string message);
   // Checkpoint requests (served between iterations): report the pending iteration, flush the
   // optimizer (async), write. False when the job failed meanwhile.
   bool TakeCheckpoints();
@@ -36,20 +39,29 @@ class JobRunner {
   // Pause point (between iterations): report the pending iteration, flush the optimizer so the
   // store is consistent, then wait for Resume or Cancel (serving checkpoint requests meanwhile).
   bool MaybePause();
+  bool Cancelled();
   // The evaluation policy: when the steps submitted so far reach a multiple of eval.every_steps,
   // the evaluation runs before more are submitted (on exactly that many steps, whatever the
-  // timing). False when the job ended (it failed, or stopped early).
-  bool MaybeEvaluate();
+  // timing). kEnded when the job ended (it failed, or stopped early).
+  enum class EvalOutcome { kDone, kInterrupted, kEnded };
+  EvalOutcome MaybeEvaluate();
   // One pass over the validation source at the current step (the pending iteration reported, the
   // optimizer flushed): reports it (kEval), keeps the best checkpoint, and unless `at_end` stops
-  // the job when early stopping says so. False when the job ended.
-  bool Evaluate(bool at_end);
+  // the job when early stopping says so. A cancel or pause (a drain is one) seen between
+  // validation batches abandons the pass with nothing reported (kInterrupted: it runs again at
+  // this step after the resume, or after a restart from this step's checkpoint). A pass that
+  // runs long reports its progress (kProgress, "evaluating at step S: batch b of B").
+  EvalOutcome Evaluate(bool at_end);
   // Writes the measured per-layer costs to spec.profile_path once the automatic partition has
   // them (a failure is logged as an event, never fails the job).
   void MaybeWriteProfile();
   enum class Next { kBatch, kAgain, kEnded };
   // The next batch: from the token file or the queue (admitting a waiting feed into the room).
   Next TakeBatch(TensorBatch* batch, int64_t* data_index);
+
+  // A pass reports its progress once it has run this long, then at this interval.
+  static constexpr std::chrono::seconds kEvalProgressAfter{2};
+  static constexpr std::chrono::seconds kEvalProgressEvery{5};
 
   EngineJob& job_;
   Controller& c_;

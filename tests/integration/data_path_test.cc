@@ -27,20 +27,6 @@ namespace v1 = roundpipe::v1;
 using namespace std::chrono_literals;
 using rp::testing::ReadWholeFile;
 
-// Sends `signal` and waits at most `limit` for the daemon to exit (then SIGKILL); the seconds it
-// took, or the limit.
-double SecondsToStop(DaemonProcess& daemon, int signal, std::chrono::seconds limit) {
-  const pid_t pid = daemon.pid();
-  const auto start = std::chrono::steady_clock::now();
-  auto stopped = std::async(std::launch::async, [&] { return daemon.Stop(signal); });
-  if (stopped.wait_for(limit) == std::future_status::timeout) {
-    kill(pid, SIGKILL);
-    stopped.wait();
-    return static_cast<double>(limit.count());
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 class DataPathTest : public DaemonTest {
  protected:
   // A tokenizer directory: a minimal byte vocabulary whose pre-tokenizer is `pre_tokenizer`
@@ -74,17 +60,6 @@ class DataPathTest : public DaemonTest {
     return spec;
   }
   static std::string Deep() { return std::string(200000, '[') + std::string(200000, ']'); }
-  // Waits until GetJob's record satisfies `pred` (polls), at most `limit`.
-  template <typename Pred>
-  bool WaitForRecord(client::Client& c, const std::string& id, Pred pred, std::chrono::seconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < until) {
-      auto rec = c.Get(id);
-      if (rec.ok() && pred(*rec)) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
-  }
 };
 
 // 1. A tokenizer.json nested 200,000 levels deep (in its normalizer, or its config's eos_token)

@@ -5,12 +5,14 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -63,6 +65,17 @@ class DaemonTest : public ::testing::Test {
     return path;
   }
   static roundpipe::v1::JobSpec TinySpec() { return TinyJobSpec(); }
+  // Waits until GetJob's record satisfies `pred` (polls), at most `limit`.
+  template <typename Pred>
+  static bool WaitForRecord(client::Client& c, const std::string& id, Pred pred, std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      auto rec = c.Get(id);
+      if (rec.ok() && pred(*rec)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
   // TinySpec's model as the engine sees it (defaults as the daemon fills them).
   static workers::models::TransformerConfig EngineModel() {
     workers::models::TransformerConfig c;
@@ -214,6 +227,20 @@ inline double MetricValue(const std::string& text, const std::string& name) {
     at += name.size();
   }
   return -1;
+}
+
+// Sends `signal` and waits at most `limit` for the daemon to exit (then SIGKILL); the seconds it
+// took, or the limit.
+inline double SecondsToStop(DaemonProcess& daemon, int signal, std::chrono::seconds limit) {
+  const pid_t pid = daemon.pid();
+  const auto start = std::chrono::steady_clock::now();
+  auto stopped = std::async(std::launch::async, [&] { return daemon.Stop(signal); });
+  if (stopped.wait_for(limit) == std::future_status::timeout) {
+    kill(pid, SIGKILL);
+    stopped.wait();
+    return static_cast<double>(limit.count());
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace rp::testing
