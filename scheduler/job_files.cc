@@ -7,6 +7,7 @@
 #include "scheduler/runtime/base_source.h"
 #include "scheduler/runtime/export.h"
 #include "scheduler/runtime/job_builder.h"
+#include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "workers/io/atomic_dir.h"
 #include "workers/io/checkpoint.h"
@@ -64,6 +65,8 @@ absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, cons
 }
 
 absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job) { return runtime::PredictHostStateBytes(job); }
+
+int64_t TokenizerParseBytesInFlight() { return runtime::TokenizerParseBytesInFlight(); }
 
 absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner) {
   if (absl::Status st = io::MakeDirs(dir); !st.ok()) return st;

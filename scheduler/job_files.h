@@ -41,6 +41,10 @@ absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, cons
 // the model directory's headers; their errors name the file.
 absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job);
 
+// Host bytes the tokenizer.json parses running now (a JSONL job's admission or start) may still
+// take at their peak; host-memory admission counts them as taken.
+int64_t TokenizerParseBytesInFlight();
+
 // Each job owns its output directory (checkpoints, exports): a claim file
 // `<dir>/.roundpipe-job` holds the owner's token. OK when `dir` is now claimed by `owner`
 // (created with O_EXCL, or already its own); FailedPrecondition naming the other owner when it

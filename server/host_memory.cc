@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -30,6 +31,10 @@ int64_t HostMemoryBudgetNow() {
   int64_t available = ParseMemAvailable(ss.str());
   if (available < 0) available = static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   return available / 4 * 3;
+}
+
+int64_t AdmissionBudget(int64_t budget_now, int64_t held_by_jobs, int64_t parses_in_flight) {
+  return std::max<int64_t>(0, budget_now + held_by_jobs / 4 * 3 - parses_in_flight);
 }
 
 }  // namespace rp::server

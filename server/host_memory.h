@@ -15,4 +15,9 @@ int64_t ParseMemAvailable(const std::string& meminfo_text);
 // 3/4 of MemAvailable now (falls back to free pages when /proc/meminfo cannot be read).
 int64_t HostMemoryBudgetNow();
 
+// What admission may promise a new job: `budget_now` (HostMemoryBudgetNow), plus 3/4 of the model
+// states running jobs hold (`held_by_jobs`: they give it back when they end), less what parses in
+// flight may still take (`parses_in_flight`, not resident yet). Never below 0.
+int64_t AdmissionBudget(int64_t budget_now, int64_t held_by_jobs, int64_t parses_in_flight);
+
 }  // namespace rp::server

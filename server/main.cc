@@ -182,7 +182,8 @@ rp::server::JobManagerOptions ManagerOptions(const v1::DaemonConfig& config, con
   mo.spec.allowed_roots.assign(config.allowed_roots().begin(), config.allowed_roots().end());
   mo.spec.max_queued_batches = config.max_queued_batches();
   mo.spec.host_memory_budget = [engine] {
-    return rp::server::HostMemoryBudgetNow() + engine->Stats().host_model_bytes / 4 * 3;
+    return rp::server::AdmissionBudget(rp::server::HostMemoryBudgetNow(), engine->Stats().host_model_bytes,
+                                       rp::scheduler::TokenizerParseBytesInFlight());
   };
   mo.spec.max_message_bytes = config.max_message_bytes();
   return mo;

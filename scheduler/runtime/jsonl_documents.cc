@@ -35,6 +35,23 @@ std::counting_semaphore<kConcurrentTokenizerLoads>& TokenizerLoadGate() {
 }
 constexpr uint64_t kMaxConfigBytes = 16ull << 20;
 
+std::atomic<int64_t>& ParseReservation() {
+  static std::atomic<int64_t> bytes{0};
+  return bytes;
+}
+// A parse's share of ParseReservation while it runs (its transient peak is not resident yet;
+// what it leaves behind is, and MemAvailable sees that).
+class ParseReserved {
+ public:
+  explicit ParseReserved(int64_t bytes) : bytes_(bytes) { ParseReservation() += bytes_; }
+  ~ParseReserved() { ParseReservation() -= bytes_; }
+  ParseReserved(const ParseReserved&) = delete;
+  ParseReserved& operator=(const ParseReserved&) = delete;
+
+ private:
+  const int64_t bytes_;
+};
+
 // A read-only mapping that unmaps itself.
 struct Mapping {
   const char* data = nullptr;
@@ -93,6 +110,8 @@ absl::Status AppendRecord(std::string_view line, const std::string& path, int64_
 
 }  // namespace
 
+int64_t TokenizerParseBytesInFlight() { return ParseReservation().load(); }
+
 absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const std::string& eos_token) {
   const std::string file = dir + "/tokenizer.json";
   TokenizerLoadGate().acquire();
@@ -104,7 +123,11 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const s
   });
   auto text = workers::io::ReadSmallFile(file, kMaxTokenizerBytes);
   if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("tokenizer: ", text.status().message()));
-  auto tok = workers::text::Tokenizer::FromJson(*text);
+  absl::StatusOr<workers::text::Tokenizer> tok;
+  {
+    ParseReserved reserved(static_cast<int64_t>(text->size()) * kTokenizerParsePeakFactor);
+    tok = workers::text::Tokenizer::FromJson(*text);
+  }
   if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("tokenizer '", file, "': ", tok.status().message()));
   std::string eos = eos_token;
   if (eos.empty()) {

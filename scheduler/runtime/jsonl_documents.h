@@ -35,6 +35,13 @@ struct LoadedTokenizer {
 };
 absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const std::string& eos_token);
 
+// A parse of tokenizer.json peaks at about this many times the file's bytes (measured: a 16 MB,
+// 1M-entry vocabulary adds 267 MiB to the peak resident set).
+inline constexpr int64_t kTokenizerParsePeakFactor = 20;
+// What the tokenizer parses running now may still take: kTokenizerParsePeakFactor x the bytes
+// of each file being parsed (at most two: the permits). Host-memory admission subtracts it.
+int64_t TokenizerParseBytesInFlight();
+
 // What bounds the read: `stop`, raised by another thread (the job's cancel, pause, a drain), ends
 // it with Cancelled within one regex call; each record may take max(min_record_seconds, its bytes
 // / min_bytes_per_second) — honest text tokenizes at several MB/s, a backtracking pre-tokenizer

@@ -247,6 +247,10 @@ TEST(HostMemory, MemAvailableIsReadNotMemFree) {
   EXPECT_EQ(ParseMemAvailable("MemFree: 5 kB\n"), -1);
   EXPECT_EQ(ParseMemAvailable("MemAvailable: lots kB\n"), -1);
   EXPECT_GT(HostMemoryBudgetNow(), 0);
+  // Running jobs' states count 3/4 as coming back; parses in flight count as taken.
+  EXPECT_EQ(AdmissionBudget(1000, 400, 0), 1300);
+  EXPECT_EQ(AdmissionBudget(1000, 400, 500), 800);
+  EXPECT_EQ(AdmissionBudget(1000, 0, 5000), 0);
 }
 
 }  // namespace

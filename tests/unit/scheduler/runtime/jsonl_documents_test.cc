@@ -112,6 +112,39 @@ TEST(JsonlDocuments, ManyRecordsAreTokenizedInParallelExactlyAsInOrder) {
   std::remove(path.c_str());
 }
 
+// Host-memory admission counts a tokenizer.json parse while it runs: kTokenizerParsePeakFactor x
+// the file's bytes, given back when the parse ends (what the tokenizer keeps is resident and
+// MemAvailable shows it), also when the parse fails.
+TEST(JsonlDocuments, ATokenizerParseInFlightIsReservedForAdmission) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("rp_tok_reserve_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  int64_t file_bytes = 0;
+  {
+    std::ofstream f(dir / "tokenizer.json");
+    f << "{\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {";
+    for (int i = 0; i < 400000; ++i) f << (i ? ", " : "") << "\"tok" << i << "\": " << i;
+    f << "}}}";
+    file_bytes = static_cast<int64_t>(f.tellp());
+  }
+  ASSERT_EQ(TokenizerParseBytesInFlight(), 0);
+  for (const bool broken : {false, true}) {
+    if (broken) std::ofstream(dir / "tokenizer.json", std::ios::app) << "garbage";
+    std::atomic<bool> done{false};
+    int64_t seen = 0;
+    std::thread reader([&] {
+      while (!done) seen = std::max(seen, TokenizerParseBytesInFlight());
+    });
+    auto tok = LoadTokenizerDir(dir.string(), "");
+    done = true;
+    reader.join();
+    EXPECT_EQ(tok.ok(), !broken) << tok.status();
+    EXPECT_EQ(seen, (file_bytes + (broken ? 7 : 0)) * kTokenizerParsePeakFactor);
+    EXPECT_EQ(TokenizerParseBytesInFlight(), 0) << "the reservation ends with the parse";
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TokenDataset, MaskedTargetsBecomeTheIgnoreLabel) {
   std::vector<int32_t> tokens{10, 11, 12, 13, 14, 15, 16, 17, 18};
   std::vector<uint8_t> trained{0, 0, 1, 1, 0, 1, 1, 1, 1};
