@@ -311,6 +311,13 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   if (!spec.lora_adapter_dir.empty()) {
     progress("loading the LoRA adapter from " + spec.lora_adapter_dir);
     if (absl::Status st = workers::io::LoadPeftAdapter(spec.lora_adapter_dir, store.get()); !st.ok()) return st;
+    auto named = workers::io::ReadPeftBaseModel(spec.lora_adapter_dir);
+    if (named.ok() && !workers::io::SameBaseModel(*named, spec.hf_dir)) {
+      progress(absl::StrCat("warning: the adapter's adapter_config.json names the base model '", *named,
+                            "', this job's base is '", spec.hf_dir,
+                            "' (model.hf_dir); their shapes, rank, alpha and targets agree: check that the adapter "
+                            "was trained on this base"));
+    }
   }
   ControllerOptions o = job.controller_options;
   if (!spec.resume_from.empty()) {

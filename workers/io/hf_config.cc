@@ -288,6 +288,12 @@ absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
   return ParsePeftConfig(*text);
 }
 
+absl::StatusOr<std::string> ReadPeftBaseModel(const std::string& dir) {
+  auto text = ReadText(fs::path(dir) / "adapter_config.json");
+  if (!text.ok()) return text.status();
+  return ParsePeftBaseModel(*text);
+}
+
 absl::Status CheckPeftAdapter(const std::string& dir, const models::TransformerConfig& config) {
   // The adapter's own description first: an adapter of another rank, scale or set of targets
   // can have tensors of the right shapes and would load silently otherwise.

@@ -48,6 +48,14 @@ absl::Status CheckHfWeights(const std::string& model_dir, const models::Transfor
 // [1, 65536], target modules and PEFT's stacked-expert target_parameters; DoRA / rsLoRA refused.
 absl::StatusOr<models::LoraConfig> ParsePeftConfig(const std::string& json_text);
 absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& adapter_dir);
+// adapter_config.json's base_model_name_or_path: a hub id or a path ("" when absent or null).
+absl::StatusOr<std::string> ParsePeftBaseModel(const std::string& json_text);
+absl::StatusOr<std::string> ReadPeftBaseModel(const std::string& adapter_dir);
+// Whether an adapter's base_model_name_or_path may name the model in `hf_dir`: the same directory,
+// or the same last name component, case aside ("Qwen/Qwen3-1.7B" and ".../qwen3-1.7b"). Nothing
+// to compare (either empty) counts as the same. A false here is a warning, never a refusal: a
+// local copy may be renamed, and shapes, rank, alpha and targets are checked separately.
+bool SameBaseModel(const std::string& adapter_base, const std::string& hf_dir);
 absl::Status LoadPeftAdapter(const std::string& adapter_dir, HostModelStore* store);
 absl::Status CheckPeftAdapter(const std::string& adapter_dir, const models::TransformerConfig& config);
 

@@ -1,5 +1,8 @@
 // ParsePeftConfig: a PEFT adapter_config.json as a LoraConfig. No LibTorch here (the adapter
 // config fuzzer builds this file alone).
+#include <filesystem>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -51,6 +54,37 @@ absl::StatusOr<models::LoraConfig> ParsePeftConfig(const std::string& text) {
     return absl::InvalidArgumentError("adapter_config.json: DoRA / rsLoRA are not supported");
   }
   return c;
+}
+
+absl::StatusOr<std::string> ParsePeftBaseModel(const std::string& text) {
+  auto parsed = ParseBoundedJson(text, "adapter_config.json");
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->is_object()) return absl::InvalidArgumentError("adapter_config.json: not a JSON object");
+  const nlohmann::json& b = MemberOrNull(*parsed, "base_model_name_or_path");
+  if (b.is_null()) return std::string();
+  if (!b.is_string())
+    return absl::InvalidArgumentError("adapter_config.json: base_model_name_or_path must be a string");
+  return b.get<std::string>();
+}
+
+namespace {
+
+// The last non-empty component of a hub id or a path, lower-cased.
+std::string LastName(std::string s) {
+  while (!s.empty() && s.back() == '/') s.pop_back();
+  const size_t slash = s.rfind('/');
+  return absl::AsciiStrToLower(slash == std::string::npos ? s : s.substr(slash + 1));
+}
+
+}  // namespace
+
+bool SameBaseModel(const std::string& adapter_base, const std::string& hf_dir) {
+  if (adapter_base.empty() || hf_dir.empty()) return true;
+  if (LastName(adapter_base) == LastName(hf_dir)) return true;
+  std::error_code ec1, ec2;
+  const auto a = std::filesystem::weakly_canonical(adapter_base, ec1);
+  const auto h = std::filesystem::weakly_canonical(hf_dir, ec2);
+  return !ec1 && !ec2 && a == h;
 }
 
 }  // namespace rp::workers::io
