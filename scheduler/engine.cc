@@ -66,8 +66,6 @@ std::vector<OpRecord> Engine::Timeline(double since_s) const {
 std::string Engine::ChromeTrace() const { return impl_->timeline().ChromeTrace(); }
 void Engine::Shutdown() { impl_->Shutdown(); }
 
-absl::Status ValidateModel(const planning::ModelConfig& model) { return runtime::ToTransformerConfig(model).status(); }
-
 int VisibleCudaDevices() { return workers::VisibleCudaDevices(); }
 
 BuildInfo EngineBuildInfo() {

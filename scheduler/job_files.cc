@@ -22,12 +22,6 @@ namespace io = workers::io;
 
 absl::Status ConfineFileAccess(const std::vector<std::string>& roots) { return io::ConfineTo(roots); }
 
-absl::StatusOr<planning::ModelConfig> ReadHfModelConfig(const std::string& dir) {
-  auto c = io::ReadHfConfig(dir);
-  if (!c.ok()) return c.status();
-  return runtime::FromTransformerConfig(*c);
-}
-
 std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vector<std::string>* skipped) {
   std::vector<CheckpointInfo> out;
   for (const std::string& dir : io::ListCheckpoints(root)) {

@@ -1,10 +1,8 @@
 // model_adapter.h — (runtime) the one translation between the facade's value types and the data
-// plane's: the planner's model description (planning::ModelConfig, the one preset registry)
-// and the engine's TransformerConfig, precision and dtype, the optimizer spec and AdamW, the
-// planner's stage slot and the workers' StageTask.
+// plane's: the model description (model_config_adapter.h, included), precision and dtype, the
+// optimizer spec and AdamW, the planner's stage slot and the workers' StageTask.
 //
-// Contract: pure functions, any thread. ToTransformerConfig refuses what the engine cannot run
-// (InvalidArgument naming the field or family) and applies TransformerConfig::Validate.
+// Contract: pure functions, any thread.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -13,14 +11,12 @@
 #include "scheduler/engine_types.h"
 #include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/planning/model_config.h"
+#include "scheduler/runtime/model_config_adapter.h"
 #include "workers/models/transformer_config.h"
 #include "workers/optim/adamw.h"
 #include "workers/stage_task.h"
 
 namespace rp::scheduler::runtime {
-
-absl::StatusOr<workers::models::TransformerConfig> ToTransformerConfig(const planning::ModelConfig& m);
-planning::ModelConfig FromTransformerConfig(const workers::models::TransformerConfig& c);
 
 at::ScalarType ToScalarType(Precision p);
 workers::AdamWOptions ToAdamW(const OptimizerSpec& o);

@@ -19,7 +19,7 @@ command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
 cmake --build "$BUILD" >/dev/null
 corpus="$BUILD/corpus"
 mkdir -p "$corpus/st" "$corpus/cfg" "$corpus/npy" "$corpus/tok" "$corpus/jsonl" "$corpus/tds" "$corpus/prof" "$corpus/peft" \
-  "$corpus/mx" "$corpus/meta"
+  "$corpus/mx" "$corpus/meta" "$corpus/spec"
 cat >"$corpus/tok/bpe.json" <<'JSON'
 {"added_tokens":[{"id":5,"content":"<s>","special":true}],"normalizer":{"type":"Sequence","normalizers":[{"type":"NFC"}]},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\s+|\\p{L}+"},"behavior":"Isolated"},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>"}},{"Sequence":{"id":"A"}}],"special_tokens":{"<s>":{"ids":[5]}}},"decoder":{"type":"ByteLevel"},"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2,"c":3,"d":4},"merges":["a b"]}}
 JSON
@@ -65,9 +65,17 @@ h = json.dumps({"__metadata__": {"format": "roundpipe.token_dataset.v1"},
                 "document_offsets": {"dtype": "I64", "shape": [3], "data_offsets": [20, 44]}}).encode()
 open(sys.argv[2] + "/three", "wb").write(struct.pack("<Q", len(h)) + h + ids + mask + offs)
 PY
+# Job specs (protobuf text) whose paths point into the admission target's allowed root.
+export RP_SPEC_FUZZ_ROOT="$BUILD/spec_root"
+R="$RP_SPEC_FUZZ_ROOT"
+tiny='model { family: "llama" vocab: 256 hidden: 32 intermediate: 64 num_blocks: 2 num_heads: 2 num_kv_heads: 1 head_dim: 16 init_seed: 7 }'
+printf '%s\n' "name: \"tiny\" $tiny precision: PRECISION_FP32 optimizer { lr: 0.001 mode: OPTIMIZER_MODE_SYNC } batching { global_batch: 4 micro_batch: 1 sequence_length: 16 } data { stream: true }" >"$corpus/spec/streamed"
+printf '%s\n' "$tiny batching { global_batch: 4 micro_batch: 2 sequence_length: 16 } data { token_file { path: \"$R/tokens.bin\" max_epochs: 2 shuffle: true } validation { path: \"$R/tokens.bin\" } } eval { every_steps: 2 early_stopping_patience: 1 keep_best_checkpoint: true } checkpoint { every_steps: 1 keep_last: 2 } output_dir: \"$R/out\" max_steps: 5" >"$corpus/spec/file"
+printf '%s\n' "model { hf_dir: \"$R/hf\" lora { rank: 4 alpha: 8 target_modules: \"q_proj\" } } precision: PRECISION_BF16 optimizer { lr: 0.0001 lr_schedule { kind: KIND_WARMUP_COSINE warmup_steps: 2 total_steps: 10 min_lr_ratio: 0.1 } mode: OPTIMIZER_MODE_ASYNC } batching { global_batch: 8 micro_batch: 2 sequence_length: 32 } data { token_file { path: \"$R/train.jsonl\" tokenizer_dir: \"$R/tok\" packing: PACKING_DOCUMENT_MASKED } }" >"$corpus/spec/lora"
+printf '%s\n' "model { preset: \"qwen3-moe-tiny\" router_aux_loss_coef: 0.01 } partition { forward: 2 fused: 4 backward: 2 } batching { global_batch: 16 micro_batch: 4 sequence_length: 64 microbatches_per_round: 2 } data { stream: true } priority: 3" >"$corpus/spec/preset"
 for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg" "npy_header_fuzzer npy" "tokenizer_fuzzer tok" \
   "jsonl_fuzzer jsonl" "token_dataset_fuzzer tds" "profile_fuzzer prof" "peft_config_fuzzer peft" "mxfp4_fuzzer mx" \
-  "checkpoint_meta_fuzzer meta"; do
+  "checkpoint_meta_fuzzer meta" "job_spec_fuzzer spec"; do
   [ -z "${RP_FUZZ_ONLY:-}" ] || [ "$RP_FUZZ_ONLY" = "${t%% *}" ] || continue
   set -- $t
   echo "fuzz: $1 for ${SECONDS_EACH}s"
@@ -78,7 +86,7 @@ for t in "safetensors_header_fuzzer st" "hf_config_fuzzer cfg" "npy_header_fuzze
   rc=0
   "$BUILD/$1" -max_total_time="$SECONDS_EACH" -max_len=4096 -print_final_stats=1 \
     -artifact_prefix="$BUILD/artifacts/$1-" "$corpus/$2" $regressions >"$BUILD/$1.log" 2>&1 || rc=$?
-  grep -E 'Done [0-9]+ runs|ERROR|SUMMARY' "$BUILD/$1.log" || true
+  grep -aE 'Done [0-9]+ runs|ERROR|SUMMARY' "$BUILD/$1.log" || true
   if [ "$rc" != 0 ]; then
     echo "fuzz: $1 found a problem (exit $rc); input saved under $BUILD/artifacts, log $BUILD/$1.log"
     tail -30 "$BUILD/$1.log"
