@@ -50,159 +50,178 @@ void TinyExperts(ModelConfig& c) {
   c.expert_intermediate = 96;
 }
 
+// Qwen/Qwen3-1.7B config.json
+ModelConfig Qwen3_1_7B() {
+  ModelConfig c;
+  c.name = "qwen3-1.7b";
+  c.family = "qwen3";
+  c.qk_norm = true;
+  c.rope_theta = 1000000;
+  c.num_blocks = 28;
+  c.hidden = 2048;
+  c.intermediate = 6144;
+  c.num_heads = 16;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.vocab = 151936;
+  c.tied_embeddings = true;
+  return c;
+}
+
+// meta-llama/Llama-3.1-8B config.json
+ModelConfig Llama31_8B() {
+  ModelConfig c;
+  c.name = "llama-3.1-8b";
+  c.family = "llama";
+  c.rope_theta = 500000;
+  c.rms_eps = 1e-5;
+  c.rope_scaling = {8.0, 1.0, 4.0, 8192};
+  c.num_blocks = 32;
+  c.hidden = 4096;
+  c.intermediate = 14336;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.vocab = 128256;
+  return c;
+}
+
+// openai/gpt-oss-20b config.json: 32 experts, top-4, alternating 128-token window
+ModelConfig GptOss20B() {
+  ModelConfig c;
+  c.name = "gpt-oss-20b";
+  c.family = "gpt_oss";
+  c.rope_theta = 150000;
+  c.rms_eps = 1e-5;
+  c.num_blocks = 24;
+  c.hidden = 2880;
+  c.intermediate = 0;
+  c.num_heads = 64;
+  c.num_kv_heads = 8;
+  c.head_dim = 64;
+  c.vocab = 201088;
+  c.num_experts = 32;
+  c.active_experts = 4;
+  c.expert_intermediate = 2880;
+  c.sliding_window = 128;
+  for (int b = 0; b < c.num_blocks; b += 2) c.sliding_layers.push_back(b);
+  c.attention_bias = true;
+  c.rope_scaling = GptOssYarn();
+  return c;
+}
+
+// Qwen/Qwen3-32B config.json
+ModelConfig Qwen3_32B() {
+  ModelConfig c;
+  c.name = "qwen3-32b";
+  c.family = "qwen3";
+  c.qk_norm = true;
+  c.rope_theta = 1000000;
+  c.num_blocks = 64;
+  c.hidden = 5120;
+  c.intermediate = 25600;
+  c.num_heads = 64;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.vocab = 151936;
+  return c;
+}
+
+// Qwen/Qwen3-235B-A22B config.json; the paper trains it with LoRA r=32
+ModelConfig Qwen3_235B_A22B() {
+  ModelConfig c;
+  c.name = "qwen3-235b-a22b";
+  c.family = "qwen3_moe";
+  c.qk_norm = true;
+  c.rope_theta = 1000000;
+  c.num_blocks = 94;
+  c.hidden = 4096;
+  c.intermediate = 0;
+  c.num_heads = 64;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.vocab = 151936;
+  c.num_experts = 128;
+  c.active_experts = 8;
+  c.expert_intermediate = 1536;
+  c.lora.rank = 32;
+  return c;
+}
+
+// Qwen/Qwen3-30B-A3B config.json: every block sparse
+ModelConfig Qwen3_30B_A3B() {
+  ModelConfig c;
+  c.name = "qwen3-30b-a3b";
+  c.family = "qwen3_moe";
+  c.qk_norm = true;
+  c.rope_theta = 1000000;
+  c.num_blocks = 48;
+  c.hidden = 2048;
+  c.intermediate = 6144;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.vocab = 151936;
+  c.num_experts = 128;
+  c.active_experts = 8;
+  c.expert_intermediate = 768;
+  return c;
+}
+
+// A byte-level Qwen3-MoE small enough to train on a CPU: 8 experts, top-2, every block sparse.
+ModelConfig Qwen3MoeTiny() {
+  ModelConfig c;
+  c.name = "qwen3-moe-tiny";
+  c.family = "qwen3_moe";
+  c.qk_norm = true;
+  c.rope_theta = 1000000;
+  TinyShape(c);
+  c.intermediate = 352;
+  TinyExperts(c);
+  return c;
+}
+
+// openai/gpt-oss-120b config.json: gpt-oss-20b's, larger: 36 blocks of 128 experts, top-4.
+ModelConfig GptOss120B() {
+  ModelConfig c = GptOss20B();
+  c.name = "gpt-oss-120b";
+  c.num_blocks = 36;
+  c.num_experts = 128;
+  c.sliding_layers.clear();
+  for (int b = 0; b < c.num_blocks; b += 2) c.sliding_layers.push_back(b);
+  return c;
+}
+
+// A byte-level GPT-OSS small enough to train on a CPU: 8 experts, top-2, blocks 0 and 2
+// attending to 16 positions, 1 and 3 to all.
+ModelConfig GptOssTiny() {
+  ModelConfig c = GptOss120B();
+  c.name = "gpt-oss-tiny";
+  TinyShape(c);
+  TinyExperts(c);
+  c.sliding_window = 16;
+  c.sliding_layers = {0, 2};
+  c.rope_scaling.original_max_position = 64;
+  return c;
+}
+
+// Byte-level (vocab 256) dense models small enough to train on a laptop CPU in minutes.
+ModelConfig DenseTiny(const char* name) {
+  ModelConfig c;
+  c.name = name;
+  const bool qwen = c.name == "qwen3-tiny";
+  c.family = qwen ? "qwen3" : "llama";
+  c.qk_norm = c.tied_embeddings = qwen;
+  TinyShape(c);
+  c.intermediate = 352;
+  return c;
+}
+
+// The paper's five workloads first (kPaperModels), then models for CPUs and tests.
 std::vector<ModelConfig> AllModels() {
-  std::vector<ModelConfig> m;
-  {
-    ModelConfig c;  // Qwen/Qwen3-1.7B config.json
-    c.name = "qwen3-1.7b";
-    c.family = "qwen3";
-    c.qk_norm = true;
-    c.rope_theta = 1000000;
-    c.num_blocks = 28;
-    c.hidden = 2048;
-    c.intermediate = 6144;
-    c.num_heads = 16;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.vocab = 151936;
-    c.tied_embeddings = true;
-    m.push_back(c);
-  }
-  {
-    ModelConfig c;  // meta-llama/Llama-3.1-8B config.json
-    c.name = "llama-3.1-8b";
-    c.family = "llama";
-    c.rope_theta = 500000;
-    c.rms_eps = 1e-5;
-    c.rope_scaling = {8.0, 1.0, 4.0, 8192};
-    c.num_blocks = 32;
-    c.hidden = 4096;
-    c.intermediate = 14336;
-    c.num_heads = 32;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.vocab = 128256;
-    m.push_back(c);
-  }
-  {
-    ModelConfig c;  // openai/gpt-oss-20b config.json: 32 experts, top-4, alternating 128-token window
-    c.name = "gpt-oss-20b";
-    c.family = "gpt_oss";
-    c.rope_theta = 150000;
-    c.rms_eps = 1e-5;
-    c.num_blocks = 24;
-    c.hidden = 2880;
-    c.intermediate = 0;
-    c.num_heads = 64;
-    c.num_kv_heads = 8;
-    c.head_dim = 64;
-    c.vocab = 201088;
-    c.num_experts = 32;
-    c.active_experts = 4;
-    c.expert_intermediate = 2880;
-    c.sliding_window = 128;
-    for (int b = 0; b < c.num_blocks; b += 2) c.sliding_layers.push_back(b);
-    c.attention_bias = true;
-    c.rope_scaling = GptOssYarn();
-    m.push_back(c);
-  }
-  {
-    ModelConfig c;  // Qwen/Qwen3-32B config.json
-    c.name = "qwen3-32b";
-    c.family = "qwen3";
-    c.qk_norm = true;
-    c.rope_theta = 1000000;
-    c.num_blocks = 64;
-    c.hidden = 5120;
-    c.intermediate = 25600;
-    c.num_heads = 64;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.vocab = 151936;
-    m.push_back(c);
-  }
-  {
-    ModelConfig c;  // Qwen/Qwen3-235B-A22B config.json; the paper trains it with LoRA r=32
-    c.name = "qwen3-235b-a22b";
-    c.family = "qwen3_moe";
-    c.qk_norm = true;
-    c.rope_theta = 1000000;
-    c.num_blocks = 94;
-    c.hidden = 4096;
-    c.intermediate = 0;
-    c.num_heads = 64;
-    c.num_kv_heads = 4;
-    c.head_dim = 128;
-    c.vocab = 151936;
-    c.num_experts = 128;
-    c.active_experts = 8;
-    c.expert_intermediate = 1536;
-    c.lora.rank = 32;
-    m.push_back(c);
-  }
-  {
-    ModelConfig c;  // Qwen/Qwen3-30B-A3B config.json: every block sparse
-    c.name = "qwen3-30b-a3b";
-    c.family = "qwen3_moe";
-    c.qk_norm = true;
-    c.rope_theta = 1000000;
-    c.num_blocks = 48;
-    c.hidden = 2048;
-    c.intermediate = 6144;
-    c.num_heads = 32;
-    c.num_kv_heads = 4;
-    c.head_dim = 128;
-    c.vocab = 151936;
-    c.num_experts = 128;
-    c.active_experts = 8;
-    c.expert_intermediate = 768;
-    m.push_back(c);
-  }
-  {
-    // A byte-level Qwen3-MoE small enough to train on a CPU: 8 experts, top-2, every block sparse.
-    ModelConfig c;
-    c.name = "qwen3-moe-tiny";
-    c.family = "qwen3_moe";
-    c.qk_norm = true;
-    c.rope_theta = 1000000;
-    TinyShape(c);
-    c.intermediate = 352;
-    TinyExperts(c);
-    m.push_back(c);
-  }
-  {
-    ModelConfig c = m[2];  // openai/gpt-oss-120b (gpt-oss-20b's, larger) config.json: 36 blocks of 128 experts, top-4
-    c.name = "gpt-oss-120b";
-    c.num_blocks = 36;
-    c.num_experts = 128;
-    c.sliding_layers.clear();
-    for (int b = 0; b < c.num_blocks; b += 2) c.sliding_layers.push_back(b);
-    m.push_back(c);
-  }
-  {
-    // A byte-level GPT-OSS small enough to train on a CPU: 8 experts, top-2, blocks 0 and 2
-    // attending to 16 positions, 1 and 3 to all.
-    ModelConfig c = m.back();
-    c.name = "gpt-oss-tiny";
-    TinyShape(c);
-    TinyExperts(c);
-    c.sliding_window = 16;
-    c.sliding_layers = {0, 2};
-    c.rope_scaling.original_max_position = 64;
-    m.push_back(c);
-  }
-  for (const char* name : {"llama-tiny", "qwen3-tiny"}) {
-    // Byte-level (vocab 256) models small enough to train on a laptop CPU in minutes.
-    ModelConfig c;
-    c.name = name;
-    const bool qwen = c.name == "qwen3-tiny";
-    c.family = qwen ? "qwen3" : "llama";
-    c.qk_norm = c.tied_embeddings = qwen;
-    TinyShape(c);
-    c.intermediate = 352;
-    m.push_back(c);
-  }
-  return m;
+  return {Qwen3_1_7B(),           Llama31_8B(),   GptOss20B(),  Qwen3_32B(),  Qwen3_235B_A22B(),
+          Qwen3_30B_A3B(),        Qwen3MoeTiny(), GptOss120B(), GptOssTiny(), DenseTiny("llama-tiny"),
+          DenseTiny("qwen3-tiny")};
 }
 
 std::vector<DeviceProfile> AllDevices() {
