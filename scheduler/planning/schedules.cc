@@ -242,125 +242,109 @@ absl::StatusOr<SimSchedule> RoundPipeSchedule(const DispatchPlan& plan, const Co
   return RoundPipeLayout(plan, costs, o).Build();
 }
 
-absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& costs, const BaselineOptions& bo,
-                                             const SimOptions& o, std::vector<int>* stage_layers) {
-  const int N = bo.num_workers, M = bo.num_microbatches, K = bo.iterations, L = costs.num_layers();
-  const int v = (kind == Baseline::kGPipe || kind == Baseline::k1F1B) ? 1 : bo.chunks_per_worker;
-  if (N < 1 || M < 1 || K < 1 || v < 1) {
-    return absl::InvalidArgumentError("baseline: workers, micro-batches, iterations and chunks must be >= 1");
-  }
-  const int S = v * N;
-  if (S > L) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("baseline ", BaselineName(kind), ": ", S, " stages for ", L, " layers"));
-  }
-  if (kind == Baseline::kInterleaved1F1B && M % N != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("baseline Interleaved-1F1B: micro-batches (", M, ") must be a multiple of the workers (", N, ")"));
-  }
-  std::vector<double> w;
-  std::vector<int64_t> mem;
-  for (int l = 0; l < L; ++l) {
-    w.push_back(costs.layers[static_cast<size_t>(l)].fwd_s + costs.layers[static_cast<size_t>(l)].bwd_s);
-    mem.push_back(costs.BackwardMemory(l));
-  }
-  absl::StatusOr<std::vector<int>> parts = std::vector<int>();
+namespace {
+
+// The layers of each of a baseline's S stages: min-max contiguous (under the memory cap), or
+// the user's Megatron-style block counts with the embedding joining the first stage and the
+// head the last.
+absl::StatusOr<std::vector<int>> BaselineStageLayers(Baseline kind, const CostModel& costs, const BaselineOptions& bo,
+                                                     int S) {
+  const int L = costs.num_layers();
   if (bo.blocks_per_stage.empty()) {
-    parts = MinMaxContiguousPartition(w, mem, bo.stage_memory_cap, S);
-    if (!parts.ok()) return parts.status();
-  } else {
-    // Megatron-style block counts: the embedding joins the first stage, the head the last.
-    const std::vector<int>& b = bo.blocks_per_stage;
-    int blocks = 0;
-    for (size_t st = 0; st < b.size(); ++st) {
-      const bool end = st == 0 || st + 1 == b.size();
-      if (b[st] < 0 || (b[st] == 0 && !end)) {
-        return absl::InvalidArgumentError(absl::StrCat("baseline ", BaselineName(kind), ": stage ", st, " lists ",
-                                                       b[st], " blocks (only the first and the last may list 0)"));
-      }
-      blocks += b[st];
+    std::vector<double> w;
+    std::vector<int64_t> mem;
+    for (int l = 0; l < L; ++l) {
+      w.push_back(costs.layers[static_cast<size_t>(l)].fwd_s + costs.layers[static_cast<size_t>(l)].bwd_s);
+      mem.push_back(costs.BackwardMemory(l));
     }
-    if (static_cast<int>(b.size()) != S || blocks != L - 2) {
-      return absl::InvalidArgumentError(absl::StrCat("baseline ", BaselineName(kind), ": the partition lists ",
-                                                     b.size(), " stages of ", blocks, " blocks; this schedule has ", S,
-                                                     " stages and the model ", L - 2, " blocks"));
-    }
-    parts = b;
-    (*parts)[0] += 1;
-    (*parts)[static_cast<size_t>(S - 1)] += 1;
+    return MinMaxContiguousPartition(w, mem, bo.stage_memory_cap, S);
   }
-  if (stage_layers) *stage_layers = *parts;
-  std::vector<double> tf(static_cast<size_t>(S)), tb(static_cast<size_t>(S));
-  {
-    int first = 0;
-    for (int st = 0; st < S; ++st) {
-      tf[static_cast<size_t>(st)] = StageTime(costs, SlotKind::kForward, first, (*parts)[static_cast<size_t>(st)]);
-      tb[static_cast<size_t>(st)] = StageTime(costs, SlotKind::kBackward, first, (*parts)[static_cast<size_t>(st)]);
-      first += (*parts)[static_cast<size_t>(st)];
+  const std::vector<int>& b = bo.blocks_per_stage;
+  int blocks = 0;
+  for (size_t st = 0; st < b.size(); ++st) {
+    const bool end = st == 0 || st + 1 == b.size();
+    if (b[st] < 0 || (b[st] == 0 && !end)) {
+      return absl::InvalidArgumentError(absl::StrCat("baseline ", BaselineName(kind), ": stage ", st, " lists ", b[st],
+                                                     " blocks (only the first and the last may list 0)"));
     }
+    blocks += b[st];
   }
-  const double act_latency = ActivationLatency(costs, o);
+  if (static_cast<int>(b.size()) != S || blocks != L - 2) {
+    return absl::InvalidArgumentError(absl::StrCat("baseline ", BaselineName(kind), ": the partition lists ", b.size(),
+                                                   " stages of ", blocks, " blocks; this schedule has ", S,
+                                                   " stages and the model ", L - 2, " blocks"));
+  }
+  std::vector<int> parts = b;
+  parts[0] += 1;
+  parts[static_cast<size_t>(S - 1)] += 1;
+  return parts;
+}
 
-  SimSchedule s;
-  s.name = v > 1 ? absl::StrCat(BaselineName(kind), "(v=", v, ")") : std::string(BaselineName(kind));
-  s.num_workers = N;
-  s.iterations = K;
-  NameResources(s, false);
+// One operation of a worker's order: the forward or backward of `stage` on micro-batch `mb`.
+struct BaselineOp {
+  bool bwd;
+  int stage, mb;
+};
 
-  // Per-GPU execution order as (is_backward, stage, microbatch) triples.
-  struct Op {
-    bool bwd;
-    int stage, mb;
-  };
-  std::vector<std::vector<Op>> ops(static_cast<size_t>(N));
-  for (int g = 0; g < N; ++g) {
-    auto& q = ops[static_cast<size_t>(g)];
-    switch (kind) {
-      case Baseline::kGPipe:
-        for (int m = 0; m < M; ++m) q.push_back({false, g, m});
-        for (int m = 0; m < M; ++m) q.push_back({true, g, m});
-        break;
-      case Baseline::k1F1B: {
-        const int warm = std::min(S - g - 1, M);
-        int f = 0, b = 0;
-        for (; f < warm; ++f) q.push_back({false, g, f});
-        while (f < M) {
-          q.push_back({false, g, f++});
-          q.push_back({true, g, b++});
-        }
-        while (b < M) q.push_back({true, g, b++});
-        break;
+// Worker g's execution order under `kind` (N workers, M micro-batches, v chunks per worker,
+// S = v N stages).
+std::vector<BaselineOp> BaselineOrder(Baseline kind, int g, int N, int M, int v, int S) {
+  std::vector<BaselineOp> q;
+  switch (kind) {
+    case Baseline::kGPipe:
+      for (int m = 0; m < M; ++m) q.push_back({false, g, m});
+      for (int m = 0; m < M; ++m) q.push_back({true, g, m});
+      break;
+    case Baseline::k1F1B: {
+      const int warm = std::min(S - g - 1, M);
+      int f = 0, b = 0;
+      for (; f < warm; ++f) q.push_back({false, g, f});
+      while (f < M) {
+        q.push_back({false, g, f++});
+        q.push_back({true, g, b++});
       }
-      case Baseline::kLoopedBFS:
-        for (int c = 0; c < v; ++c)
-          for (int m = 0; m < M; ++m) q.push_back({false, c * N + g, m});
-        for (int c = v - 1; c >= 0; --c)
-          for (int m = 0; m < M; ++m) q.push_back({true, c * N + g, m});
-        break;
-      case Baseline::kInterleaved1F1B: {
-        // Forward k-th op: chunk (k mod Nv)/N, micro-batch (k / Nv)*N + k mod N; backward uses
-        // the chunks in reverse. Warm-up as in Megatron-LM's interleaved schedule.
-        const int total = M * v;
-        auto fwd_op = [&](int k) {
-          const int chunk = (k % (N * v)) / N;
-          return Op{false, chunk * N + g, (k / (N * v)) * N + k % N};
-        };
-        auto bwd_op = [&](int k) {
-          const int chunk = v - 1 - (k % (N * v)) / N;
-          return Op{true, chunk * N + g, (k / (N * v)) * N + k % N};
-        };
-        const int warm = std::min((N - g - 1) * 2 + (v - 1) * N, total);
-        int f = 0, b = 0;
-        for (; f < warm; ++f) q.push_back(fwd_op(f));
-        while (f < total) {
-          q.push_back(fwd_op(f++));
-          q.push_back(bwd_op(b++));
-        }
-        while (b < total) q.push_back(bwd_op(b++));
-        break;
+      while (b < M) q.push_back({true, g, b++});
+      break;
+    }
+    case Baseline::kLoopedBFS:
+      for (int c = 0; c < v; ++c)
+        for (int m = 0; m < M; ++m) q.push_back({false, c * N + g, m});
+      for (int c = v - 1; c >= 0; --c)
+        for (int m = 0; m < M; ++m) q.push_back({true, c * N + g, m});
+      break;
+    case Baseline::kInterleaved1F1B: {
+      // Forward k-th op: chunk (k mod Nv)/N, micro-batch (k / Nv)*N + k mod N; backward uses
+      // the chunks in reverse. Warm-up as in Megatron-LM's interleaved schedule.
+      const int total = M * v;
+      auto fwd_op = [&](int k) {
+        const int chunk = (k % (N * v)) / N;
+        return BaselineOp{false, chunk * N + g, (k / (N * v)) * N + k % N};
+      };
+      auto bwd_op = [&](int k) {
+        const int chunk = v - 1 - (k % (N * v)) / N;
+        return BaselineOp{true, chunk * N + g, (k / (N * v)) * N + k % N};
+      };
+      const int warm = std::min((N - g - 1) * 2 + (v - 1) * N, total);
+      int f = 0, b = 0;
+      for (; f < warm; ++f) q.push_back(fwd_op(f));
+      while (f < total) {
+        q.push_back(fwd_op(f++));
+        q.push_back(bwd_op(b++));
       }
+      while (b < total) q.push_back(bwd_op(b++));
+      break;
     }
   }
+  return q;
+}
+
+// The tasks of K iterations of a baseline into `s`: per-GPU order from `ops`, stage times tf /
+// tb, activations crossing stages after `act_latency`, each iteration's first forwards after
+// the previous optimizer step (a flush).
+void AddBaselineIterations(const std::vector<std::vector<BaselineOp>>& ops, const std::vector<double>& tf,
+                           const std::vector<double>& tb, double act_latency, double optimizer_s, int K, int M,
+                           SimSchedule& s) {
+  const int N = static_cast<int>(ops.size()), S = static_cast<int>(tf.size());
   // Task ids: id(it, bwd, stage, mb), created in per-GPU order, iteration by iteration.
   std::vector<int> id(static_cast<size_t>(K) * 2 * S * M, -1);
   auto idx = [&](int it, bool bwd, int st, int m) {
@@ -370,7 +354,7 @@ absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& cos
   for (int it = 0; it < K; ++it) {
     // Create every task first (ids), then fill dependencies.
     for (int g = 0; g < N; ++g) {
-      for (const Op& op : ops[static_cast<size_t>(g)]) {
+      for (const BaselineOp& op : ops[static_cast<size_t>(g)]) {
         SimTask t;
         t.resource = g;
         t.duration_s = op.bwd ? tb[static_cast<size_t>(op.stage)] : tf[static_cast<size_t>(op.stage)];
@@ -394,11 +378,49 @@ absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& cos
         }
       }
     }
-    SimTask opt = OptimizerTask(N, o.optimizer_s_per_layer * L, it, -1);
+    SimTask opt = OptimizerTask(N, optimizer_s, it, -1);
     for (int st = 0; st < S; ++st)
       for (int m = 0; m < M; ++m) opt.deps.push_back({id[idx(it, true, st, m)]});
     prev_opt = s.Add(std::move(opt));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& costs, const BaselineOptions& bo,
+                                             const SimOptions& o, std::vector<int>* stage_layers) {
+  const int N = bo.num_workers, M = bo.num_microbatches, K = bo.iterations, L = costs.num_layers();
+  const int v = (kind == Baseline::kGPipe || kind == Baseline::k1F1B) ? 1 : bo.chunks_per_worker;
+  if (N < 1 || M < 1 || K < 1 || v < 1) {
+    return absl::InvalidArgumentError("baseline: workers, micro-batches, iterations and chunks must be >= 1");
+  }
+  const int S = v * N;
+  if (S > L) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("baseline ", BaselineName(kind), ": ", S, " stages for ", L, " layers"));
+  }
+  if (kind == Baseline::kInterleaved1F1B && M % N != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("baseline Interleaved-1F1B: micro-batches (", M, ") must be a multiple of the workers (", N, ")"));
+  }
+  auto parts = BaselineStageLayers(kind, costs, bo, S);
+  if (!parts.ok()) return parts.status();
+  if (stage_layers) *stage_layers = *parts;
+  std::vector<double> tf(static_cast<size_t>(S)), tb(static_cast<size_t>(S));
+  int first = 0;
+  for (int st = 0; st < S; ++st) {
+    tf[static_cast<size_t>(st)] = StageTime(costs, SlotKind::kForward, first, (*parts)[static_cast<size_t>(st)]);
+    tb[static_cast<size_t>(st)] = StageTime(costs, SlotKind::kBackward, first, (*parts)[static_cast<size_t>(st)]);
+    first += (*parts)[static_cast<size_t>(st)];
+  }
+  SimSchedule s;
+  s.name = v > 1 ? absl::StrCat(BaselineName(kind), "(v=", v, ")") : std::string(BaselineName(kind));
+  s.num_workers = N;
+  s.iterations = K;
+  NameResources(s, false);
+  std::vector<std::vector<BaselineOp>> ops;
+  for (int g = 0; g < N; ++g) ops.push_back(BaselineOrder(kind, g, N, M, v, S));
+  AddBaselineIterations(ops, tf, tb, ActivationLatency(costs, o), o.optimizer_s_per_layer * L, K, M, s);
   return s;
 }
 
