@@ -152,84 +152,61 @@ absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens
   return AwaitIteration(*it);
 }
 
-absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
-                                                const std::optional<at::Tensor>& positions_in) {
-  const bool async = opt_.mode == planning::OptimizerMode::kAsync;
-  if (async && inflight_.size() >= 2) {
-    return absl::FailedPreconditionError("controller: two iterations in flight; await one first");
-  }
-  auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/true);
-  if (!host.ok()) return host.status();
-  const workers::models::TransformerConfig& cfg = store_->config();
-  const int L = cfg.num_layers();
-  const int M = opt_.microbatches;
-  const int64_t valid = host->valid;
-  last_microbatch_rows_ = tokens_in.size(0) / M;
-  last_seq_len_ = tokens_in.size(1);
-  std::vector<at::Tensor>& in_tokens = host->tokens;
-  std::vector<at::Tensor>& in_labels = host->labels;
-
-  if (planned_ && !(planned_->partition == opt_.partition)) {
-    if (async) {
-      // A new partition changes the per-layer event counts: drain once (a Flush-like point), so
-      // no optimizer step still waits on an event set built with the old counts.
-      for (auto& [it, g] : inflight_) {
-        for (const auto& e : g.done) e->Wait();
-        workers::StepResult step = optimizer_->AwaitStep(it);
-        g.drained_step = step;
-      }
-      book_->ReleaseUploads(iteration_);
-      optimizer_->WaitIdle();
+void Controller::ApplyPlannedPartition() {
+  if (!planned_ || planned_->partition == opt_.partition) return;
+  if (opt_.mode == planning::OptimizerMode::kAsync) {
+    // A new partition changes the per-layer event counts: drain once (a Flush-like point), so
+    // no optimizer step still waits on an event set built with the old counts.
+    for (auto& [it, g] : inflight_) {
+      for (const auto& e : g.done) e->Wait();
+      workers::StepResult step = optimizer_->AwaitStep(it);
+      g.drained_step = step;
     }
-    ApplyPartition(planned_->partition);
+    book_->ReleaseUploads(iteration_);
+    optimizer_->WaitIdle();
   }
-  const int T = iteration_++;
-  InFlight f;
-  f.start = std::chrono::steady_clock::now();
-  f.timeline_start = timeline_ ? timeline_->Now() : 0;
-  f.ctx = std::make_shared<workers::RunContext>();
-  workers::RunContext& ctx = *f.ctx;
-  ctx.cfg = &cfg;
-  ctx.store = store_;
-  ctx.acts = &acts_;
-  ctx.iteration = T;
-  ctx.seq_len = tokens_in.size(1);
-  ctx.positions = std::move(host->positions);
-  ctx.replay_routing = true;
+  ApplyPartition(planned_->partition);
+}
+
+std::shared_ptr<workers::RunContext> Controller::MakeRunContext(int T, int64_t seq_len, int64_t valid,
+                                                                std::vector<at::Tensor> positions) {
+  const workers::models::TransformerConfig& cfg = store_->config();
+  const int M = opt_.microbatches;
+  auto ctx = std::make_shared<workers::RunContext>();
+  ctx->cfg = &cfg;
+  ctx->store = store_;
+  ctx->acts = &acts_;
+  ctx->iteration = T;
+  ctx->seq_len = seq_len;
+  ctx->positions = std::move(positions);
+  ctx->replay_routing = true;
   if (cfg.router_aux_loss_coef > 0) {
     int sparse = 0;
     for (int b = 0; b < cfg.num_blocks; ++b) sparse += cfg.SparseBlock(b) ? 1 : 0;
     if (sparse > 0) {
-      ctx.router_aux = std::make_shared<workers::RouterAuxTally>(M, cfg.num_experts, sparse,
-                                                                 cfg.router_aux_loss_coef / static_cast<double>(M));
+      ctx->router_aux = std::make_shared<workers::RouterAuxTally>(M, cfg.num_experts, sparse,
+                                                                  cfg.router_aux_loss_coef / static_cast<double>(M));
     }
   }
-  ctx.act_consumers = act_consumers_;
-  ctx.loss_scale = 1.0 / static_cast<double>(valid);
-  ctx.head_chunk_tokens = opt_.head_chunk_tokens;
-  f.loss_scale = async ? optimizer_->loss_scale() : scaler_.scale();
-  ctx.grad_multiplier = f.loss_scale;
-  // Step k (1-based) applies iteration k-1's gradients.
-  f.lr = opt_.lr_schedule.At(opt_.adamw.lr, opt_.first_step + T + 1);
+  ctx->act_consumers = act_consumers_;
+  ctx->loss_scale = 1.0 / static_cast<double>(valid);
+  ctx->head_chunk_tokens = opt_.head_chunk_tokens;
+  return ctx;
+}
 
-  if (!async || inflight_.empty()) acts_.ResetPeak();
-  for (int m = 0; m < M; ++m) {
-    acts_.Put(workers::ActKind::kActivation, 0, m, std::move(in_tokens[m]), act_consumers_[0], T);
-    acts_.Put(workers::ActKind::kLabels, 0, m, std::move(in_labels[m]), 1, T);
-  }
-
+absl::Status Controller::DispatchIteration(int T, InFlight& f) {
+  const bool async = opt_.mode == planning::OptimizerMode::kAsync;
   planning::DispatchOptions d;
   d.num_workers = static_cast<int>(workers_.size());
-  d.microbatches_per_iteration = M;
+  d.microbatches_per_iteration = opt_.microbatches;
   d.microbatches_per_round = opt_.microbatches_per_round;
   d.g0 = next_g0_;
   d.mode = opt_.mode;
-  auto plan = planning::BuildDispatchPlan(opt_.partition, L, d);
+  auto plan = planning::BuildDispatchPlan(opt_.partition, store_->config().num_layers(), d);
   if (!plan.ok()) return plan.status();
   next_g0_ = plan->next_g0;
   f.slots = plan->slots;
   f.partition = opt_.partition;
-
   if (async) {
     book_->Get(T);
     book_->Get(T + 1);  // the optimizer's P_cp of T waits on T+1's uploads
@@ -253,39 +230,71 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, con
   }
   // No further stage follows for now: issue each worker's last gradient download.
   for (auto& w : workers_) w->Flush();
-  if (async) {
-    optimizer_->Enqueue({T, f.ctx, f.lr, f.loss_scale});
-    inflight_.emplace(T, std::move(f));
-    return T;
-  }
+  return absl::OkStatus();
+}
 
-  // Sync: wait for every stage, then step.
+void Controller::FinishSyncIteration(int T, InFlight& f) {
   for (const auto& e : f.done) e->Wait();
   if (absl::Status err = f.ctx->error(); !err.ok()) {
     store_->ZeroGrads();
     acts_.Discard(T);
     f.result = absl::StatusOr<IterationStats>(err);
+    return;
+  }
+  IterationStats st = FinishStats(T, f);
+  // The same policy as the asynchronous optimizer (workers/optim/step_policy.h).
+  const workers::StepDecision d =
+      workers::DecideStep(workers::AdamW::GradNorm(*store_), f.loss_scale, opt_.adamw.max_grad_norm, &scaler_);
+  st.grad_norm = d.grad_norm;
+  st.skipped_step = !d.apply && d.status.ok();
+  if (!d.status.ok()) {
+    f.result = absl::StatusOr<IterationStats>(d.status);
   } else {
-    IterationStats st = FinishStats(T, f);
-    // The same policy as the asynchronous optimizer (workers/optim/step_policy.h).
-    const workers::StepDecision d =
-        workers::DecideStep(workers::AdamW::GradNorm(*store_), f.loss_scale, opt_.adamw.max_grad_norm, &scaler_);
-    st.grad_norm = d.grad_norm;
-    st.skipped_step = !d.apply && d.status.ok();
-    if (!d.status.ok()) {
-      f.result = absl::StatusOr<IterationStats>(d.status);
-    } else {
-      if (d.apply) {
-        workers::MaybeDelayOptimizerForTest();
-        const auto t0 = std::chrono::steady_clock::now();
-        adamw_.StepAll(*store_, f.lr, d.multiplier);
-        st.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
-      f.result = st;
+    if (d.apply) {
+      workers::MaybeDelayOptimizerForTest();
+      const auto t0 = std::chrono::steady_clock::now();
+      adamw_.StepAll(*store_, f.lr, d.multiplier);
+      st.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    store_->ZeroGrads();
-    if (f.result->ok())
-      (*f.result)->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
+    f.result = st;
+  }
+  store_->ZeroGrads();
+  if (f.result->ok()) {
+    (*f.result)->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
+  }
+}
+
+absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
+                                                const std::optional<at::Tensor>& positions_in) {
+  const bool async = opt_.mode == planning::OptimizerMode::kAsync;
+  if (async && inflight_.size() >= 2) {
+    return absl::FailedPreconditionError("controller: two iterations in flight; await one first");
+  }
+  auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/true);
+  if (!host.ok()) return host.status();
+  const int M = opt_.microbatches;
+  last_microbatch_rows_ = tokens_in.size(0) / M;
+  last_seq_len_ = tokens_in.size(1);
+  ApplyPlannedPartition();
+  const int T = iteration_++;
+  InFlight f;
+  f.start = std::chrono::steady_clock::now();
+  f.timeline_start = timeline_ ? timeline_->Now() : 0;
+  f.ctx = MakeRunContext(T, tokens_in.size(1), host->valid, std::move(host->positions));
+  f.loss_scale = async ? optimizer_->loss_scale() : scaler_.scale();
+  f.ctx->grad_multiplier = f.loss_scale;
+  // Step k (1-based) applies iteration k-1's gradients.
+  f.lr = opt_.lr_schedule.At(opt_.adamw.lr, opt_.first_step + T + 1);
+  if (!async || inflight_.empty()) acts_.ResetPeak();
+  for (int m = 0; m < M; ++m) {
+    acts_.Put(workers::ActKind::kActivation, 0, m, std::move(host->tokens[m]), act_consumers_[0], T);
+    acts_.Put(workers::ActKind::kLabels, 0, m, std::move(host->labels[m]), 1, T);
+  }
+  if (absl::Status st = DispatchIteration(T, f); !st.ok()) return st;
+  if (async) {
+    optimizer_->Enqueue({T, f.ctx, f.lr, f.loss_scale});
+  } else {
+    FinishSyncIteration(T, f);  // wait for every stage, then step
   }
   inflight_.emplace(T, std::move(f));
   return T;

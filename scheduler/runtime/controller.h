@@ -183,6 +183,14 @@ class Controller {
     planning::Partition partition;
   };
   void ApplyPartition(const planning::Partition& p);
+  // SubmitIteration's steps: the automatic plan's partition applied (async: after a drain); the
+  // iteration's run context; its dispatch plan submitted to the workers; sync mode's wait and
+  // optimizer step (f.result).
+  void ApplyPlannedPartition();
+  std::shared_ptr<workers::RunContext> MakeRunContext(int T, int64_t seq_len, int64_t valid,
+                                                      std::vector<at::Tensor> positions);
+  absl::Status DispatchIteration(int T, InFlight& f);
+  void FinishSyncIteration(int T, InFlight& f);
   // The batch's micro-batches in the devices' host memory: per micro-batch its tokens, labels
   // and (when given) positions; `valid` = the labelled tokens of the whole batch.
   struct HostBatch {
