@@ -123,128 +123,146 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
   // is not in checkpoints and starts again at zero).
   for (std::vector<at::Tensor>* side : {&m_, &v_, &vmax_}) side->resize(static_cast<size_t>(store.num_params()));
   HostParam& p = store.param(i);
-  at::Tensor& m = m_[static_cast<size_t>(i)];
-  at::Tensor& v = v_[static_cast<size_t>(i)];
-  at::Tensor& vmax = vmax_[static_cast<size_t>(i)];
-  const bool reserved = store.ClaimStateReserve(reserve_token_.get());
   const at::Tensor g =
       grad.scalar_type() == at::kFloat && grad.is_contiguous() ? grad : grad.to(at::kFloat).contiguous();
-  MasterDtype master_dtype = MasterDtype::kNone;
+  ParamStep ps{p, i, g, store.ClaimStateReserve(reserve_token_.get()), lr, grad_multiplier, write_master};
   if (write_master) {
-    master_dtype = p.master.scalar_type() == at::kBFloat16 ? MasterDtype::kBFloat16
-                   : p.master.scalar_type() == at::kHalf   ? MasterDtype::kFloat16
-                                                           : MasterDtype::kFloat32;
+    ps.master_dtype = p.master.scalar_type() == at::kBFloat16 ? MasterDtype::kBFloat16
+                      : p.master.scalar_type() == at::kHalf   ? MasterDtype::kFloat16
+                                                              : MasterDtype::kFloat32;
   }
-  if (opt_.algorithm == OptimizerAlgorithm::kAdafactor) {
-    RP_CHECK(!opt_.bf16_moments && !opt_.amsgrad) << "bf16 moments and amsgrad are AdamW's";
-    const std::vector<int64_t>& shape = p.shape;
-    for (auto [which, state] : {std::pair{'m', &m}, std::pair{'v', &v}}) {
-      const auto want = AdafactorStateShape(which, shape);
-      if (!want) continue;
-      // Small factored state: allocated on its own (reserved false), never in the layer slab.
-      *state = PlaceState(p, /*reserved=*/false, 0, at::kFloat, *want, *state);
-      RP_CHECK(state->sizes().vec() == *want) << "Adafactor state of " << p.name << " has the wrong shape";
-    }
-    AdafactorBuffers b;
-    b.param = p.fp32.data_ptr<float>();
-    b.grad = g.data_ptr<float>();
-    AdafactorShape s;
-    if (shape.size() >= 2) {
-      s.rows = shape[shape.size() - 2];
-      s.cols = shape.back();
-      for (size_t k = 0; k + 2 < shape.size(); ++k) s.batch *= shape[k];
-      b.row_var = m.data_ptr<float>();
-      b.col_var = v.data_ptr<float>();
-    } else {
-      s.cols = p.fp32.numel();
-      b.variance = v.data_ptr<float>();
-    }
-    if (write_master) {
-      b.master = p.master.data_ptr();
-      b.master_dtype = master_dtype;
-    }
-    AdafactorHyper h;
-    h.lr = lr;
-    h.beta2_decay = opt_.beta2_decay;
-    h.eps1 = opt_.eps1;
-    h.eps2 = opt_.eps2;
-    h.d = opt_.clip_threshold;
-    h.weight_decay = opt_.weight_decay;
+  switch (opt_.algorithm) {
+    case OptimizerAlgorithm::kAdafactor:
+      return StepAdafactor(ps);
+    case OptimizerAlgorithm::kSgd:
+    case OptimizerAlgorithm::kLion:
+      return StepMomentum(ps);
+    case OptimizerAlgorithm::kAdamW:
+      return StepAdamW(ps);
+  }
+}
+
+void AdamW::StepAdafactor(const ParamStep& ps) {
+  RP_CHECK(!opt_.bf16_moments && !opt_.amsgrad) << "bf16 moments and amsgrad are AdamW's";
+  HostParam& p = ps.p;
+  at::Tensor& m = m_[static_cast<size_t>(ps.index)];
+  at::Tensor& v = v_[static_cast<size_t>(ps.index)];
+  const std::vector<int64_t>& shape = p.shape;
+  for (auto [which, state] : {std::pair{'m', &m}, std::pair{'v', &v}}) {
+    const auto want = AdafactorStateShape(which, shape);
+    if (!want) continue;
+    // Small factored state: allocated on its own (reserved false), never in the layer slab.
+    *state = PlaceState(p, /*reserved=*/false, 0, at::kFloat, *want, *state);
+    RP_CHECK(state->sizes().vec() == *want) << "Adafactor state of " << p.name << " has the wrong shape";
+  }
+  AdafactorBuffers b;
+  b.param = p.fp32.data_ptr<float>();
+  b.grad = ps.grad.data_ptr<float>();
+  AdafactorShape s;
+  if (shape.size() >= 2) {
+    s.rows = shape[shape.size() - 2];
+    s.cols = shape.back();
+    for (size_t k = 0; k + 2 < shape.size(); ++k) s.batch *= shape[k];
+    b.row_var = m.data_ptr<float>();
+    b.col_var = v.data_ptr<float>();
+  } else {
+    s.cols = p.fp32.numel();
+    b.variance = v.data_ptr<float>();
+  }
+  if (ps.write_master) {
+    b.master = p.master.data_ptr();
+    b.master_dtype = ps.master_dtype;
+  }
+  AdafactorHyper h;
+  h.lr = ps.lr;
+  h.beta2_decay = opt_.beta2_decay;
+  h.eps1 = opt_.eps1;
+  h.eps2 = opt_.eps2;
+  h.d = opt_.clip_threshold;
+  h.weight_decay = opt_.weight_decay;
+  h.maximize = opt_.maximize;
+  h.step = step_;
+  h.grad_scale = static_cast<float>(ps.grad_multiplier);
+  FusedAdafactor(b, s, h, opt_.simd, Pool());
+}
+
+void AdamW::StepMomentum(const ParamStep& ps) {
+  RP_CHECK(!opt_.bf16_moments && !opt_.amsgrad) << "bf16 moments and amsgrad are AdamW's";
+  HostParam& p = ps.p;
+  at::Tensor& m = m_[static_cast<size_t>(ps.index)];
+  MomentumBuffers b{p.fp32.data_ptr<float>(), ps.grad.data_ptr<float>(), nullptr,
+                    ps.write_master ? p.master.data_ptr() : nullptr, ps.master_dtype};
+  const bool has_buffer = opt_.algorithm == OptimizerAlgorithm::kLion || opt_.momentum != 0;
+  const bool first = has_buffer && !m.defined();  // SGD's first step copies the gradient in
+  if (has_buffer) {
+    m = PlaceState(p, ps.reserved, /*slot=*/0, at::kFloat, p.fp32.sizes(), m);
+    b.buffer = m.data_ptr<float>();
+  }
+  if (opt_.algorithm == OptimizerAlgorithm::kSgd) {
+    SgdHyper h;
+    h.lr = static_cast<float>(ps.lr);
+    h.momentum = static_cast<float>(opt_.momentum);
+    h.dampening = static_cast<float>(opt_.dampening);
+    h.weight_decay = static_cast<float>(opt_.weight_decay);
+    h.nesterov = opt_.nesterov;
     h.maximize = opt_.maximize;
-    h.step = step_;
-    h.grad_scale = static_cast<float>(grad_multiplier);
-    FusedAdafactor(b, s, h, opt_.simd, Pool());
+    h.first_step = first;
+    h.grad_scale = static_cast<float>(ps.grad_multiplier);
+    FusedSgd(b, p.fp32.numel(), h, opt_.simd, Pool());
     return;
   }
-  if (opt_.algorithm != OptimizerAlgorithm::kAdamW) {
-    RP_CHECK(!opt_.bf16_moments && !opt_.amsgrad) << "bf16 moments and amsgrad are AdamW's";
-    MomentumBuffers b{p.fp32.data_ptr<float>(), g.data_ptr<float>(), nullptr,
-                      write_master ? p.master.data_ptr() : nullptr, master_dtype};
-    const bool has_buffer = opt_.algorithm == OptimizerAlgorithm::kLion || opt_.momentum != 0;
-    const bool first = has_buffer && !m.defined();  // SGD's first step copies the gradient in
-    if (has_buffer) {
-      m = PlaceState(p, reserved, /*slot=*/0, at::kFloat, p.fp32.sizes(), m);
-      b.buffer = m.data_ptr<float>();
-    }
-    if (opt_.algorithm == OptimizerAlgorithm::kSgd) {
-      SgdHyper h;
-      h.lr = static_cast<float>(lr);
-      h.momentum = static_cast<float>(opt_.momentum);
-      h.dampening = static_cast<float>(opt_.dampening);
-      h.weight_decay = static_cast<float>(opt_.weight_decay);
-      h.nesterov = opt_.nesterov;
-      h.maximize = opt_.maximize;
-      h.first_step = first;
-      h.grad_scale = static_cast<float>(grad_multiplier);
-      FusedSgd(b, p.fp32.numel(), h, opt_.simd, Pool());
-    } else {
-      LionHyper h;
-      h.lr = static_cast<float>(lr);
-      h.beta1 = static_cast<float>(opt_.beta1);
-      h.beta2 = static_cast<float>(opt_.beta2);
-      h.weight_decay = static_cast<float>(opt_.weight_decay);
-      h.maximize = opt_.maximize;
-      h.grad_scale = static_cast<float>(grad_multiplier);
-      FusedLion(b, p.fp32.numel(), h, opt_.simd, Pool());
-    }
-    return;
-  }
+  LionHyper h;
+  h.lr = static_cast<float>(ps.lr);
+  h.beta1 = static_cast<float>(opt_.beta1);
+  h.beta2 = static_cast<float>(opt_.beta2);
+  h.weight_decay = static_cast<float>(opt_.weight_decay);
+  h.maximize = opt_.maximize;
+  h.grad_scale = static_cast<float>(ps.grad_multiplier);
+  FusedLion(b, p.fp32.numel(), h, opt_.simd, Pool());
+}
+
+void AdamW::StepAdamW(const ParamStep& ps) {
+  HostParam& p = ps.p;
+  at::Tensor& m = m_[static_cast<size_t>(ps.index)];
+  at::Tensor& v = v_[static_cast<size_t>(ps.index)];
+  at::Tensor& vmax = vmax_[static_cast<size_t>(ps.index)];
   const at::ScalarType moment_dtype = opt_.bf16_moments ? at::kBFloat16 : at::kFloat;
   // A checkpoint's moments are read as fp32; bf16 values round-trip exactly.
-  m = PlaceState(p, reserved, 0, moment_dtype, p.fp32.sizes(), m);
-  v = PlaceState(p, reserved, 1, moment_dtype, p.fp32.sizes(), v);
-  if (opt_.amsgrad) vmax = PlaceState(p, reserved, 2, at::kFloat, p.fp32.sizes(), vmax);
+  m = PlaceState(p, ps.reserved, 0, moment_dtype, p.fp32.sizes(), m);
+  v = PlaceState(p, ps.reserved, 1, moment_dtype, p.fp32.sizes(), v);
+  if (opt_.amsgrad) vmax = PlaceState(p, ps.reserved, 2, at::kFloat, p.fp32.sizes(), vmax);
   AdamWHyper h;
-  h.lr = static_cast<float>(lr);
+  h.lr = static_cast<float>(ps.lr);
   h.beta1 = static_cast<float>(opt_.beta1);
   h.beta2 = static_cast<float>(opt_.beta2);
   h.eps = static_cast<float>(opt_.eps);
   h.weight_decay = static_cast<float>(opt_.weight_decay);
   h.step = step_;
-  h.grad_scale = static_cast<float>(grad_multiplier);
+  h.grad_scale = static_cast<float>(ps.grad_multiplier);
   h.amsgrad = opt_.amsgrad;
   h.maximize = opt_.maximize;
+  void* master = ps.write_master ? p.master.data_ptr() : nullptr;
   if (opt_.bf16_moments) {
     // Each parameter its own rounding stream (seed and index), so no two tensors share bits.
     AdamWBf16MomentBuffers b{p.fp32.data_ptr<float>(),
-                             g.data_ptr<float>(),
+                             ps.grad.data_ptr<float>(),
                              static_cast<uint16_t*>(m.data_ptr()),
                              static_cast<uint16_t*>(v.data_ptr()),
-                             write_master ? p.master.data_ptr() : nullptr,
-                             master_dtype};
-    FusedAdamWBf16Moments(b, p.fp32.numel(), h, opt_.rounding_seed * 1000003u + static_cast<uint64_t>(i), opt_.simd,
-                          Pool());
+                             master,
+                             ps.master_dtype};
+    FusedAdamWBf16Moments(b, p.fp32.numel(), h, opt_.rounding_seed * 1000003u + static_cast<uint64_t>(ps.index),
+                          opt_.simd, Pool());
     return;
   }
   AdamWBuffers b;
   b.param = p.fp32.data_ptr<float>();
-  b.grad = g.data_ptr<float>();
+  b.grad = ps.grad.data_ptr<float>();
   b.exp_avg = m.data_ptr<float>();
   b.exp_avg_sq = v.data_ptr<float>();
   b.max_exp_avg_sq = opt_.amsgrad ? vmax.data_ptr<float>() : nullptr;
-  if (write_master) {
-    b.master = p.master.data_ptr();
-    b.master_dtype = master_dtype;
+  if (ps.write_master) {
+    b.master = master;
+    b.master_dtype = ps.master_dtype;
   }
   FusedAdamW(b, p.fp32.numel(), h, opt_.simd, Pool());
 }

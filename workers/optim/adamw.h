@@ -144,6 +144,19 @@ class AdamW {
   OptimizerThreads* Pool();
   void StepParamUnaccounted(HostModelStore& store, int index, const at::Tensor& grad, double lr, double grad_multiplier,
                             bool write_master);
+  // One parameter's step, as StepParamUnaccounted hands it to the update rule's kernel.
+  struct ParamStep {
+    HostParam& p;
+    int index;
+    const at::Tensor& grad;  // fp32, contiguous
+    bool reserved;           // the state goes into the parameter's layer slab
+    double lr, grad_multiplier;
+    bool write_master;
+    MasterDtype master_dtype = MasterDtype::kNone;
+  };
+  void StepAdafactor(const ParamStep& ps);
+  void StepMomentum(const ParamStep& ps);  // SGD (with or without momentum) and Lion
+  void StepAdamW(const ParamStep& ps);
   void AccountState(size_t index);  // after parameter `index`'s state changed
   int64_t step_ = 0;
   std::vector<at::Tensor> m_, v_, vmax_;  // per parameter index
