@@ -42,12 +42,14 @@ std::shared_ptr<JobManager::Managed> JobManager::Find(const std::string& id) con
 }
 
 void JobManager::Persist(Managed& job) {
+  job.mu.AssertHeld();
   if (absl::Status st = store_->Put(job.seq, job.record); !st.ok()) {
     JobLog()->error("[{}] job store: {}", job.id, std::string(st.message()));
   }
 }
 
 void JobManager::Publish(Managed& job, v1::JobEvent event, bool last) {
+  job.mu.AssertHeld();
   event.set_job_id(job.id);
   if (!event.has_time()) *event.mutable_time() = Now();
   auto& subs = job.subscribers;
@@ -60,8 +62,9 @@ absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
   auto eid = engine_->Submit(job->resolved.engine);
   if (!eid.ok()) return eid.status();
   auto info = engine_->Info(*eid);
+  const scheduler::JobId engine_id = *eid;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     job->engine_id = *eid;
     // Steps of the whole job (resumed steps included): max_steps, capped by what a token file holds.
     const int64_t total = info.ok() ? info->total_steps : 0;
@@ -71,12 +74,12 @@ absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
   // The pump runs behind a barrier: an unexpected exception cancels that job (logged), it never
   // terminates the daemon.
   job->threads_running = 1;
-  job->pump = std::thread([this, job] {
+  job->pump = std::thread([this, job, engine_id] {
     absl::Status st = Guarded(absl::StrCat("[", job->id, "] event pump"), [&] {
       PumpLoop(job);
       return absl::OkStatus();
     });
-    if (!st.ok()) (void)engine_->Cancel(*job->engine_id);
+    if (!st.ok()) (void)engine_->Cancel(engine_id);
     --job->threads_running;
   });
   return absl::OkStatus();
@@ -113,13 +116,18 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   auto resolved = ResolveJobSpec(spec, ctx);
   if (!resolved.ok()) return resolved.status();
   job->resolved = *resolved;
-  job->record.set_id(job->id);
-  *job->record.mutable_spec() = spec;
-  job->record.set_state(v1::JOB_STATE_QUEUED);
-  *job->record.mutable_created() = Now();
-  *job->record.mutable_updated() = Now();
+  std::string owner;
+  {
+    absl::MutexLock lock(&job->mu);  // not published yet; the lock states the rule
+    job->record.set_id(job->id);
+    *job->record.mutable_spec() = spec;
+    job->record.set_state(v1::JOB_STATE_QUEUED);
+    *job->record.mutable_created() = Now();
+    *job->record.mutable_updated() = Now();
+    owner = OwnerToken(job->record);
+  }
   // The job owns its output dir from here on (no other job may share its checkpoints).
-  if (absl::Status st = scheduler::ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !st.ok()) {
+  if (absl::Status st = scheduler::ClaimOutputDir(job->resolved.output_dir, owner); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("output_dir: ", st.message()));
   }
   if (absl::Status st = Admit(job); !st.ok()) {
@@ -127,7 +135,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     return st;
   }
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     Persist(*job);
   }
   {
@@ -145,7 +153,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
 }
 
 absl::StatusOr<v1::Job> JobManager::Snapshot(const std::shared_ptr<Managed>& job) {
-  std::lock_guard<std::mutex> lock(job->mu);
+  absl::MutexLock lock(&job->mu);
   return job->record;
 }
 
@@ -170,7 +178,7 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest&
   v1::ListJobsResponse out;
   for (const auto& job : jobs) {
     if (job->seq <= after) continue;
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     if (!req.states().empty() &&
         std::find(req.states().begin(), req.states().end(), job->record.state()) == req.states().end()) {
       continue;
@@ -190,7 +198,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   std::optional<scheduler::JobId> eid;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     if (IsTerminal(job->record.state())) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", id, " already ended (", v1::JobState_Name(job->record.state()), ")"));
@@ -215,7 +223,7 @@ absl::StatusOr<std::pair<std::shared_ptr<JobManager::Managed>, scheduler::JobId>
     const std::string& id, const char* action) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  std::lock_guard<std::mutex> lock(job->mu);
+  absl::MutexLock lock(&job->mu);
   if (IsTerminal(job->record.state())) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ended"));
   }
@@ -248,7 +256,7 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& id) {
 absl::Status JobManager::OpenStream(const std::string& id) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("StreamBatches: no job '", id, "'"));
-  std::lock_guard<std::mutex> lock(job->mu);
+  absl::MutexLock lock(&job->mu);
   if (!job->engine_id) return absl::FailedPreconditionError(absl::StrCat("job ", id, ": ", job->record.message()));
   if (!job->resolved.streamed()) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " reads a token file; it takes no streamed batches"));
@@ -293,7 +301,7 @@ absl::Status JobManager::FeedAsync(const std::string& id, const v1::Batch& b, st
   }
   std::optional<scheduler::JobId> eid;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     if (job->stop) return absl::UnavailableError("the daemon is shutting down");
     if (IsTerminal(job->record.state()) || job->input_end) {
       return absl::FailedPreconditionError(absl::StrCat("job ", id, " accepts no more batches"));
@@ -315,7 +323,7 @@ absl::Status JobManager::EndStream(const std::string& id, bool keep_open) {
   if (keep_open) return absl::OkStatus();
   std::optional<scheduler::JobId> eid;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     job->input_end = true;
     eid = job->engine_id;
   }
@@ -324,11 +332,15 @@ absl::Status JobManager::EndStream(const std::string& id, bool keep_open) {
 }
 
 void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
-  const scheduler::JobId eid = *job->engine_id;
+  scheduler::JobId eid;
+  {
+    absl::MutexLock lock(&job->mu);
+    eid = *job->engine_id;
+  }
   for (;;) {
     auto events = engine_->AwaitEvents(eid, std::chrono::milliseconds(250));
     {
-      std::lock_guard<std::mutex> lock(job->mu);
+      absl::MutexLock lock(&job->mu);
       if (job->stop || !events.ok()) return;
     }
     bool ended = false;
@@ -338,7 +350,7 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
         // A token-file job's batches are read by the engine: each step took one in.
         if (!job->resolved.streamed()) metrics_->batches_received.Increment();
       }
-      std::lock_guard<std::mutex> lock(job->mu);
+      absl::MutexLock lock(&job->mu);
       EventEffect fx = job->tracker.Apply(e, std::chrono::steady_clock::now(), job->drained, &job->record);
       if (fx.to != fx.from) CountTransition(fx.from, fx.to);  // the gauge moves before watchers hear of it
       if (e.kind == scheduler::JobEvent::Kind::kCheckpointFailed) metrics_->checkpoint_failures.Increment();
@@ -351,7 +363,7 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
       if (fx.publish) Publish(*job, fx.out, fx.ended);
       if (fx.ended) ended = true;
       // Every state change wakes the job's waiters (a drain waits for PAUSED, not only the end).
-      if (fx.ended || fx.to != fx.from) job->cv.notify_all();
+      if (fx.ended || fx.to != fx.from) job->cv.SignalAll();
       switch (fx.log) {
         case EventEffect::Log::kInfo:
           JobLog()->info("[{}] {}", job->id, fx.log_line);
@@ -392,7 +404,7 @@ void JobManager::UpdateJobGauges() {
     jobs = order_;
   }
   for (const auto& j : jobs) {
-    std::lock_guard<std::mutex> lock(j->mu);
+    absl::MutexLock lock(&j->mu);
     ++counts[j->record.state()];
   }
   for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_PAUSED, v1::JOB_STATE_SUCCEEDED,
@@ -404,7 +416,7 @@ void JobManager::UpdateJobGauges() {
 absl::Status JobManager::Subscribe(const std::string& id, std::shared_ptr<JobSubscriber> subscriber) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  std::lock_guard<std::mutex> lock(job->mu);
+  absl::MutexLock lock(&job->mu);
   v1::JobEvent now;
   now.set_state(job->record.state());
   now.set_message(job->record.state() == v1::JOB_STATE_FAILED ? job->record.error() : job->record.message());
@@ -418,7 +430,7 @@ absl::Status JobManager::Subscribe(const std::string& id, std::shared_ptr<JobSub
 void JobManager::Unsubscribe(const std::string& id, JobSubscriber* subscriber) {
   auto job = Find(id);
   if (!job) return;
-  std::lock_guard<std::mutex> lock(job->mu);
+  absl::MutexLock lock(&job->mu);
   auto& subs = job->subscribers;
   subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const auto& s) { return s.get() == subscriber; }),
              subs.end());
@@ -433,7 +445,7 @@ int JobManager::active_jobs() const {
   absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& j : order_) {
-    std::lock_guard<std::mutex> jl(j->mu);
+    absl::MutexLock jl(&j->mu);
     if (!IsTerminal(j->record.state())) ++n;
   }
   return n;

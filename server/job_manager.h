@@ -111,6 +111,7 @@ class JobManager {
     bool pause_again = false;
   };
   void ContinueIdsAfterJobDirs(size_t listed);
+  static std::pair<roundpipe::v1::JobSpec, std::string> StoredSpec(Managed& job);
   void ReadmitAfterRestart(const RecoveredJob& r);
   void ResumeAfterRestart(const RecoveredJob& r);
   void FailRecovered(Managed& job, const std::string& why);

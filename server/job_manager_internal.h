@@ -15,7 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/job_events.h"
 #include "server/job_manager.h"
 
@@ -41,20 +43,20 @@ inline std::string OwnerToken(const roundpipe::v1::Job& record) {
 
 // One job of the daemon: its record, how it runs in the engine, its watchers and its pump.
 struct JobManager::Managed {
-  std::string id;
+  std::string id;  // fixed at creation
   int64_t seq = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  roundpipe::v1::Job record;
-  std::optional<scheduler::JobId> engine_id;  // absent: listed from a previous daemon run
-  ResolvedJob resolved;
-  bool input_end = false;               // a stream closed the job's input
-  std::atomic<int> threads_running{0};  // the pump is still inside its loop (reaped at 0)
-  bool stop = false;                    // daemon shutdown: threads leave without touching the record
-  bool drained = false;                 // paused by Drain (not by a user)
-  std::vector<std::shared_ptr<JobSubscriber>> subscribers;
-  std::thread pump;
-  JobEventTracker tracker;  // engine events -> record (guarded by mu; the pump only)
+  absl::Mutex mu;
+  absl::CondVar cv;  // signalled at every state change the pump applies, and at shutdown
+  roundpipe::v1::Job record ABSL_GUARDED_BY(mu);
+  std::optional<scheduler::JobId> engine_id ABSL_GUARDED_BY(mu);  // absent: listed from a previous daemon run
+  ResolvedJob resolved;  // set before the job is published (jobs_, or Recover's re-admission), read-only after
+  bool input_end ABSL_GUARDED_BY(mu) = false;  // a stream closed the job's input
+  std::atomic<int> threads_running{0};         // the pump is still inside its loop (reaped at 0)
+  bool stop ABSL_GUARDED_BY(mu) = false;       // daemon shutdown: threads leave without touching the record
+  bool drained ABSL_GUARDED_BY(mu) = false;    // paused by Drain (not by a user)
+  std::vector<std::shared_ptr<JobSubscriber>> subscribers ABSL_GUARDED_BY(mu);
+  std::thread pump;                             // joined under JobManager::reap_mu_
+  JobEventTracker tracker ABSL_GUARDED_BY(mu);  // engine events -> record (the pump only)
 };
 
 }  // namespace rp::server

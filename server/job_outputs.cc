@@ -22,7 +22,7 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
   int64_t step;
   v1::JobSpec spec;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     const v1::JobState s = job->record.state();
     if (s != v1::JOB_STATE_SUCCEEDED && s != v1::JOB_STATE_CANCELLED && s != v1::JOB_STATE_PAUSED) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -121,7 +121,7 @@ absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string&
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   scheduler::JobId eid;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     if (!job->engine_id) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", id, " has no training state in this daemon: ", job->record.message()));
@@ -152,7 +152,7 @@ int JobManager::Drain(std::chrono::seconds deadline) {
     std::optional<scheduler::JobId> eid;
     bool user_paused = false;
     {
-      std::lock_guard<std::mutex> lock(j->mu);
+      absl::MutexLock lock(&j->mu);
       const v1::JobState s = j->record.state();
       if (!j->engine_id) continue;
       // Paused by its user: it stays paused, but its state must survive the restart too.
@@ -170,18 +170,28 @@ int JobManager::Drain(std::chrono::seconds deadline) {
   }
   const auto until = std::chrono::steady_clock::now() + deadline;
   for (const auto& j : waiting) {
-    std::unique_lock<std::mutex> lock(j->mu);
-    j->cv.wait_until(lock, until,
-                     [&] { return j->record.state() == v1::JOB_STATE_PAUSED || IsTerminal(j->record.state()); });
-    if (j->record.state() == v1::JOB_STATE_PAUSED) {
-      ++paused;  // counted (and logged below) once it really paused
-      j->record.set_message("paused by a daemon drain");
-      Persist(*j);
-      const bool started = j->record.has_started();
-      const scheduler::JobId eid = *j->engine_id;
-      lock.unlock();
+    bool started = false;
+    std::optional<scheduler::JobId> eid;
+    {
+      absl::MutexLock lock(&j->mu);
+      while (j->record.state() != v1::JOB_STATE_PAUSED && !IsTerminal(j->record.state())) {
+        const auto left = until - std::chrono::steady_clock::now();
+        if (left <= std::chrono::steady_clock::duration::zero() ||
+            j->cv.WaitWithTimeout(&j->mu, absl::FromChrono(left))) {
+          break;
+        }
+      }
+      if (j->record.state() == v1::JOB_STATE_PAUSED) {
+        ++paused;  // counted (and logged below) once it really paused
+        j->record.set_message("paused by a daemon drain");
+        Persist(*j);
+        started = j->record.has_started();
+        eid = j->engine_id;
+      }
+    }
+    if (eid) {
       if (started) {  // so the restarted daemon continues from exactly here
-        auto info = engine_->Checkpoint(eid, "drain");
+        auto info = engine_->Checkpoint(*eid, "drain");
         if (!info.ok()) JobLog()->warn("[{}] drain checkpoint: {}", j->id, std::string(info.status().message()));
       }
     }
@@ -203,7 +213,7 @@ void JobManager::Shutdown() {
   for (const auto& j : jobs) {
     std::optional<scheduler::JobId> eid;
     {
-      std::lock_guard<std::mutex> lock(j->mu);
+      absl::MutexLock lock(&j->mu);
       j->stop = true;  // no new feed is accepted from here
       eid = j->engine_id;
     }
@@ -214,9 +224,9 @@ void JobManager::Shutdown() {
     }
   }
   for (const auto& j : jobs) {
-    std::lock_guard<std::mutex> lock(j->mu);
+    absl::MutexLock lock(&j->mu);
     j->stop = true;
-    j->cv.notify_all();
+    j->cv.SignalAll();
     // Watchers learn that the daemon is going away (their stream ends with UNAVAILABLE).
     for (auto& s : j->subscribers) {
       v1::JobEvent e;

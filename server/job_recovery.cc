@@ -21,7 +21,10 @@ absl::Status JobManager::Recover() {
     auto job = std::make_shared<Managed>();
     job->id = record.id();
     job->seq = seq;
-    job->record = record;
+    {
+      absl::MutexLock lock(&job->mu);  // not published yet; the lock states the rule
+      job->record = record;
+    }
     {
       absl::MutexLock lock(&mu_);
       next_seq_ = std::max(next_seq_, seq + 1);
@@ -33,10 +36,14 @@ absl::Status JobManager::Recover() {
     if (!IsTerminal(s) && !record.has_started()) {
       // Never ran: admit it again from its stored spec (a user's pause while queued stays).
       readmit.push_back({job, user_paused});
-      if (s == v1::JOB_STATE_PAUSED) job->record.set_state(v1::JOB_STATE_QUEUED);
+      if (s == v1::JOB_STATE_PAUSED) {
+        absl::MutexLock lock(&job->mu);
+        job->record.set_state(v1::JOB_STATE_QUEUED);
+      }
     } else if (!IsTerminal(s)) {
       // Started: it continues from its newest good checkpoint, if it has one (below).
       resume.push_back({job, user_paused});
+      absl::MutexLock lock(&job->mu);
       job->record.set_state(v1::JOB_STATE_QUEUED);
     }
   }
@@ -69,7 +76,7 @@ void JobManager::ContinueIdsAfterJobDirs(size_t listed) {
 }
 
 void JobManager::FailRecovered(Managed& job, const std::string& why) {
-  std::lock_guard<std::mutex> lock(job.mu);
+  absl::MutexLock lock(&job.mu);
   CountTransition(job.record.state(), v1::JOB_STATE_FAILED);
   job.record.set_state(v1::JOB_STATE_FAILED);
   job.record.set_error(why);
@@ -78,17 +85,25 @@ void JobManager::FailRecovered(Managed& job, const std::string& why) {
   JobLog()->error("[{}] {}", job.id, why);
 }
 
+// A recovered job's stored spec and its output-dir owner token.
+std::pair<v1::JobSpec, std::string> JobManager::StoredSpec(Managed& job) {
+  absl::MutexLock lock(&job.mu);
+  return {job.record.spec(), OwnerToken(job.record)};
+}
+
 void JobManager::ReadmitAfterRestart(const RecoveredJob& r) {
   const std::shared_ptr<Managed>& job = r.job;
   JobSpecContext ctx = options_.spec;
   ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
+  const auto stored = StoredSpec(*job);
+  const v1::JobSpec& spec = stored.first;
+  const std::string& owner = stored.second;
   absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
-    auto resolved = ResolveJobSpec(job->record.spec(), ctx);
+    auto resolved = ResolveJobSpec(spec, ctx);
     if (!resolved.ok()) return resolved.status();
     job->resolved = *resolved;
     job->resolved.engine.start_paused = r.pause_again;  // never runs before its user resumes it
-    if (absl::Status c = scheduler::ClaimOutputDir(job->resolved.output_dir, OwnerToken(job->record)); !c.ok())
-      return c;
+    if (absl::Status c = scheduler::ClaimOutputDir(job->resolved.output_dir, owner); !c.ok()) return c;
     return Admit(job);
   });
   if (!st.ok()) {
@@ -112,14 +127,14 @@ void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
   if (resumed) return;
   bool stepped;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
+    absl::MutexLock lock(&job->mu);
     stepped = job->record.progress().step() > 0;
   }
   if (!stepped) {  // stopped while starting (tokenizing, loading): nothing is lost by starting over
     ReadmitAfterRestart(r);
     return;
   }
-  std::lock_guard<std::mutex> lock(job->mu);
+  absl::MutexLock lock(&job->mu);
   CountTransition(job->record.state(), v1::JOB_STATE_PAUSED);
   job->record.set_state(v1::JOB_STATE_PAUSED);
   job->record.set_message("interrupted by a daemon restart at step " + std::to_string(job->record.progress().step()) +
@@ -133,12 +148,13 @@ void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
 bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool paused) {
   JobSpecContext ctx = options_.spec;
   ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
-  auto resolved = ResolveJobSpec(job->record.spec(), ctx);
+  const auto [spec, owner] = StoredSpec(*job);
+  auto resolved = ResolveJobSpec(spec, ctx);
   if (!resolved.ok()) {
     JobLog()->warn("[{}] cannot resume: {}", job->id, std::string(resolved.status().message()));
     return false;
   }
-  if (absl::Status c = scheduler::ClaimOutputDir(resolved->output_dir, OwnerToken(job->record)); !c.ok()) {
+  if (absl::Status c = scheduler::ClaimOutputDir(resolved->output_dir, owner); !c.ok()) {
     JobLog()->warn("[{}] cannot resume: {}", job->id, std::string(c.message()));
     return false;
   }
@@ -152,7 +168,7 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool 
     scheduler::JobSpec& e = job->resolved.engine;
     if (e.max_steps > 0) {
       if (meta->step >= e.max_steps) {  // it had finished; only the final record was lost
-        std::lock_guard<std::mutex> lock(job->mu);
+        absl::MutexLock lock(&job->mu);
         CountTransition(job->record.state(), v1::JOB_STATE_SUCCEEDED);
         job->record.set_state(v1::JOB_STATE_SUCCEEDED);
         Persist(*job);
@@ -163,7 +179,7 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool 
     e.resume_from = dir;
     e.start_paused = paused;  // a user-paused job is submitted paused: it never runs before Resume
     {
-      std::lock_guard<std::mutex> lock(job->mu);
+      absl::MutexLock lock(&job->mu);
       job->record.mutable_progress()->set_step(meta->step);
       job->record.set_last_checkpoint(dir);
       job->record.set_last_checkpoint_step(meta->step);
@@ -174,7 +190,7 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool 
       // Admit counts the total from the spec; keep it.
       JobLog()->info("[{}] resumed from {} (step {}, data cursor {})", job->id, dir, meta->step,
                      meta->batches_consumed);
-      std::lock_guard<std::mutex> lock(job->mu);
+      absl::MutexLock lock(&job->mu);
       Persist(*job);
       return true;
     }

@@ -144,10 +144,12 @@ class BatchReader final : public grpc::ServerReadReactor<v1::Batch> {
 // time and finishes after the terminal state (or when the client goes away).
 class EventWriter;
 struct WatchChannel final : JobSubscriber {
-  std::mutex mu;
-  EventWriter* writer = nullptr;  // null once the RPC is done
-  std::deque<v1::JobEvent> queue;
-  bool writing = false, last = false, finished = false;
+  absl::Mutex mu;
+  EventWriter* writer ABSL_GUARDED_BY(mu) = nullptr;  // null once the RPC is done
+  std::deque<v1::JobEvent> queue ABSL_GUARDED_BY(mu);
+  bool writing ABSL_GUARDED_BY(mu) = false;
+  bool last ABSL_GUARDED_BY(mu) = false;
+  bool finished ABSL_GUARDED_BY(mu) = false;
   bool OnEvent(const v1::JobEvent& e, bool is_last) override;
   void WriteDone(bool ok);
 };
@@ -158,20 +160,24 @@ class EventWriter final : public grpc::ServerWriteReactor<v1::JobEvent> {
               const v1::WatchJobRequest& req)
       : channel_(std::make_shared<WatchChannel>()) {
     if (grpc::Status st = auth->Check(*ctx); !st.ok()) {
+      absl::MutexLock lock(&channel_->mu);  // not shared yet; the lock states the rule
       channel_->finished = true;
       Finish(st);
       return;
     }
-    channel_->writer = this;
+    {
+      absl::MutexLock lock(&channel_->mu);
+      channel_->writer = this;
+    }
     if (absl::Status st = Guarded("WatchJob", [&] { return manager->Subscribe(req.job_id(), channel_); }); !st.ok()) {
-      std::lock_guard<std::mutex> lock(channel_->mu);
+      absl::MutexLock lock(&channel_->mu);
       channel_->finished = true;
       Finish(ToGrpcStatus(st));
     }
   }
   void OnWriteDone(bool ok) override { channel_->WriteDone(ok); }
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(channel_->mu);
+    absl::MutexLock lock(&channel_->mu);
     if (!channel_->finished) {
       channel_->finished = true;
       Finish(grpc::Status::CANCELLED);
@@ -179,7 +185,7 @@ class EventWriter final : public grpc::ServerWriteReactor<v1::JobEvent> {
   }
   void OnDone() override {
     {
-      std::lock_guard<std::mutex> lock(channel_->mu);
+      absl::MutexLock lock(&channel_->mu);
       channel_->writer = nullptr;
     }
     delete this;
@@ -190,7 +196,7 @@ class EventWriter final : public grpc::ServerWriteReactor<v1::JobEvent> {
 };
 
 bool WatchChannel::OnEvent(const v1::JobEvent& e, bool is_last) {
-  std::unique_lock<std::mutex> lock(mu);
+  absl::ReleasableMutexLock lock(&mu);
   if (!writer || finished) return false;
   if (e.event_case() == v1::JobEvent::EVENT_NOT_SET) {  // the daemon is going away
     finished = true;
@@ -203,14 +209,14 @@ bool WatchChannel::OnEvent(const v1::JobEvent& e, bool is_last) {
     writing = true;
     const v1::JobEvent* front = &queue.front();
     EventWriter* w = writer;
-    lock.unlock();
+    lock.Release();
     w->StartWrite(front);
   }
   return true;
 }
 
 void WatchChannel::WriteDone(bool ok) {
-  std::unique_lock<std::mutex> lock(mu);
+  absl::ReleasableMutexLock lock(&mu);
   queue.pop_front();
   if (finished || !writer) return;
   if (!ok) {  // the client went away
@@ -221,7 +227,7 @@ void WatchChannel::WriteDone(bool ok) {
   if (!queue.empty()) {
     const v1::JobEvent* front = &queue.front();
     EventWriter* w = writer;
-    lock.unlock();
+    lock.Release();
     w->StartWrite(front);
     return;
   }
