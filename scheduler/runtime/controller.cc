@@ -265,12 +265,12 @@ void Controller::FinishSyncIteration(int T, InFlight& f) {
 }
 
 absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
-                                                const std::optional<at::Tensor>& positions_in) {
+                                                const std::optional<at::Tensor>& positions_in, bool validated) {
   const bool async = opt_.mode == planning::OptimizerMode::kAsync;
   if (async && inflight_.size() >= 2) {
     return absl::FailedPreconditionError("controller: two iterations in flight; await one first");
   }
-  auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/true);
+  auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/true, validated);
   if (!host.ok()) return host.status();
   const int M = opt_.microbatches;
   last_microbatch_rows_ = tokens_in.size(0) / M;

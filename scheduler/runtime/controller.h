@@ -113,8 +113,11 @@ class Controller {
                                               const std::optional<at::Tensor>& positions = std::nullopt);
   // Enqueues one iteration and returns its number. Async: returns at once (FailedPrecondition
   // when two iterations are already in flight); sync: runs it, including the step.
+  // `validated`: the caller checked the batch whole already (runtime::ValidateBatch); it is not
+  // scanned again.
   absl::StatusOr<int> SubmitIteration(const at::Tensor& tokens, const std::optional<at::Tensor>& labels = std::nullopt,
-                                      const std::optional<at::Tensor>& positions = std::nullopt);
+                                      const std::optional<at::Tensor>& positions = std::nullopt,
+                                      bool validated = false);
   // An evaluation pass over one batch (same rules as RunIteration) through the pipeline on the
   // current weights: the forward stage slots of the plan, then B_1's slot as a loss-only stage
   // (no autograd); no backward slot, no gradient, no optimizer step, nothing of the training
@@ -197,9 +200,11 @@ class Controller {
     std::vector<at::Tensor> tokens, labels, positions;
     int64_t valid = 0;
   };
-  // `training`: a batch without a labelled token is refused (it would divide by zero).
+  // `training`: a batch without a labelled token is refused (it would divide by zero);
+  // `validated`: ValidateBatch is skipped (the caller checked it whole).
   absl::StatusOr<HostBatch> ToHostMicrobatches(const at::Tensor& tokens, const std::optional<at::Tensor>& labels,
-                                               const std::optional<at::Tensor>& positions, bool training);
+                                               const std::optional<at::Tensor>& positions, bool training,
+                                               bool validated = false);
   int evaluations_ = 0;  // evaluation passes run (their iteration ids: -2, -3, ...)
   void RecordProfile(int iteration, const InFlight& f);
   std::unique_ptr<planning::MeasuredProfile> profile_;

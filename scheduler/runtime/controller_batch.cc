@@ -70,8 +70,10 @@ absl::Status Controller::ValidateBatchFor(int64_t V, int microbatches, const at:
 absl::StatusOr<Controller::HostBatch> Controller::ToHostMicrobatches(const at::Tensor& tokens_in,
                                                                      const std::optional<at::Tensor>& labels_in,
                                                                      const std::optional<at::Tensor>& positions_in,
-                                                                     bool training) {
-  if (absl::Status st = ValidateBatch(tokens_in, labels_in, positions_in); !st.ok()) return st;
+                                                                     bool training, bool validated) {
+  if (!validated) {
+    if (absl::Status st = ValidateBatch(tokens_in, labels_in, positions_in); !st.ok()) return st;
+  }
   const int M = opt_.microbatches;
   at::Tensor tokens = tokens_in.to(at::kLong).contiguous();
   at::Tensor labels = labels_in ? labels_in->to(at::kLong).contiguous() : workers::models::ShiftLabels(tokens);

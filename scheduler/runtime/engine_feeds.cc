@@ -36,7 +36,9 @@ absl::StatusOr<std::pair<std::shared_ptr<Engine::Impl::Job>, runtime::TensorBatc
   }
   // Against the spec (vocab, micro-batches): a queued job has no controller yet.
   if (absl::Status st = runtime::ValidateBatch(batch, job->model.vocab, job->spec.microbatches); !st.ok()) return st;
-  return std::make_pair(job, runtime::ToTensors(batch));
+  runtime::TensorBatch t = runtime::ToTensors(batch);
+  t.validated = true;
+  return std::make_pair(job, std::move(t));
 }
 
 absl::Status Engine::Impl::FeedBatch(JobId id, Batch batch, std::chrono::milliseconds timeout) {

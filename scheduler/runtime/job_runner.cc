@@ -368,7 +368,7 @@ void JobRunner::Run() {
     absl::StatusOr<int> it;
     {
       base::MutexLock run(&job_.run_mu);
-      it = c_.SubmitIteration(batch.tokens, batch.labels, batch.positions);
+      it = c_.SubmitIteration(batch.tokens, batch.labels, batch.positions, batch.validated);
     }
     if (!it.ok()) {
       base::MutexLock lock(&job_.mu);

@@ -31,12 +31,20 @@ absl::Status ValidateBatch(const Batch& b, int64_t vocab, int microbatches) {
                                                      " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
+  bool labelled = b.labels.empty() && b.cols > 1;  // without labels: the next token of each
   for (size_t i = 0; i < b.labels.size(); ++i) {
     const int32_t l = b.labels[i];
     if (l != Batch::kIgnoreLabel && (l < 0 || l >= vocab)) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch: label ", l, " at position ", i, " must be -100 or lie in [0, ", vocab, ")"));
     }
+    labelled = labelled || l != Batch::kIgnoreLabel;
+  }
+  // The controller would drop such a batch after it was queued (a step cannot divide by zero
+  // labelled tokens): refused here, while its sender still waits for the answer.
+  if (!labelled) {
+    return absl::InvalidArgumentError(
+        "batch: no token has a label to train on (every label is -100, or sequences of one token)");
   }
   return absl::OkStatus();
 }

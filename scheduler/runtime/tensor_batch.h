@@ -21,10 +21,14 @@ struct TensorBatch {
   // The same shape: token positions of packed documents (Controller::SubmitIteration); absent:
   // 0..cols-1 in every row.
   std::optional<at::Tensor> positions;
+  // Checked whole before it was queued (a streamed batch: ValidateBatch at the feed): the
+  // controller does not scan it again.
+  bool validated = false;
 };
 
-// Shape, divisibility by `microbatches` and id ranges against `vocab`: the one validation a
-// streamed batch gets before it is queued. InvalidArgument naming the first offending value.
+// Shape, divisibility by `microbatches`, id ranges against `vocab` and at least one labelled
+// token: everything the controller would check, so a streamed batch is validated once, before it
+// is queued, and never dropped after. InvalidArgument naming the first offending value.
 absl::Status ValidateBatch(const Batch& b, int64_t vocab, int microbatches);
 
 // `b` as int64 tensors (call after ValidateBatch).

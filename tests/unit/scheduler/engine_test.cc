@@ -138,12 +138,24 @@ TEST(Engine, BadInputGetsClearErrorsAndTheJobKeepsRunning) {
   EXPECT_EQ(fb(at::zeros({3, 8}, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fb(at::zeros({0, 8}, at::kLong)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->FeedBatch(999, rp::testing::ToBatch(RandomTokens(4, 8, V, 1))).code(), absl::StatusCode::kNotFound);
+  // Nothing to train on: refused at the feed (the controller used to drop it after queueing).
+  Batch unlabelled = rp::testing::ToBatch(RandomTokens(4, 8, V, 1));
+  unlabelled.labels.assign(32, Batch::kIgnoreLabel);
+  for (const Batch& b : {unlabelled, rp::testing::ToBatch(RandomTokens(4, 1, V, 1))}) {
+    const absl::Status st = engine->FeedBatch(id, b);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("no token has a label"), std::string::npos) << st;
+  }
   ASSERT_TRUE(fb(RandomTokens(4, 8, V, 1)).ok());
   ASSERT_TRUE(fb(RandomTokens(4, 8, V, 2)).ok());
   auto events = DrainUntilEnded(*engine, id);
-  int iterations = 0;
-  for (const auto& e : events) iterations += e.kind == JobEvent::Kind::kIteration;
+  int iterations = 0, dropped = 0;
+  for (const auto& e : events) {
+    iterations += e.kind == JobEvent::Kind::kIteration;
+    dropped += e.kind == JobEvent::Kind::kBatchRejected;
+  }
   EXPECT_EQ(iterations, 2);
+  EXPECT_EQ(dropped, 0) << "every batch the feed accepted trains";
   EXPECT_EQ(*engine->State(id), JobState::kSucceeded);  // max_steps reached
   EXPECT_EQ(fb(RandomTokens(4, 8, V, 3)).code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -267,7 +279,6 @@ TEST(Engine, DefaultPartitionComesFromTheParameterSizes) {
   EXPECT_EQ(fwd, spec.model.num_layers());
   EXPECT_EQ(bwd, spec.model.num_layers());
 }
-
 
 TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
   for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
