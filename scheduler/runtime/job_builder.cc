@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
 
@@ -127,6 +128,9 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> LoadPackedSource(const TokenFileSo
     if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", tok.status().message()));
     JsonlLimits limits;
     limits.stop = stop;
+    limits.progress = [&](int64_t done, int64_t records) {
+      progress(absl::StrCat("tokenizing ", tf.path, ": ", done, " of ", records, " records"));
+    };
     packed = ReadJsonlDocuments(tf.path, *tok, limits);
   } else {
     progress("reading " + tf.path);
@@ -289,7 +293,15 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     if (cuda) {
       registrar = [d = devices.front()](void* base, int64_t bytes) { return d->RegisterHostMemory(base, bytes); };
     }
-    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get(), registrar, &job.stop_starting);
+    // A long load says how far it is, every 5 s.
+    auto last = std::chrono::steady_clock::now();
+    const workers::io::LoadProgress loaded = [&](int done, int params) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last < std::chrono::seconds(5)) return;
+      last = now;
+      progress(absl::StrCat("loading weights from ", spec.hf_dir, ": ", done, " of ", params, " tensors"));
+    };
+    if (absl::Status st = workers::io::LoadHfWeights(spec.hf_dir, store.get(), registrar, &job.stop_starting, loaded);
         !st.ok()) {
       return st;
     }

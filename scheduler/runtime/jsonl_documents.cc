@@ -195,16 +195,29 @@ absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const L
     absl::Status status;
   };
   std::vector<Chunk> chunks(threads);
+  std::atomic<int64_t> done{0};
+  std::atomic<size_t> finished{0};
   auto work = [&](size_t c) {
     const size_t begin = lines.size() * c / threads, end = lines.size() * (c + 1) / threads;
     for (size_t k = begin; k < end; ++k) {
       chunks[c].status = AppendRecord(lines[k].text, path, lines[k].number, tok, limits, &chunks[c].packed);
-      if (!chunks[c].status.ok()) return;
+      ++done;
+      if (!chunks[c].status.ok()) break;
     }
+    ++finished;
   };
   std::vector<std::thread> pool;
-  for (size_t c = 1; c < threads; ++c) pool.emplace_back(work, c);
-  work(0);
+  for (size_t c = 0; c < threads; ++c) pool.emplace_back(work, c);
+  // The calling thread reports how far the workers are.
+  auto last = std::chrono::steady_clock::now();
+  while (finished.load() < threads) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto now = std::chrono::steady_clock::now();
+    if (limits.progress && now - last >= limits.progress_every) {
+      last = now;
+      limits.progress(done.load(), static_cast<int64_t>(lines.size()));
+    }
+  }
   for (auto& t : pool) t.join();
   PackedTokens out;
   if (limits.stop != nullptr && limits.stop->load()) {

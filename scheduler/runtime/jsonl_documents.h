@@ -11,7 +11,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,10 +48,14 @@ int64_t TokenizerParseBytesInFlight();
 // it with Cancelled within one regex call; each record may take max(min_record_seconds, its bytes
 // / min_bytes_per_second) — honest text tokenizes at several MB/s, a backtracking pre-tokenizer
 // pattern at KB/s — past which the read fails naming the file and line.
+// `progress` (optional) is told the records tokenized so far and the records in all, every
+// `progress_every` while the read runs (from the calling thread).
 struct JsonlLimits {
   const std::atomic<bool>* stop = nullptr;
   double min_bytes_per_second = 256.0 * 1024;
   double min_record_seconds = 5;
+  std::function<void(int64_t done, int64_t records)> progress;
+  std::chrono::milliseconds progress_every{5000};
 };
 
 absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok,

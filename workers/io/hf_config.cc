@@ -230,7 +230,7 @@ class Registrations {
 }  // namespace
 
 absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store, const MappingRegistrar& registrar,
-                           const std::atomic<bool>* stop) {
+                           const std::atomic<bool>* stop, const LoadProgress& progress) {
   auto w = OpenHfWeights(dir);
   if (!w.ok()) return w.status();
   Registrations registrations(registrar);
@@ -238,6 +238,7 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store, const 
     if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
       return absl::CancelledError(absl::StrCat("loading weights from '", dir, "' was stopped"));
     }
+    if (progress && i > 0) progress(i, store->num_params());
     HostParam& p = store->param(i);
     if (p.name.find(".lora_") != std::string::npos) continue;  // adapters: not in a base model
     auto src = LocateParam(*w, dir, p.name, p.shape);
@@ -257,6 +258,7 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store, const 
     if (!t.ok()) return t.status();
     if (absl::Status st = store->SetValue(p.name, *t); !st.ok()) return st;
   }
+  if (progress) progress(store->num_params(), store->num_params());
   return absl::OkStatus();
 }
 

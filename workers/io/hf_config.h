@@ -37,8 +37,11 @@ absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& model_
 using MappingRegistrar = std::function<absl::StatusOr<std::shared_ptr<void>>(void* base, int64_t bytes)>;
 // `stop` (may be null), raised by another thread (the job's cancel, pause, a drain), ends the load
 // between tensors with Cancelled; the store is then partly loaded and is to be dropped.
+// `progress` (may be null) is told after each parameter how many of the store's are done.
+using LoadProgress = std::function<void(int done, int params)>;
 absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store,
-                           const MappingRegistrar& registrar = nullptr, const std::atomic<bool>* stop = nullptr);
+                           const MappingRegistrar& registrar = nullptr, const std::atomic<bool>* stop = nullptr,
+                           const LoadProgress& progress = nullptr);
 // The same checks without loading: every base parameter of `config` is in the directory with its
 // shape (files opened and headers parsed; nothing allocated beyond that).
 absl::Status CheckHfWeights(const std::string& model_dir, const models::TransformerConfig& config);

@@ -243,6 +243,41 @@ TEST(JsonlDocuments, ARunawayRecordIsBoundedAndAStopEndsTheReadAtOnce) {
   std::filesystem::remove_all(d);
 }
 
+// A long read says how far it is: the records tokenized so far and in all, while it runs, in
+// order (what the job's "tokenizing <file>: n of N records" progress shows).
+TEST(JsonlDocuments, ALongReadReportsItsProgress) {
+  const std::string d = ::testing::TempDir() + "rp_progress_" + std::to_string(getpid());
+  std::filesystem::create_directories(d);
+  std::ofstream(d + "/tokenizer.json")
+      << "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(?:a+)+b|.\"}, "
+         "\"behavior\": \"Isolated\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \" \": 2}, "
+         "\"merges\": []}}";
+  std::string runs;
+  while (runs.size() < 4000) runs += "aaaaaaaaaaaaaaaaaa ";  // ~0.3 s of backtracking per record
+  {
+    std::ofstream f(d + "/data.jsonl");
+    for (int r = 0; r < 8; ++r) f << "{\"text\": \"" << runs << "\"}\n";
+  }
+  auto tok = LoadTokenizerDir(d, "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  std::vector<std::pair<int64_t, int64_t>> reports;
+  JsonlLimits limits;
+  limits.progress_every = std::chrono::milliseconds(50);
+  limits.progress = [&](int64_t done, int64_t records) { reports.emplace_back(done, records); };
+  auto read = ReadJsonlDocuments(d + "/data.jsonl", *tok, limits);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_GE(reports.size(), 3u);
+  bool midway = false;
+  for (size_t k = 0; k < reports.size(); ++k) {
+    EXPECT_EQ(reports[k].second, 8);
+    EXPECT_LE(reports[k].first, 8);
+    if (k > 0) EXPECT_GE(reports[k].first, reports[k - 1].first);
+    midway = midway || (reports[k].first > 0 && reports[k].first < 8);
+  }
+  EXPECT_TRUE(midway) << "reported while the read ran";
+  std::filesystem::remove_all(d);
+}
+
 TEST(TokenDatasetFile, PreparedChatHoldsTransformersTokensAndAssistantMask) {
   auto made = rp::testing::CachedOracle(RP_VENV_PYTHON, RP_TEST_DIR "/make_chat_dataset.py", " " RP_CLIENT_PY_DIR,
                                         {RP_CLIENT_PY_DIR "/roundpipe_prepare.py"});
