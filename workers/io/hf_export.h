@@ -1,7 +1,7 @@
 // hf_export.h — writes a model as a Hugging Face directory: config.json (Llama / Qwen3 dense
 // decoder) and safetensors shards (+ model.safetensors.index.json when more than one), so
 // `AutoModelForCausalLM.from_pretrained(dir)` loads it. Tensor names are the engine's, which
-// are the HF names (workers/models/layers.cc is the one place that maps them).
+// are the HF names (workers/models/layer_params.cc is the one place that maps them).
 //
 // Contract: atomic — everything is written into a temporary sibling directory, fsynced, then
 // renamed onto `dir`, which must not exist yet. Tensors are fetched one at a time through
