@@ -197,26 +197,31 @@ absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const L
   std::vector<Chunk> chunks(threads);
   std::atomic<int64_t> done{0};
   std::atomic<size_t> finished{0};
+  // The calling thread tokenizes the first chunk (its allocations stay in its own arena, as a
+  // sequential read's would) and reports how far all of them are, while it works and after.
+  auto last = std::chrono::steady_clock::now();
+  auto report = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    if (!limits.progress || now - last < limits.progress_every) return;
+    last = now;
+    limits.progress(done.load(), static_cast<int64_t>(lines.size()));
+  };
   auto work = [&](size_t c) {
     const size_t begin = lines.size() * c / threads, end = lines.size() * (c + 1) / threads;
     for (size_t k = begin; k < end; ++k) {
       chunks[c].status = AppendRecord(lines[k].text, path, lines[k].number, tok, limits, &chunks[c].packed);
       ++done;
+      if (c == 0) report();
       if (!chunks[c].status.ok()) break;
     }
     ++finished;
   };
   std::vector<std::thread> pool;
-  for (size_t c = 0; c < threads; ++c) pool.emplace_back(work, c);
-  // The calling thread reports how far the workers are.
-  auto last = std::chrono::steady_clock::now();
+  for (size_t c = 1; c < threads; ++c) pool.emplace_back(work, c);
+  work(0);
   while (finished.load() < threads) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const auto now = std::chrono::steady_clock::now();
-    if (limits.progress && now - last >= limits.progress_every) {
-      last = now;
-      limits.progress(done.load(), static_cast<int64_t>(lines.size()));
-    }
+    report();
   }
   for (auto& t : pool) t.join();
   PackedTokens out;
