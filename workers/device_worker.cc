@@ -8,28 +8,17 @@
 #include "absl/strings/str_cat.h"
 #include "workers/device/transfer_windows.h"
 #include "workers/stage_compute.h"
+#include "workers/stage_state.h"
 
 namespace rp::workers {
 namespace {
 
-// Everything one stage keeps on the device while it runs.
-struct StageState {
-  StageTask task;
-  std::shared_ptr<RunContext> ctx;
-  c10::Device device = c10::Device(c10::kCPU);
-  Device* dev = nullptr;
-  std::vector<int> param_ids;                       // unique parameter indices of the stage
-  std::vector<at::Tensor> params;                   // device copies, aligned with param_ids
-  std::vector<at::Tensor> grads;                    // their gradients once the last micro-batch ran (weights freed)
-  std::vector<std::vector<int>> layer_param_index;  // per layer: indices into params
-  StageWeights weights;
-  models::Rope rope;
-  std::vector<at::Tensor> in, grad_out, labels, positions;  // per micro-batch, on device
-  std::vector<std::vector<std::pair<int, at::Tensor>>> fwd_out;
-  std::vector<at::Tensor> grad_in;
-  std::vector<Recomputed> recomputed;  // backward stages recomputing ahead: the graph awaiting its gradient
-  std::vector<RoutingTape> routing;    // per micro-batch: recorded (forward) or to replay (backward)
-};
+using stage_internal::EnqueueWeightUpload;
+using stage_internal::Guarded;
+using stage_internal::Label;
+using stage_internal::PlanChunks;
+using stage_internal::StageState;
+using stage_internal::Trains;
 
 bool ReplaysRouting(const StageState& s) { return s.ctx->replay_routing && s.ctx->cfg->num_experts > 0; }
 
@@ -49,41 +38,6 @@ void TakeRouting(StageState& s, int m, int mb) {
   }
 }
 
-// Runs `fn`, turning any exception into the iteration's error; skips the work once the
-// iteration has failed (events are still recorded by the streams, so nobody waits forever).
-template <typename Fn>
-void Guarded(StageState& s, const char* what, Fn&& fn) {
-  if (s.ctx->failed()) return;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    s.ctx->Fail(
-        absl::InternalError(absl::StrCat(what, " of stage slot ", s.task.slot, " (layers ", s.task.first_layer, "..",
-                                         s.task.first_layer + s.task.num_layers - 1, ") failed: ", e.what())));
-  }
-}
-
-// LPT-packed transfer chunks (PlanTransferWindows); should planning ever fail, one
-// chunk of whole tensors, so no tensor is ever left untransferred.
-std::vector<std::vector<TransferPiece>> PlanChunks(const std::vector<TensorExtent>& extents, int windows,
-                                                   int64_t split_threshold_bytes) {
-  auto plan = PlanTransferWindows(extents, std::max(1, windows), split_threshold_bytes);
-  if (plan.ok()) return std::move(plan->windows);
-  std::vector<std::vector<TransferPiece>> one(1);
-  for (size_t t = 0; t < extents.size(); ++t) one[0].push_back({static_cast<int>(t), 0, extents[t].bytes});
-  return one;
-}
-
-std::string Label(const StageTask& sl, const char* what, int mb) {
-  const char* k = sl.kind == StageKind::kForward ? "F" : sl.kind == StageKind::kEval ? "E" : "B";
-  std::string s = absl::StrCat(what, k, sl.stage);
-  if (mb >= 0) absl::StrAppend(&s, " mb", mb);
-  return s;
-}
-
-// Fused and backward stages form weight gradients; forward and evaluation stages do not.
-bool Trains(StageKind k) { return k == StageKind::kFused || k == StageKind::kBackward; }
-
 // Owner layers of every parameter the stage touches (consistency protocol, async mode).
 std::vector<int> StageOwners(const StageTask& task) {
   std::vector<int> owners;
@@ -94,102 +48,6 @@ std::vector<int> StageOwners(const StageTask& task) {
     }
   }
   return owners;
-}
-
-// Step 1 (param-up stream): the stage's unique parameters to the device, chunk j of the weights
-// after the running stage's j-th input upload; returns the event compute waits on.
-EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, const std::vector<int>& owners,
-                             const EventPtr& older_compute, const std::vector<EventPtr>& running_inputs) {
-  const StageTask& task = s->task;
-  const StageTask& sl = task;
-  const bool trains = Trains(sl.kind);
-  Stream& up = dev.stream(StreamKind::kParamUp);
-  if (older_compute) up.WaitEvent(older_compute);  // bound: one stage prefetched
-  if (task.book && sl.iteration >= 2) {
-    // Edge (2): upload only weights already stepped with iteration T-2's gradients.
-    auto prev2 = task.book->Get(sl.iteration - 2);
-    for (int o : owners) up.WaitEvent(prev2->pcp[static_cast<size_t>(o)]);
-  }
-  // The stage's unique parameters (a tied head shares the embedding's), in layer order.
-  {
-    HostModelStore& store = *s->ctx->store;
-    for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
-      std::vector<int> idx;
-      for (int id : store.layer_params(l)) {
-        size_t k = 0;
-        while (k < s->param_ids.size() && s->param_ids[k] != id) ++k;
-        if (k == s->param_ids.size()) s->param_ids.push_back(id);
-        idx.push_back(static_cast<int>(k));
-      }
-      s->layer_param_index.push_back(std::move(idx));
-    }
-  }
-  // Priority-aware upload (paper §4.2.2): the weights go up in chunks, chunk j only after the
-  // running stage's j-th input upload, so activation transfers (which gate compute) go first
-  // and the weights fill the windows between them. Chunks are packed longest-processing-time
-  // first; tensors larger than a fair share are split.
-  std::vector<std::vector<TransferPiece>> chunks;
-  if (!dev.keeps_weights_resident()) {
-    std::vector<TensorExtent> extents;
-    for (int id : s->param_ids) {
-      const HostParam& p = s->ctx->store->param(id);
-      extents.push_back({p.name, static_cast<int64_t>(p.master.nbytes())});
-    }
-    chunks = PlanChunks(extents, static_cast<int>(running_inputs.size()), /*split: fair share*/ 0);
-  }
-  auto params_ready = MakeEvent();
-  up.Enqueue({}, [s] {
-    Guarded(*s, "weight upload", [&] {
-      HostModelStore& store = *s->ctx->store;
-      for (int id : s->param_ids) {
-        const at::Tensor& m = store.param(id).master;
-        s->params.push_back(s->dev->keeps_weights_resident() ? s->dev->Upload(m)
-                                                             : s->dev->EmptyOnDevice(m.sizes(), m.scalar_type()));
-      }
-      s->rope = models::MakeRope(*s->ctx->cfg, s->ctx->seq_len, s->device);
-    });
-  });
-  for (size_t w = 0; w < chunks.size(); ++w) {
-    if (w < running_inputs.size()) up.WaitEvent(running_inputs[w]);
-    up.Enqueue(
-        {absl::StrCat(Label(sl, "up ", -1), " c", w), sl.iteration, sl.slot, -1}, [s, pieces = std::move(chunks[w])] {
-          Guarded(*s, "weight upload", [&] {
-            HostModelStore& store = *s->ctx->store;
-            for (const TransferPiece& pc : pieces) {
-              const at::Tensor src = store.param(s->param_ids[static_cast<size_t>(pc.tensor)])
-                                         .master.reshape({-1})
-                                         .view(at::kByte)
-                                         .narrow(0, pc.offset, pc.bytes);
-              const at::Tensor dst =
-                  s->params[static_cast<size_t>(pc.tensor)].view({-1}).view(at::kByte).narrow(0, pc.offset, pc.bytes);
-              s->dev->CopyToDevice(src, dst);
-            }
-          });
-        });
-  }
-  up.Enqueue({}, [s, trains] {
-    Guarded(*s, "weight upload", [&] {
-      HostModelStore& store = *s->ctx->store;
-      for (size_t k = 0; k < s->param_ids.size(); ++k) {
-        if (trains && store.param(s->param_ids[k]).trainable) s->params[k].requires_grad_(true);
-      }
-      s->weights.first_layer = s->task.first_layer;
-      for (const std::vector<int>& idx : s->layer_param_index) {
-        std::vector<at::Tensor> lw;
-        for (int k : idx) lw.push_back(s->params[static_cast<size_t>(k)]);
-        s->weights.layers.push_back(std::move(lw));
-      }
-    });
-  });
-  if (task.book) {
-    // Counted even when the upload failed, so the optimizer never waits forever.
-    auto ev = task.book->Get(sl.iteration);
-    up.Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
-      for (int l = first; l < first + n; ++l) ev->uploads[static_cast<size_t>(l)]->CountDown();
-    });
-  }
-  up.RecordEvent(params_ready);
-  return params_ready;
 }
 
 struct MicrobatchEvents {

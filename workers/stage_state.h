@@ -1,0 +1,76 @@
+// stage_state.h — what a DeviceWorker keeps for one stage slot while it runs, and the steps of
+// its execution that live in files of their own (stage_upload.cc: the weights' upload). Internal
+// to the data plane's device worker (device_worker.cc); nothing else includes it.
+//
+// Contract: a StageState is shared by the closures its worker enqueues on the stage's streams;
+// each field is written by one stream's operations in their order (see device_worker.cc).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "workers/consistency.h"
+#include "workers/device/device.h"
+#include "workers/device/transfer_windows.h"
+#include "workers/run_context.h"
+#include "workers/stage_compute.h"
+#include "workers/stage_task.h"
+
+namespace rp::workers::stage_internal {
+
+// Everything one stage keeps on the device while it runs.
+struct StageState {
+  StageTask task;
+  std::shared_ptr<RunContext> ctx;
+  c10::Device device = c10::Device(c10::kCPU);
+  Device* dev = nullptr;
+  std::vector<int> param_ids;                       // unique parameter indices of the stage
+  std::vector<at::Tensor> params;                   // device copies, aligned with param_ids
+  std::vector<at::Tensor> grads;                    // their gradients once the last micro-batch ran (weights freed)
+  std::vector<std::vector<int>> layer_param_index;  // per layer: indices into params
+  StageWeights weights;
+  models::Rope rope;
+  std::vector<at::Tensor> in, grad_out, labels, positions;  // per micro-batch, on device
+  std::vector<std::vector<std::pair<int, at::Tensor>>> fwd_out;
+  std::vector<at::Tensor> grad_in;
+  std::vector<Recomputed> recomputed;  // backward stages recomputing ahead: the graph awaiting its gradient
+  std::vector<RoutingTape> routing;    // per micro-batch: recorded (forward) or to replay (backward)
+};
+
+// Runs `fn`, turning any exception into the iteration's error; skips the work once the
+// iteration has failed (events are still recorded by the streams, so nobody waits forever).
+template <typename Fn>
+void Guarded(StageState& s, const char* what, Fn&& fn) {
+  if (s.ctx->failed()) return;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    s.ctx->Fail(
+        absl::InternalError(absl::StrCat(what, " of stage slot ", s.task.slot, " (layers ", s.task.first_layer, "..",
+                                         s.task.first_layer + s.task.num_layers - 1, ") failed: ", e.what())));
+  }
+}
+
+// LPT-packed transfer chunks (PlanTransferWindows); should planning ever fail, one chunk of
+// whole tensors, so no tensor is ever left untransferred.
+std::vector<std::vector<TransferPiece>> PlanChunks(const std::vector<TensorExtent>& extents, int windows,
+                                                   int64_t split_threshold_bytes);
+// A timeline label: "<what>F3 mb2" (forward, eval "E", backward "B"; mb < 0: none).
+std::string Label(const StageTask& sl, const char* what, int mb);
+
+// Fused and backward stages form weight gradients; forward and evaluation stages do not.
+inline bool Trains(StageKind k) { return k == StageKind::kFused || k == StageKind::kBackward; }
+
+// Step 1 (param-up stream): the stage's unique parameters to the device, chunk j of the weights
+// after the running stage's j-th input upload; returns the event compute waits on. `owners`:
+// the owner layers of its parameters (async consistency), `older_compute`: the compute this
+// upload may not run ahead of (one stage prefetched).
+EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, const std::vector<int>& owners,
+                             const EventPtr& older_compute, const std::vector<EventPtr>& running_inputs);
+
+}  // namespace rp::workers::stage_internal
