@@ -34,6 +34,7 @@
 #include "server/job_service.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/process/heap_policy.h"
 #include "server/process/thread_stack_floor.h"
 #include "server/rpc_metrics.h"
 
@@ -298,6 +299,7 @@ int ServeUntilStopped(const sigset_t& signals, const v1::DaemonConfig& config, G
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool heap_policy = rp::process::ApplyDaemonHeapPolicy();  // before any thread allocates
   absl::SetProgramUsageMessage(
       "roundpiped: the RoundPipe training daemon.\n"
       "  roundpiped --config /etc/roundpipe/roundpiped.json\n"
@@ -317,6 +319,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(config.log_level()));
   spdlog::set_default_logger(spdlog::default_logger()->clone("roundpiped"));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
+  if (!heap_policy) spdlog::warn("glibc refused the heap thresholds: ended jobs may stay resident (see heap_policy.h)");
 
   const sigset_t signals = BlockStopSignals();  // before any thread starts
 

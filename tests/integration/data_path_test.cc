@@ -228,15 +228,14 @@ TEST_F(DataPathTest, EndedJsonlJobsReleaseTheirTokens) {
     std::this_thread::sleep_for(500ms);
     rss.push_back(ProcStatusField(daemon_.pid(), "VmRSS:"));
   }
-  // Per-job growth, as the median of the seven increments: each job added its dataset (80 MiB
-  // packed) before the fix, +80 to +142 MiB every job; now most jobs add nothing. glibc's arenas
-  // of the tokenizing threads settle in steps of a freed 64 MB vector now and then, more often
-  // under load (measured under ctest -j2: a median of +32 MiB once), which the median and a bound
-  // of 60 % of one dataset absorb.
-  std::vector<int64_t> growth;
-  for (size_t i = 1; i < rss.size(); ++i) growth.push_back(rss[i] - rss[i - 1]);
-  std::sort(growth.begin(), growth.end());
-  EXPECT_LT(growth[growth.size() / 2], 48 * 1024) << "KiB after each job: " << absl::StrJoin(rss, " ");
+  // Each job added its dataset (80 MiB packed) before the first fix, +80 to +142 MiB every job.
+  // After it, glibc still kept up to 63 MiB in each tokenizing thread's arena (its raised trim
+  // threshold never trims a thread heap; CI once failed on it): 448 -> 685 MiB over eight jobs,
+  // flat from the fifth. The daemon fixes the thresholds now (server/process/heap_policy.h):
+  // measured 416 -> 417 MiB. Bound: no point more than half a dataset above the first job.
+  std::cerr << "VmRSS KiB after each job: " << absl::StrJoin(rss, " ") << "\n";
+  const int64_t peak = *std::max_element(rss.begin(), rss.end());
+  EXPECT_LT(peak - rss.front(), 40 * 1024) << "KiB after each job: " << absl::StrJoin(rss, " ");
 }
 
 // 9. A tokenizer.json symlinked out of the allowed roots answered INVALID_ARGUMENT; the docs
