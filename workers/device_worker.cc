@@ -20,7 +20,10 @@ using stage_internal::PlanChunks;
 using stage_internal::StageState;
 using stage_internal::Trains;
 
-bool ReplaysRouting(const StageState& s) { return s.ctx->replay_routing && s.ctx->cfg->num_experts > 0; }
+// Paced workers (paced_device.h) take the profile's time instead of running the math.
+const Pacer* PacerOf(const StageState& s) { return s.dev->pacer(); }
+
+bool ReplaysRouting(const StageState& s) { return s.ctx->replay_routing && s.ctx->cfg->num_experts > 0 && !PacerOf(s); }
 
 // A backward stage's recorded routing of micro-batch m: each sparse block's record Taken from
 // the activation store, its experts uploaded (the counts stay on the host).
@@ -94,7 +97,7 @@ const RoutingTape* ReplayOf(const StageState& s, size_t i) { return ReplaysRouti
 // The router's auxiliary loss: the gradient weights of micro-batch mb once its tally is complete
 // (a backward stage's gradient arrives after B_1 tallied); undefined when the loss is off.
 at::Tensor AuxWeights(const StageState& s, int mb) {
-  if (!s.ctx->router_aux) return at::Tensor();
+  if (!s.ctx->router_aux || PacerOf(s)) return at::Tensor();
   return s.ctx->router_aux->GradWeights(mb, s.device, s.ctx->grad_multiplier);
 }
 
@@ -102,6 +105,7 @@ at::Tensor AuxWeights(const StageState& s, int mb) {
 // soon as its checkpoint is up (the graph is kept in the stage), then its backward once the
 // upstream gradient is.
 void RecomputeMicrobatch(StageState& s, int m) {
+  if (const Pacer* p = PacerOf(s)) return stage_internal::PacedRecomputeMicrobatch(s, m, *p);
   const size_t i = static_cast<size_t>(m);
   s.recomputed[i] =
       RecomputeStage(*s.ctx->cfg, s.weights, LayoutOf(s, i), s.in[i], ReplayOf(s, i), s.ctx->router_aux != nullptr);
@@ -110,6 +114,7 @@ void RecomputeMicrobatch(StageState& s, int m) {
   s.positions[i] = at::Tensor();
 }
 void BackwardMicrobatch(StageState& s, int m) {
+  if (const Pacer* p = PacerOf(s)) return stage_internal::PacedBackwardMicrobatch(s, m, *p);
   const size_t i = static_cast<size_t>(m);
   s.grad_in[i] = BackwardFromRecompute(s.recomputed[i], s.grad_out[i], AuxWeights(s, s.task.first_microbatch + m));
   s.recomputed[i] = Recomputed();
@@ -118,6 +123,7 @@ void BackwardMicrobatch(StageState& s, int m) {
 
 // The stage's math on micro-batch m; its inputs are released after. Compute stream.
 void ComputeMicrobatch(StageState& s, int m) {
+  if (const Pacer* p = PacerOf(s)) return stage_internal::PacedComputeMicrobatch(s, m, *p);
   const StageTask& sl = s.task;
   RunContext& ctx = *s.ctx;
   const size_t i = static_cast<size_t>(m);
@@ -232,6 +238,7 @@ MicrobatchEvents EnqueueMicrobatches(Device& dev, const std::shared_ptr<StageSta
     if (trains && m == mbs - 1) {
       // The weights are done: keep only their gradients until they are downloaded.
       compute.Enqueue({}, [s] {
+        if (PacerOf(*s)) return stage_internal::PacedKeepGradients(*s);
         for (const at::Tensor& p : s->params) s->grads.push_back(p.defined() ? p.grad() : at::Tensor());
         s->params.clear();
         s->weights.layers.clear();

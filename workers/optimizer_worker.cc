@@ -88,7 +88,7 @@ void OptimizerWorker::Process(const StepRequest& r) {
       if (!p.opt_grad.defined()) p.opt_grad = at::zeros_like(p.grad);
       p.opt_grad.copy_(p.grad);
       p.grad.zero_();
-      sq += std::pow(at::norm(p.opt_grad, 2, at::kDouble).item<double>(), 2);
+      if (!store_->pacer()) sq += std::pow(at::norm(p.opt_grad, 2, at::kDouble).item<double>(), 2);
     }
     ev->gcp[static_cast<size_t>(o)]->Set();
   }

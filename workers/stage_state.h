@@ -73,4 +73,15 @@ inline bool Trains(StageKind k) { return k == StageKind::kFused || k == StageKin
 EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, const std::vector<int>& owners,
                              const EventPtr& older_compute, const std::vector<EventPtr>& running_inputs);
 
+// The paced backend's stage math (stage_paced.cc): each takes the Pacer's time for one
+// micro-batch on the compute stream and leaves data-free (meta) results of the shapes the real
+// math gives, so the downloads, the activation store and the gradient download see what they
+// would: a forward stage's checkpoints and output, B_1's and a backward stage's input gradient,
+// a zero loss over the micro-batch's tokens.
+void PacedComputeMicrobatch(StageState& s, int m, const Pacer& pacer);
+void PacedRecomputeMicrobatch(StageState& s, int m, const Pacer& pacer);
+void PacedBackwardMicrobatch(StageState& s, int m, const Pacer& pacer);
+// After the last micro-batch of a training stage: data-free gradients of its trainable weights.
+void PacedKeepGradients(StageState& s);
+
 }  // namespace rp::workers::stage_internal

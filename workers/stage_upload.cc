@@ -70,7 +70,8 @@ EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, 
         s->params.push_back(s->dev->keeps_weights_resident() ? s->dev->Upload(m)
                                                              : s->dev->EmptyOnDevice(m.sizes(), m.scalar_type()));
       }
-      s->rope = models::MakeRope(*s->ctx->cfg, s->ctx->seq_len, s->device);
+      // Paced workers run no math: no rotary tables (their sines cost milliseconds per stage).
+      if (!s->dev->pacer()) s->rope = models::MakeRope(*s->ctx->cfg, s->ctx->seq_len, s->device);
     });
   });
   for (size_t w = 0; w < chunks.size(); ++w) {

@@ -7,7 +7,8 @@
 // failures (the DeviceWorker wraps each one and records the first error in the job's RunContext);
 // an exception that still escapes is caught by the stream, printed, and the stream goes on.
 // Devices are owned by the engine and outlive every task enqueued on them.
-// Backends: CpuDevice (cpu_device.h) and CudaDevice (cuda_device.h). A host Event set by a
+// Backends: CpuDevice (cpu_device.h), CudaDevice (cuda_device.h) and, for benchmarks of the
+// schedule only, PacedDevice (paced_device.h). A host Event set by a
 // stream always means "the work before it has completed" on either backend.
 #pragma once
 
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "workers/device/event.h"
+#include "workers/device/pacer.h"
 #include "workers/device/timeline.h"
 
 namespace rp::workers {
@@ -87,6 +89,9 @@ class Device {
   virtual void CopyToDevice(const at::Tensor& host_bytes, const at::Tensor& device_bytes) = 0;
   // DeviceOptions::keep_weights_resident (benchmarks): weights go through Upload, which caches.
   virtual bool keeps_weights_resident() const { return false; }
+  // The paced backend's clock (paced_device.h): stage compute then takes the profile's time
+  // instead of running the math; null on the backends that compute.
+  virtual const Pacer* pacer() const { return nullptr; }
 
   // Memory figures: device memory of the caching allocator of the worker's GPU (shared by the
   // workers that share one GPU; zeros on the CPU backend) and the pinned host arena (shared by
@@ -130,13 +135,16 @@ struct DeviceOptions {
   bool keep_weights_resident = false;
   // Pinned host memory is obtained in slabs of this size (CUDA).
   int64_t pinned_slab_bytes = int64_t{256} << 20;
+  // The clock of "paced:N" workers (required for them, ignored otherwise).
+  std::shared_ptr<const Pacer> pacer;
 };
 
 // Device specs:
 //   "cpu:N"          N CPU workers;
 //   "cuda"           one worker per visible GPU;
 //   "cuda:0,1,3"     one worker per listed GPU; a GPU listed k times gets k workers that share
-//                    it (tests run N = 1..3 workers on one card this way).
+//                    it (tests run N = 1..3 workers on one card this way);
+//   "paced:N"        N paced workers (benchmarks of the schedule; needs DeviceOptions::pacer).
 // Errors: InvalidArgument for a malformed spec, FailedPrecondition when the CUDA backend is
 // asked for and no GPU (or not the listed one) is visible.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::string& spec, Timeline* timeline,

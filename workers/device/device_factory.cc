@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "workers/device/cpu_device.h"
 #include "workers/device/cuda_device.h"
+#include "workers/device/paced_device.h"
 
 namespace rp::workers {
 
@@ -28,6 +29,18 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const std::st
       return absl::InvalidArgumentError(absl::StrCat("devices '", spec, "': expected cpu:N with 1 <= N <= 64"));
     }
     for (int i = 0; i < n; ++i) out.push_back(std::make_unique<CpuDevice>(i, timeline));
+    return out;
+  }
+  if (spec.rfind("paced:", 0) == 0) {
+    int n = 0;
+    if (!absl::SimpleAtoi(spec.substr(6), &n) || n < 1 || n > 64) {
+      return absl::InvalidArgumentError(absl::StrCat("devices '", spec, "': expected paced:N with 1 <= N <= 64"));
+    }
+    if (!options.pacer) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices '", spec, "': paced workers need a profile to take their times from"));
+    }
+    for (int i = 0; i < n; ++i) out.push_back(std::make_unique<PacedDevice>(i, options.pacer, timeline));
     return out;
   }
   if (spec != "cuda" && spec.rfind("cuda:", 0) != 0) {

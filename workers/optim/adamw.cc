@@ -26,6 +26,7 @@ double LrSchedule::At(double base_lr, int64_t step) const {
 }
 
 double AdamW::GradNorm(const HostModelStore& store) {
+  if (store.pacer()) return 0;  // a data-free store has no gradient values
   double sq = 0;
   for (int i = 0; i < store.num_params(); ++i) {
     const HostParam& p = store.param(i);
@@ -113,6 +114,10 @@ void AdamW::AccountState(size_t i) {
 
 void AdamW::StepParam(HostModelStore& store, int i, const at::Tensor& grad, double lr, double grad_multiplier,
                       bool write_master) {
+  if (const Pacer* pacer = store.pacer()) {  // data-free: the step takes the paced time
+    pacer->Spend(pacer->OptimizerSeconds(static_cast<int64_t>(store.param(i).fp32.nbytes())));
+    return;
+  }
   StepParamUnaccounted(store, i, grad, lr, grad_multiplier, write_master);
   AccountState(static_cast<size_t>(i));
 }

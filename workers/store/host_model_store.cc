@@ -47,7 +47,20 @@ at::Tensor TakeStateView(const HostParam& p, int64_t offset, at::ScalarType dtyp
 
 HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
                                double init_std, FrozenInit frozen, StateReserve reserve)
-    : cfg_(cfg), master_dtype_(master_dtype) {
+    : HostModelStore(cfg, master_dtype, seed, init_std, frozen, reserve, nullptr) {}
+
+std::unique_ptr<HostModelStore> HostModelStore::DataFree(const models::TransformerConfig& cfg,
+                                                         at::ScalarType master_dtype,
+                                                         std::shared_ptr<const Pacer> pacer) {
+  return std::unique_ptr<HostModelStore>(
+      new HostModelStore(cfg, master_dtype, 0, 0.02, FrozenInit::kRandom, {}, std::move(pacer)));
+}
+
+HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
+                               double init_std, FrozenInit frozen, StateReserve reserve,
+                               std::shared_ptr<const Pacer> pacer)
+    : cfg_(cfg), master_dtype_(master_dtype), pacer_(std::move(pacer)) {
+  const at::TensorOptions where = pacer_ ? at::TensorOptions().device(c10::kMeta) : at::TensorOptions();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   layer_params_.resize(static_cast<size_t>(cfg.num_layers()));
   for (int l = 0; l < cfg.num_layers(); ++l) {
@@ -69,7 +82,7 @@ HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarT
     }
     at::Tensor slab;
     if (slab_bytes > 0) {
-      slab = at::empty({slab_bytes}, at::kByte);
+      slab = at::empty({slab_bytes}, where.dtype(at::kByte));
       slabs_.push_back(slab);
     }
     int64_t offset = 0;
@@ -83,8 +96,8 @@ HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarT
         // a deferred one waits for the loader, which brings the master.
         p.trainable = false;
         if (frozen == FrozenInit::kRandom) {
-          at::Tensor value = at::empty(spec.shape, at::kFloat);
-          Initialise(spec, init_std, gen, value);
+          at::Tensor value = at::empty(spec.shape, where.dtype(at::kFloat));
+          if (!pacer_) Initialise(spec, init_std, gen, value);
           p.master = value.to(master_dtype_);
         }
         params_.push_back(std::move(p));
@@ -98,7 +111,7 @@ HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarT
       offset += Aligned(n * 4);
       if (reserve.bytes_per_element > 0) p.state_reserve = slab.narrow(0, offset, n * reserve.bytes_per_element);
       offset += Aligned(n * reserve.bytes_per_element);
-      Initialise(spec, init_std, gen, p.fp32);
+      if (!pacer_) Initialise(spec, init_std, gen, p.fp32);
       // Always a distinct tensor (to() would alias an fp32 master to the optimizer copy).
       p.master = p.fp32.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
       params_.push_back(std::move(p));
@@ -113,7 +126,7 @@ int HostModelStore::FindParam(const std::string& name) const {
 
 void HostModelStore::AccumulateGrad(int i, const at::Tensor& grad) {
   HostParam& p = param(i);
-  if (!p.trainable) return;  // frozen: there is no gradient buffer
+  if (!p.trainable || pacer_) return;  // frozen: there is no gradient buffer; data-free: no data
   at::Tensor g = grad.to(at::kCPU, at::kFloat);
   base::MutexLock lock(p.grad_mu.get());
   p.grad.add_(g);

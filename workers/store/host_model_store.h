@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "workers/base/mutex.h"
+#include "workers/device/pacer.h"
 #include "workers/models/transformer_config.h"
 
 namespace rp::workers {
@@ -74,6 +75,14 @@ class HostModelStore {
   HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
                  double init_std = 0.02, FrozenInit frozen = FrozenInit::kRandom, StateReserve reserve = {});
 
+  // A data-free store for paced benchmarks (device/paced_device.h): every tensor lives on the
+  // meta device (shapes and byte counts, no memory), AccumulateGrad does nothing and the
+  // optimizers take `pacer`'s time instead of stepping. Never for training.
+  static std::unique_ptr<HostModelStore> DataFree(const models::TransformerConfig& cfg, at::ScalarType master_dtype,
+                                                  std::shared_ptr<const Pacer> pacer);
+  // Non-null for a data-free store.
+  const Pacer* pacer() const { return pacer_.get(); }
+
   const models::TransformerConfig& config() const { return cfg_; }
   at::ScalarType master_dtype() const { return master_dtype_; }
   int num_params() const { return static_cast<int>(params_.size()); }
@@ -119,8 +128,12 @@ class HostModelStore {
   int64_t SlabBytes() const;
 
  private:
+  HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed, double init_std,
+                 FrozenInit frozen, StateReserve reserve, std::shared_ptr<const Pacer> pacer);
+
   models::TransformerConfig cfg_;
   at::ScalarType master_dtype_;
+  std::shared_ptr<const Pacer> pacer_;  // data-free store (null: a real one)
   std::vector<HostParam> params_;
   std::vector<std::vector<int>> layer_params_;
   std::map<std::string, int> by_name_;

@@ -74,7 +74,7 @@ TEST_F(HfModels, AnAdapterNamingAnotherBaseModelIsWarnedAbout) {
   ASSERT_TRUE(engine.ok());
   const std::filesystem::path tmp =
       std::filesystem::temp_directory_path() / ("rp_peft_base_" + std::to_string(getpid()));
-  for (const std::string named : {std::string("other-org/Other-7B"), base}) {
+  for (const std::string& named : {std::string("other-org/Other-7B"), base}) {
     std::filesystem::remove_all(tmp);
     std::filesystem::copy(dir_ + "/lora/adapter", tmp, std::filesystem::copy_options::recursive);
     nlohmann::json j = nlohmann::json::parse(std::ifstream(tmp / "adapter_config.json"));

@@ -1,0 +1,72 @@
+// paced_run.h — (runtime) the engine's schedule measured at the paper's scale without a GPU:
+// the real Controller, DispatchPlan, consistency protocol, activation store and optimizer
+// worker on paced workers (workers/device/paced_device.h) and a data-free host store, timed
+// from the engine's own timeline, next to `roundpipe-sim` on the same profile, partition and
+// options. Every figure it gives is a paced figure (real-time equivalents of scaled sleeps).
+//
+// Contract: RunPaced blocks for about iterations x iteration time x time_scale of wall time;
+// thread-safe with respect to other RunPaced calls (each builds its own workers and store).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/planning/cost_model.h"
+#include "scheduler/planning/partition.h"
+#include "scheduler/planning/profile_file.h"
+#include "workers/models/transformer_config.h"
+
+namespace rp::scheduler::runtime {
+
+struct PacedRunOptions {
+  planning::Profile profile;                 // per-layer times (engine order)
+  workers::models::TransformerConfig model;  // shapes: what the copies move
+  planning::Partition partition;
+  int workers = 8;        // N
+  int microbatches = 16;  // M
+  bool async = false;     // optimizer mode
+  bool recompute_ahead = true;
+  // Transfers on: copies take bytes / link_bytes_per_s; off: they are free, like the
+  // simulator without --transfers.
+  bool transfers = false;
+  double link_bytes_per_s = 25e9;
+  int64_t microbatch_rows = 4;
+  int64_t sequence_length = 2048;
+  double time_scale = 0.05;
+  int iterations = 6;  // measured after the first `warmup` iterations
+  int warmup = 2;
+};
+
+// One stage slot's compute as it started, in order of start (the first micro-batch of each slot).
+struct SlotStart {
+  int iteration = 0;
+  int slot = 0;
+  int worker = 0;
+  double start_s = 0;  // real-time equivalent since the first measured iteration's start
+};
+
+struct PacedRunResult {
+  double period_s = 0;  // real-time equivalent per iteration, steady state
+  double bubble = 0;    // 1 - compute busy / (N x window) over the measured iterations
+  double wall_s = 0;    // what the run took
+  std::vector<SlotStart> starts;
+  std::vector<double> iteration_period_s;  // each measured iteration's period (noise)
+};
+
+absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& options);
+
+// The simulator's steady state for the same run: the profile's times, the store's byte counts
+// with transfers on, the same partition, mode and recompute rule.
+struct SimulatedRun {
+  double period_s = 0;
+  double bubble = 0;
+  std::vector<SlotStart> starts;  // one iteration after warm-up, relative to its first start
+};
+absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& options);
+
+// Profile times plus the model's byte counts (what both sides see).
+absl::StatusOr<planning::CostModel> PacedCosts(const PacedRunOptions& options);
+
+}  // namespace rp::scheduler::runtime

@@ -1,0 +1,139 @@
+// paced_bench — the engine's schedule at the paper's scale, without a GPU: the real controller
+// on 8 paced workers (workers/device/paced_device.h) and a data-free store, on the authors'
+// per-layer figures (tests/bench/profiles), next to roundpipe-sim on the same partition. Every
+// figure is a paced figure: real-time equivalents of sleeps scaled by --time_scale.
+//   build/tests/bench/paced_bench [--models qwen3-1.7b,...] [--time_scale 0.05] [--repeats 3]
+//       [--iterations 4] [--modes sync,async] [--transfers off,on] [--link_gbps 25]
+// Prints per model, mode and transfer setting: the partition (the simulator's choice), the
+// simulated and the engine's iteration time and bubble (the engine's: the median of the repeats,
+// with its spread), and their ratio.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "scheduler/planning/comparison.h"
+#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/partition.h"
+#include "scheduler/planning/profile_file.h"
+#include "scheduler/runtime/model_config_adapter.h"
+#include "scheduler/runtime/paced_run.h"
+
+ABSL_FLAG(std::string, models, "qwen3-1.7b,llama-3.1-8b,gpt-oss-20b,qwen3-32b,qwen3-235b-a22b",
+          "Paper model presets; each needs tests/bench/profiles/<name>.json");
+ABSL_FLAG(std::string, profiles_dir, RP_SOURCE_DIR "/tests/bench/profiles", "Where the profiles are");
+ABSL_FLAG(double, time_scale, 0.05, "Wall seconds per real second");
+ABSL_FLAG(int, repeats, 3, "Engine runs per row (median reported)");
+ABSL_FLAG(int, iterations, 4, "Measured iterations per run (after 2 of warm-up)");
+ABSL_FLAG(std::string, modes, "sync,async", "Optimizer modes");
+ABSL_FLAG(std::string, transfers, "off,on", "Transfer settings");
+ABSL_FLAG(double, link_gbps, 25, "Host link bandwidth per worker, GB/s (with transfers on)");
+ABSL_FLAG(int, workers, 8, "N");
+ABSL_FLAG(int, microbatches, 16, "M");
+
+namespace {
+
+using rp::scheduler::runtime::PacedRunOptions;
+
+std::string Read(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // The host work of a paced run is small; LibTorch's spinning intra-op threads would only take
+  // the cores from the 40 stream threads whose wake-ups make the schedule.
+  at::set_num_threads(1);
+  std::printf("paced engine vs roundpipe-sim, N=%d M=%d, time scale %.3g (all figures paced, real-time equivalents)\n",
+              absl::GetFlag(FLAGS_workers), absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_time_scale));
+  std::printf("%-16s %-5s %-4s %-28s %10s %10s %8s %8s %8s %7s %7s\n", "model", "mode", "xfer", "partition", "sim ms",
+              "engine ms", "spread", "ratio", "sim bub", "eng bub", "wall s");
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
+    const std::string model(name);
+    auto profile = rp::planning::ParseProfile(Read(absl::GetFlag(FLAGS_profiles_dir) + "/" + model + ".json"));
+    auto preset = rp::planning::ModelPreset(model);
+    if (!profile.ok() || !preset.ok()) {
+      std::fprintf(stderr, "%s: %s %s\n", model.c_str(), std::string(profile.status().message()).c_str(),
+                   std::string(preset.status().message()).c_str());
+      return 1;
+    }
+    auto cfg = rp::scheduler::runtime::ToTransformerConfig(*preset);
+    if (!cfg.ok()) {
+      std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(cfg.status().message()).c_str());
+      return 1;
+    }
+    for (absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
+      for (absl::string_view xfer : absl::StrSplit(absl::GetFlag(FLAGS_transfers), ',')) {
+        PacedRunOptions o;
+        o.profile = *profile;
+        o.model = *cfg;
+        o.workers = absl::GetFlag(FLAGS_workers);
+        o.microbatches = absl::GetFlag(FLAGS_microbatches);
+        o.async = mode == "async";
+        o.transfers = xfer == "on";
+        o.link_bytes_per_s = absl::GetFlag(FLAGS_link_gbps) * 1e9;
+        o.time_scale = absl::GetFlag(FLAGS_time_scale);
+        o.iterations = absl::GetFlag(FLAGS_iterations);
+        // The partition the simulator picks for this mode (its candidates simulated).
+        auto costs = rp::scheduler::runtime::PacedCosts(o);
+        if (!costs.ok()) {
+          std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(costs.status().message()).c_str());
+          return 1;
+        }
+        rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches, 0};
+        rp::planning::SimulatedChoice choice;
+        choice.mode = o.async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
+        auto part = rp::planning::SimulatedBestPartition(problem, choice);
+        if (!part.ok()) {
+          std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(part.status().message()).c_str());
+          return 1;
+        }
+        o.partition = part->partition;
+        auto sim = rp::scheduler::runtime::SimulatePaced(o);
+        if (!sim.ok()) {
+          std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(sim.status().message()).c_str());
+          return 1;
+        }
+        std::vector<double> periods, bubbles;
+        double wall = 0;
+        for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
+          auto run = rp::scheduler::runtime::RunPaced(o);
+          if (!run.ok()) {
+            std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(run.status().message()).c_str());
+            return 1;
+          }
+          periods.push_back(run->period_s);
+          bubbles.push_back(run->bubble);
+          wall += run->wall_s;
+        }
+        const double med = Median(periods);
+        const double spread =
+            (*std::max_element(periods.begin(), periods.end()) - *std::min_element(periods.begin(), periods.end())) /
+            med;
+        std::printf("%-16s %-5s %-4s %-28s %10.1f %10.1f %7.1f%% %8.3f %7.2f%% %6.2f%% %7.1f\n", model.c_str(),
+                    std::string(mode).c_str(), std::string(xfer).c_str(), o.partition.ToString().substr(0, 28).c_str(),
+                    sim->period_s * 1e3, med * 1e3, 100 * spread, med / sim->period_s, 100 * sim->bubble,
+                    100 * Median(bubbles), wall);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
