@@ -2,7 +2,7 @@
 // on 8 paced workers (workers/device/paced_device.h) and a data-free store, on the authors'
 // per-layer figures (tests/bench/profiles), next to roundpipe-sim on the same partition. Every
 // figure is a paced figure: real-time equivalents of sleeps scaled by --time_scale.
-//   build/tests/bench/paced_bench [--models qwen3-1.7b,...] [--time_scale 0.05] [--repeats 3]
+//   build/tests/bench/paced_bench [--models qwen3-1.7b,...] [--time_scale 0 (auto)] [--repeats 3]
 //       [--iterations 4] [--modes sync,async] [--transfers off,on] [--link_gbps 25]
 // Prints per model, mode and transfer setting: the partition (the simulator's choice), the
 // simulated and the engine's iteration time and bubble (the engine's: the median of the repeats,
@@ -29,7 +29,9 @@
 ABSL_FLAG(std::string, models, "qwen3-1.7b,llama-3.1-8b,gpt-oss-20b,qwen3-32b,qwen3-235b-a22b",
           "Paper model presets; each needs tests/bench/profiles/<name>.json");
 ABSL_FLAG(std::string, profiles_dir, RP_SOURCE_DIR "/tests/bench/profiles", "Where the profiles are");
-ABSL_FLAG(double, time_scale, 0.05, "Wall seconds per real second");
+ABSL_FLAG(double, time_scale, 0,
+          "Wall seconds per real second; 0 = per row, about 1.5 s of wall time per simulated iteration "
+          "(within [0.05, 0.5]): host work between operations is not scaled, so a small scale magnifies it");
 ABSL_FLAG(int, repeats, 3, "Engine runs per row (median reported)");
 ABSL_FLAG(int, iterations, 4, "Measured iterations per run (after 2 of warm-up)");
 ABSL_FLAG(std::string, modes, "sync,async", "Optimizer modes");
@@ -61,10 +63,10 @@ int main(int argc, char** argv) {
   // The host work of a paced run is small; LibTorch's spinning intra-op threads would only take
   // the cores from the 40 stream threads whose wake-ups make the schedule.
   at::set_num_threads(1);
-  std::printf("paced engine vs roundpipe-sim, N=%d M=%d, time scale %.3g (all figures paced, real-time equivalents)\n",
-              absl::GetFlag(FLAGS_workers), absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_time_scale));
-  std::printf("%-16s %-5s %-4s %-28s %10s %10s %8s %8s %8s %7s %7s\n", "model", "mode", "xfer", "partition", "sim ms",
-              "engine ms", "spread", "ratio", "sim bub", "eng bub", "wall s");
+  std::printf("paced engine vs roundpipe-sim, N=%d M=%d (all figures paced: real-time equivalents of scaled sleeps)\n",
+              absl::GetFlag(FLAGS_workers), absl::GetFlag(FLAGS_microbatches));
+  std::printf("%-16s %-5s %-4s %-28s %6s %10s %10s %8s %8s %8s %7s %7s\n", "model", "mode", "xfer", "partition",
+              "scale", "sim ms", "engine ms", "spread", "ratio", "sim bub", "eng bub", "wall s");
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
     const std::string model(name);
     auto profile = rp::planning::ParseProfile(Read(absl::GetFlag(FLAGS_profiles_dir) + "/" + model + ".json"));
@@ -89,7 +91,8 @@ int main(int argc, char** argv) {
         o.async = mode == "async";
         o.transfers = xfer == "on";
         o.link_bytes_per_s = absl::GetFlag(FLAGS_link_gbps) * 1e9;
-        o.time_scale = absl::GetFlag(FLAGS_time_scale);
+        const double flag_scale = absl::GetFlag(FLAGS_time_scale);
+        o.time_scale = flag_scale > 0 ? flag_scale : 0.2;  // auto: chosen below from the simulated period
         o.iterations = absl::GetFlag(FLAGS_iterations);
         // The partition the simulator picks for this mode (its candidates simulated).
         auto costs = rp::scheduler::runtime::PacedCosts(o);
@@ -107,6 +110,7 @@ int main(int argc, char** argv) {
         }
         o.partition = part->partition;
         auto sim = rp::scheduler::runtime::SimulatePaced(o);
+        if (sim.ok() && flag_scale <= 0) o.time_scale = std::clamp(1.5 / sim->period_s, 0.05, 0.5);
         if (!sim.ok()) {
           std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(sim.status().message()).c_str());
           return 1;
@@ -127,9 +131,9 @@ int main(int argc, char** argv) {
         const double spread =
             (*std::max_element(periods.begin(), periods.end()) - *std::min_element(periods.begin(), periods.end())) /
             med;
-        std::printf("%-16s %-5s %-4s %-28s %10.1f %10.1f %7.1f%% %8.3f %7.2f%% %6.2f%% %7.1f\n", model.c_str(),
+        std::printf("%-16s %-5s %-4s %-28s %6.3f %10.1f %10.1f %7.1f%% %8.3f %7.2f%% %6.2f%% %7.1f\n", model.c_str(),
                     std::string(mode).c_str(), std::string(xfer).c_str(), o.partition.ToString().substr(0, 28).c_str(),
-                    sim->period_s * 1e3, med * 1e3, 100 * spread, med / sim->period_s, 100 * sim->bubble,
+                    o.time_scale, sim->period_s * 1e3, med * 1e3, 100 * spread, med / sim->period_s, 100 * sim->bubble,
                     100 * Median(bubbles), wall);
         std::fflush(stdout);
       }
