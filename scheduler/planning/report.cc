@@ -118,6 +118,10 @@ std::string ChromeTrace(const SimSchedule& s, const SimResult& r) {
         name = absl::StrCat("upload s", task.stage);
         cat = "transfer";
         break;
+      case TaskPhase::kGradDownload:
+        name = absl::StrCat("grads s", task.stage);
+        cat = "transfer";
+        break;
     }
     events.push_back({{"name", name},
                       {"cat", cat},

@@ -44,12 +44,15 @@ double ActivationLatency(const CostModel& costs, const SimOptions& o) {
          o.host_link_bandwidth;
 }
 
-void NameResources(SimSchedule& s, bool links) {
+void NameResources(SimSchedule& s, bool links, bool grad_links = false) {
   s.resource_names.clear();
   for (int w = 0; w < s.num_workers; ++w) s.resource_names.push_back(absl::StrCat("gpu", w));
   s.resource_names.push_back("optimizer");
   if (links) {
     for (int w = 0; w < s.num_workers; ++w) s.resource_names.push_back(absl::StrCat("gpu", w, "-param-up"));
+  }
+  if (links && grad_links) {
+    for (int w = 0; w < s.num_workers; ++w) s.resource_names.push_back(absl::StrCat("gpu", w, "-grad-down"));
   }
   s.num_resources = static_cast<int>(s.resource_names.size());
   s.order.resize(static_cast<size_t>(s.num_resources));
@@ -89,6 +92,7 @@ class RoundPipeLayout {
         act_latency_(ActivationLatency(costs, o)),
         first_task_(plan.slots.size(), -1),
         upload_task_(plan.slots.size(), -1),
+        grads_done_(plan.slots.size(), -1),
         last_slot_on_worker_(static_cast<size_t>(N_), -1),
         sync_opt_(static_cast<size_t>(K_), -1),
         opt_task_(async_ ? static_cast<size_t>(K_) * static_cast<size_t>(L_) : 0, -1) {
@@ -96,7 +100,7 @@ class RoundPipeLayout {
     s_.balance_all_phases_together = true;
     s_.num_workers = N_;
     s_.iterations = K_;
-    NameResources(s_, o.transfers);
+    NameResources(s_, o.transfers, /*grad_links=*/true);
   }
 
   SimSchedule Build() && {
@@ -110,6 +114,7 @@ class RoundPipeLayout {
       std::vector<TaskDep> weight_deps = WeightDeps(sl);
       if (o_.transfers) weight_deps = {{AddUpload(i, weight_deps)}};
       AddMicrobatches(i, weight_deps);
+      if (o_.transfers) AddGradDownload(i);
       last_slot_on_worker_[static_cast<size_t>(sl.worker)] = static_cast<int>(i);
     }
     while (built_iterations < K_) AddOptimizerTasks(built_iterations++);
@@ -154,6 +159,33 @@ class RoundPipeLayout {
     return upload_task_[i];
   }
 
+  // A training slot's weight gradients to the host on its worker's download link, after its last
+  // micro-batch (the engine downloads them whole once the weights are done); the optimizer needs
+  // them. Chunks interleaved with the next slot's activation downloads are not modelled.
+  void AddGradDownload(size_t i) {
+    const StageSlot& sl = plan_.slots[i];
+    if (sl.kind == SlotKind::kForward) return;
+    SimTask down;
+    down.resource = 2 * N_ + 1 + sl.worker;
+    int64_t bytes = 0;
+    for (int l = sl.first_layer; l < sl.first_layer + sl.num_layers; ++l) {
+      bytes += costs_.layers[static_cast<size_t>(l)].trainable_bytes;
+    }
+    down.duration_s = static_cast<double>(bytes) / o_.host_link_bandwidth;
+    down.phase = TaskPhase::kGradDownload;
+    down.iteration = sl.iteration;
+    down.stage = sl.slot_in_round;
+    down.microbatch = -1;
+    down.deps = {{first_task_[i] + sl.num_microbatches - 1}};
+    grads_done_[i] = s_.Add(std::move(down));
+  }
+
+  // The task after which slot i's gradients are on the host: its download, or (no transfers)
+  // its last micro-batch.
+  int GradsDone(size_t i) const {
+    return grads_done_[i] >= 0 ? grads_done_[i] : first_task_[i] + plan_.slots[i].num_microbatches - 1;
+  }
+
   // The slot's micro-batches as consecutive task ids; each waits for the same micro-batch of the
   // slots it depends on (plus the activation's round trip through host memory).
   void AddMicrobatches(size_t i, const std::vector<TaskDep>& weight_deps) {
@@ -191,6 +223,7 @@ class RoundPipeLayout {
         const StageSlot& sl = plan_.slots[i];
         if (sl.iteration != k) continue;
         for (int m = 0; m < sl.num_microbatches; ++m) t.deps.push_back({first_task_[i] + m});
+        if (sl.kind != SlotKind::kForward) t.deps.push_back({GradsDone(i)});
       }
       sync_opt_[static_cast<size_t>(k)] = s_.Add(std::move(t));
       return;
@@ -203,7 +236,7 @@ class RoundPipeLayout {
         if (!covers) continue;
         if (sl.iteration == k && sl.kind != SlotKind::kForward) {
           // Constraint 3: every gradient micro-batch of layer l has been downloaded.
-          t.deps.push_back({first_task_[i] + sl.num_microbatches - 1});
+          t.deps.push_back({GradsDone(i)});
         }
         if (sl.iteration == k + 1) {
           // Constraint 1: P_cp overwrites the master copy only after iteration k+1 uploaded it.
@@ -224,6 +257,7 @@ class RoundPipeLayout {
   SimSchedule s_;
   std::vector<int> first_task_;   // per slot: the task id of its first micro-batch
   std::vector<int> upload_task_;  // per slot: its upload task (transfers only)
+  std::vector<int> grads_done_;   // per slot: its gradient download task (transfers, training slots)
   std::vector<int> last_slot_on_worker_;
   std::vector<int> sync_opt_;  // sync: per iteration
   std::vector<int> opt_task_;  // async: [k * L + l]

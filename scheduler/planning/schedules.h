@@ -3,7 +3,7 @@
 //
 // Contract: pure functions; safe from any thread.
 // Resources: 0..N-1 GPU workers, N = the CPU optimizer worker, N+1+w = worker w's
-// parameter-upload link (only with transfers on).
+// parameter-upload link, 2N+1+w its gradient-download link (RoundPipe; only with transfers on).
 #pragma once
 
 #include <string>
@@ -21,7 +21,8 @@ struct SimOptions {
   double optimizer_s_per_layer = 0;
   // Model transfers: activation/gradient edges cost 2 x boundary bytes / link bandwidth
   // (device -> host -> device); RoundPipe slots also upload their weights on a per-worker link,
-  // prefetched one stage ahead. Gradient downloads are not modelled.
+  // prefetched one stage ahead, and training slots download their weight gradients on a second
+  // per-worker link after their last micro-batch (the optimizer waits for them).
   bool transfers = false;
   double host_link_bandwidth = 0;  // bytes/s, required with transfers
   // A measured activation hop (one micro-batch's boundary activation device -> host -> device,

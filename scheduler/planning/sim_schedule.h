@@ -11,7 +11,7 @@
 
 namespace rp::planning {
 
-enum class TaskPhase { kForward, kFused, kBackward, kOptimizer, kParamUpload };
+enum class TaskPhase { kForward, kFused, kBackward, kOptimizer, kParamUpload, kGradDownload };
 
 struct TaskDep {
   int task;
