@@ -19,6 +19,11 @@
 namespace rp::scheduler::runtime {
 namespace {
 
+// How much of [a0, a1] lies in [b0, b1].
+double Overlap(double a0, double a1, double b0, double b1) {
+  return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
+}
+
 constexpr double kFreeLinkBytesPerS = 1e18;  // transfers off: a copy takes no time
 
 std::shared_ptr<const workers::Pacer> MakePacer(const PacedRunOptions& o, absl::Status* error) {
@@ -32,11 +37,6 @@ std::shared_ptr<const workers::Pacer> MakePacer(const PacedRunOptions& o, absl::
     return nullptr;
   }
   return std::shared_ptr<const workers::Pacer>(std::move(*p));
-}
-
-// A span of time over which busy intervals are summed.
-double Overlap(double a0, double a1, double b0, double b1) {
-  return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
 }
 
 absl::Status CheckOptions(const PacedRunOptions& o) {
@@ -88,7 +88,7 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
   if (!controller.ok()) return controller.status();
   Controller& c = **controller;
   const at::Tensor tokens = at::zeros({o.microbatches * o.microbatch_rows, o.sequence_length}, at::kLong);
-  const int total = o.warmup + o.iterations;
+  const int total = o.warmup + o.iterations + 1;  // + a trailing iteration (see the bubble)
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int> ids;
   for (int k = 0; k < total; ++k) {
@@ -121,7 +121,7 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
     auto [it, fresh] = iteration_start.try_emplace(e.iteration, e.start_s);
     if (!fresh) it->second = std::min(it->second, e.start_s);
   }
-  const int w_last = first_iteration + o.warmup - 1, last = first_iteration + total - 1;
+  const int w_last = first_iteration + o.warmup - 1, last = w_last + o.iterations;
   if (!iteration_end.count(w_last) || !iteration_end.count(last)) {
     return absl::InternalError("paced run: the timeline lost iterations (too many entries?)");
   }
@@ -140,6 +140,8 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
     auto [it, fresh] = first_of_slot.try_emplace(key, e);
     if (!fresh && e.start_s < it->second.start_s) it->second = e;
   }
+  // Busy time inside the window; a trailing iteration after the last measured one fills the
+  // last one's drain, as the next iteration does in steady state.
   r.bubble = 1 - busy / (o.workers * (win1 - win0));
   const double origin = iteration_start[w_last + 1];
   for (const auto& [key, e] : first_of_slot) {
@@ -156,7 +158,7 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
 absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& o) {
   auto costs = PacedCosts(o);
   if (!costs.ok()) return costs.status();
-  const int total = o.warmup + o.iterations;
+  const int total = o.warmup + o.iterations + 1;  // + a trailing iteration, as RunPaced
   planning::DispatchOptions d;
   d.num_workers = o.workers;
   d.microbatches_per_iteration = o.microbatches;
@@ -174,7 +176,7 @@ absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& o) {
   if (!sim.ok()) return sim.status();
   const auto& end = sim->iteration_end;
   if (static_cast<int>(end.size()) < total) return absl::InternalError("simulator: missing iterations");
-  const double win0 = end[static_cast<size_t>(o.warmup - 1)], win1 = end[static_cast<size_t>(total - 1)];
+  const double win0 = end[static_cast<size_t>(o.warmup - 1)], win1 = end[static_cast<size_t>(total - 2)];
   SimulatedRun r;
   r.period_s = (win1 - win0) / o.iterations;
   double busy = 0;

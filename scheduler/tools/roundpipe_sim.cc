@@ -56,6 +56,11 @@ ABSL_FLAG(std::string, profile, "",
           "fused times, bytes, the activation hop) to simulate instead of the analytic model; what a job's "
           "auto-partitioned run writes as <output_dir>/profile.json. --model is then ignored; --device still "
           "gives the host link bandwidth for weight uploads with --transfers");
+ABSL_FLAG(bool, bytes_from_model, false,
+          "With --profile: take every layer's byte counts (parameters, gradients, activations per token, work "
+          "buffers) and the boundary activation from --model's analytic model at --micro_batch_size x --seq, "
+          "keeping the profile's times, so the per-stage memory cap applies to a profile that has no bytes "
+          "(the authors' figures in tests/bench/profiles)");
 ABSL_FLAG(std::string, baseline_partition, "",
           "Decoder blocks per stage for the baselines, Megatron-style (e.g. 0,2,2,...,2,0: the first stage also "
           "holds the embedding, the last the head). Used by the baselines whose stage count it matches: GPipe "
@@ -87,6 +92,25 @@ ABSL_FLAG(bool, paper, false,
 
 namespace rp::planning {
 namespace {
+
+// The profile's layers get `from`'s byte counts (same layer count), times untouched.
+absl::Status TakeBytes(const CostModel& from, CostModel* costs) {
+  if (from.num_layers() != costs->num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("--bytes_from_model: the model has ", from.num_layers(),
+                                                   " layers, the profile ", costs->num_layers()));
+  }
+  for (size_t l = 0; l < costs->layers.size(); ++l) {
+    LayerCost& c = costs->layers[l];
+    const LayerCost& b = from.layers[l];
+    c.param_bytes = b.param_bytes;
+    c.trainable_bytes = b.trainable_bytes;
+    c.act_bytes_per_token = b.act_bytes_per_token;
+    c.fixed_work_bytes = b.fixed_work_bytes;
+  }
+  costs->tokens_per_microbatch = from.tokens_per_microbatch;
+  costs->boundary_bytes_per_token = from.boundary_bytes_per_token;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<int>> ParseInts(absl::string_view s) {
   std::vector<int> out;
@@ -274,6 +298,14 @@ int Main() {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--profile '", file, "': ", prof.status().message())));
     costs = prof->costs;
     model_name = absl::StrCat("profile '", file, "'", prof->name.empty() ? "" : " (" + prof->name + ")");
+    if (absl::GetFlag(FLAGS_bytes_from_model)) {
+      auto model = ModelPreset(absl::GetFlag(FLAGS_model));
+      if (!model.ok()) return Fail(model.status());
+      auto bytes = AnalyticCostModel(*model, setup->device, setup->analytic);
+      if (!bytes.ok()) return Fail(bytes.status());
+      if (absl::Status st = TakeBytes(*bytes, &*costs); !st.ok()) return Fail(st);
+      absl::StrAppend(&model_name, ", bytes from ", model->name);
+    }
     setup->options.sim.activation_hop_s = prof->activation_hop_s;
   } else {
     auto model = ModelPreset(absl::GetFlag(FLAGS_model));
