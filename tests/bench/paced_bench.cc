@@ -3,7 +3,7 @@
 // per-layer figures (tests/bench/profiles), next to roundpipe-sim on the same partition. Every
 // figure is a paced figure: real-time equivalents of sleeps scaled by --time_scale.
 //   build/tests/bench/paced_bench [--models qwen3-1.7b,...] [--time_scale 0 (auto)] [--repeats 3]
-//       [--iterations 4] [--modes sync,async] [--transfers off,on] [--link_gbps 25]
+//       [--iterations 4] [--modes sync,async] [--transfers off,on] [--link_gbps 25] [--stage_cap_gib 11]
 // Prints per model, mode and transfer setting: the partition (the simulator's choice), the
 // simulated and the engine's iteration time and bubble (the engine's: the median of the repeats,
 // with its spread), and their ratio.
@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, modes, "sync,async", "Optimizer modes");
 ABSL_FLAG(std::string, transfers, "off,on", "Transfer settings");
 ABSL_FLAG(double, link_gbps, 25, "Host link bandwidth per worker, GB/s (with transfers on)");
 ABSL_FLAG(int, workers, 8, "N");
+ABSL_FLAG(double, stage_cap_gib, 0,
+          "Per-stage device memory cap for the partition choice, GiB (11 = an RTX 4090's 24 GB: one stage runs "
+          "while the next is prefetched); 0 = none");
 ABSL_FLAG(int, microbatches, 16, "M");
 
 namespace {
@@ -100,7 +103,8 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(costs.status().message()).c_str());
           return 1;
         }
-        rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches, 0};
+        rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches,
+                                               static_cast<int64_t>(absl::GetFlag(FLAGS_stage_cap_gib) * (1 << 30))};
         rp::planning::SimulatedChoice choice;
         choice.mode = o.async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
         auto part = rp::planning::SimulatedBestPartition(problem, choice);
