@@ -126,7 +126,7 @@ int64_t HostStateBytes(const ModelConfig& m, const HostStateOptions& o);
 
 struct DeviceProfile {
   std::string name;
-  double peak_matmul_flops = 0;    // dense bf16/fp16 tensor-core FLOP/s (fp32 accumulate)
+  double peak_matmul_flops = 0;    // dense bf16/fp16 tensor-core FLOP/s (datasheet peak)
   double memory_bandwidth = 0;     // device memory bytes/s
   double host_link_bandwidth = 0;  // host<->device bytes/s per direction (PCIe)
   int64_t memory_bytes = 0;        // device memory capacity

@@ -151,6 +151,10 @@ class Controller {
   const planning::Partition& partition() const { return opt_.partition; }
   // Automatic partitioning: the smoothed measured per-layer costs, once complete.
   std::optional<planning::CostModel> measured_costs() const { return measured_; }
+  // One micro-batch's stage-boundary activation device -> host -> device, measured in the
+  // profiling iterations: twice the median download of a forward slot's output (the upload of
+  // an input may include waiting for its producer, so it is not timed). < 0: not measured.
+  double measured_activation_hop_s() const { return measured_hop_s_; }
   // The micro-batch shape and worker count they were measured with.
   int64_t measured_microbatch_rows() const { return last_microbatch_rows_; }
   int64_t measured_sequence_length() const { return last_seq_len_; }
@@ -213,6 +217,8 @@ class Controller {
   std::string plan_problem_;                             // why the latest automatic planning failed
   std::optional<planning::PartitionResult> planned_;
   std::optional<planning::CostModel> measured_;
+  std::vector<double> hop_samples_;  // forward slots' output downloads in the profiling iterations
+  double measured_hop_s_ = -1;
   std::map<int, InFlight> inflight_;
   std::unique_ptr<workers::ConsistencyBook> book_;       // async only
   std::unique_ptr<workers::OptimizerWorker> optimizer_;  // async only

@@ -1,7 +1,10 @@
 // Controller: the partition in use (the activation consumers and transfer counts it implies) and
 // the automatic partition planned from the profiling iterations' measured times.
+#include <algorithm>
 #include <map>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/comparison.h"
 #include "scheduler/planning/partition.h"
@@ -51,10 +54,12 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
   // operations (recompute, then backward), which together are its recompute+backward time.
   std::map<std::pair<int, int>, double> compute_s;
   for (const workers::TimelineEntry& e : timeline_->EntriesEndingSince(f.timeline_start)) {
-    if (e.iteration != iteration || e.stream != "compute" || e.slot < 0 || e.slot >= static_cast<int>(f.slots.size())) {
-      continue;
+    if (e.iteration != iteration || e.slot < 0 || e.slot >= static_cast<int>(f.slots.size())) continue;
+    if (e.stream == "act-down" && f.slots[static_cast<size_t>(e.slot)].kind == SlotKind::kForward &&
+        absl::StartsWith(e.label, "out ")) {
+      hop_samples_.push_back(e.end_s - e.start_s);
     }
-    compute_s[{e.slot, e.microbatch}] += e.end_s - e.start_s;
+    if (e.stream == "compute") compute_s[{e.slot, e.microbatch}] += e.end_s - e.start_s;
   }
   for (const auto& [key, seconds] : compute_s) {
     const planning::StageSlot& sl = f.slots[static_cast<size_t>(key.first)];
@@ -70,6 +75,11 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
       runtime::ProfileBaseCosts(*store_, last_microbatch_rows_, last_seq_len_, opt_.head_chunk_tokens);
   planning::CostModel measured = profile_->Apply(base);
   measured_ = measured;
+  if (!hop_samples_.empty()) {
+    std::vector<double> hops = hop_samples_;
+    std::nth_element(hops.begin(), hops.begin() + static_cast<std::ptrdiff_t>(hops.size() / 2), hops.end());
+    measured_hop_s_ = 2 * hops[hops.size() / 2];
+  }
   planning::PartitionProblem problem{&measured, static_cast<int>(workers_.size()), opt_.microbatches,
                                      opt_.stage_memory_cap};
   problem.min_stages = opt_.min_stages;

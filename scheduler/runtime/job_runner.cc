@@ -175,6 +175,7 @@ void JobRunner::MaybeWriteProfile() {
   profile_done_ = true;
   planning::Profile p;
   p.costs = *c_.measured_costs();
+  p.activation_hop_s = c_.measured_activation_hop_s();
   p.name = absl::StrCat("job ", job_.id, ": ", job_.model.num_blocks, " blocks, hidden ", job_.model.hidden, ", ",
                         c_.measured_microbatch_rows(), " x ", c_.measured_sequence_length(),
                         " tokens per micro-batch, measured on ", c_.num_workers(), " worker(s)");
