@@ -133,7 +133,13 @@ absl::Status ValidateConfig(const roundpipe::v1::DaemonConfig& c) {
   if (lv != "trace" && lv != "debug" && lv != "info" && lv != "warn" && lv != "error") {
     problems.push_back(absl::StrCat("log_level '", lv, "': expected trace, debug, info, warn or error"));
   }
-  if (c.devices() != "auto" && !absl::StartsWith(c.devices(), "cpu:") && !absl::StartsWith(c.devices(), "cuda")) {
+  if (absl::StartsWith(c.devices(), "paced:")) {
+    // The paced backend moves no data and trains nothing: its figures are schedule timings.
+    problems.push_back(absl::StrCat("devices '", c.devices(),
+                                    "': paced workers are a benchmark backend (no data, no training), never a "
+                                    "daemon's; run tests/bench/paced_bench (docs/ENGINE.md) to time schedules"));
+  } else if (c.devices() != "auto" && !absl::StartsWith(c.devices(), "cpu:") &&
+             !absl::StartsWith(c.devices(), "cuda")) {
     problems.push_back(absl::StrCat("devices '", c.devices(), "': expected auto, cpu:N or cuda[:i,j,...]"));
   }
   if (problems.empty()) return absl::OkStatus();

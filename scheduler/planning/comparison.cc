@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +39,7 @@ absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const Compari
   pr.t_max_window = o.t_max_window;
   SimulatedChoice choice;
   choice.microbatches_per_round = o.microbatches_per_round;
+  choice.choose_round_size = o.choose_round_size && o.partition_by_simulation;
   choice.mode = mode;
   choice.sim = WithOptimizer(o.sim, false);
   absl::StatusOr<PartitionResult> part = o.user_partition            ? EvaluatePartition(pr, *o.user_partition)
@@ -45,11 +48,13 @@ absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const Compari
                                                                      : AutoPartition(pr);
   if (!part.ok()) return part.status();
   const Partition partition = part->partition;
-  ScheduleBuilder build = [&costs, &o, mode, partition](int iterations, bool with_opt) -> absl::StatusOr<SimSchedule> {
+  const int round = choice.choose_round_size ? part->microbatches_per_round : o.microbatches_per_round;
+  ScheduleBuilder build = [&costs, &o, mode, partition, round](int iterations,
+                                                               bool with_opt) -> absl::StatusOr<SimSchedule> {
     DispatchOptions d;
     d.num_workers = o.num_workers;
     d.microbatches_per_iteration = o.num_microbatches;
-    d.microbatches_per_round = o.microbatches_per_round;
+    d.microbatches_per_round = round;
     d.iterations = iterations;
     d.mode = mode;
     auto plan = BuildDispatchPlan(partition, costs.num_layers(), d);
@@ -60,9 +65,9 @@ absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const Compari
   row.schedule = absl::StrCat("RoundPipe-", OptimizerModeName(mode));
   row.stages = partition.num_stages();
   row.partition = partition.ToString();
+  if (choice.choose_round_size) row.partition += absl::StrCat(" M_R=", round > 0 ? round : o.num_microbatches);
   row.t_max_s = part->t_max;
-  const int k =
-      SteadyStateIterations(partition, o.num_workers, o.num_microbatches, o.microbatches_per_round, o.iterations);
+  const int k = SteadyStateIterations(partition, o.num_workers, o.num_microbatches, round, o.iterations);
   return Finish(std::move(row), build, k);
 }
 
@@ -150,6 +155,57 @@ absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& p
   return SimulatedBestPartition(pr, c);
 }
 
+namespace {
+
+// The round sizes to try: the one asked for, or with choose_round_size every divisor of M that is
+// at least N (M itself as 0, the default's spelling).
+std::vector<int> RoundSizes(const PartitionProblem& pr, const SimulatedChoice& choice) {
+  if (!choice.choose_round_size) return {choice.microbatches_per_round};
+  std::vector<int> out = {0};
+  for (int d = pr.num_workers; d < pr.num_microbatches; ++d) {
+    if (d > 0 && pr.num_microbatches % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+// The candidate (and round size) whose simulated steady state is fastest; the first in objective
+// order among equals, all micro-batches in one round among equals.
+absl::StatusOr<PartitionResult> SimulateCandidates(const PartitionProblem& pr, const SimulatedChoice& choice,
+                                                   const std::vector<PartitionResult>& cands) {
+  const OptimizerMode mode = choice.mode;
+  std::optional<PartitionResult> best;
+  double best_period = 0;
+  for (const int round : RoundSizes(pr, choice)) {
+    for (const PartitionResult& c : cands) {
+      ScheduleBuilder build = [&](int iterations, bool) -> absl::StatusOr<SimSchedule> {
+        DispatchOptions d;
+        d.num_workers = pr.num_workers;
+        d.microbatches_per_iteration = pr.num_microbatches;
+        d.microbatches_per_round = round;
+        d.iterations = iterations;
+        d.mode = mode;
+        auto plan = BuildDispatchPlan(c.partition, pr.costs->num_layers(), d);
+        if (!plan.ok()) return plan.status();
+        return RoundPipeSchedule(*plan, *pr.costs, choice.sim);
+      };
+      // Async iterations overlap: more of them before the marginal cost settles.
+      const int k = SteadyStateIterations(c.partition, pr.num_workers, pr.num_microbatches, round,
+                                          mode == OptimizerMode::kAsync ? 4 : 1);
+      auto st = MeasureSteadyState(build, k, false, false);
+      if (!st.ok()) continue;
+      if (!best || st->period_s < best_period * (1 - 1e-9)) {
+        best = c;
+        best->microbatches_per_round = choice.choose_round_size ? round : 0;
+        best_period = st->period_s;
+      }
+    }
+  }
+  if (!best) return AutoPartition(pr);
+  return *best;
+}
+
+}  // namespace
+
 absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& pr, const SimulatedChoice& choice) {
   std::vector<PartitionResult> cands = CandidatePartitions(pr, choice.max_candidates, choice.per_stage_count);
   if (cands.empty()) return AutoPartition(pr);  // for its error message
@@ -189,33 +245,7 @@ absl::StatusOr<PartitionResult> SimulatedBestPartition(const PartitionProblem& p
       if (static_cast<int>(i) < choice.wider_forward) wider(close[i].partition);
     }
   }
-  const OptimizerMode mode = choice.mode;
-  std::optional<PartitionResult> best;
-  double best_period = 0;
-  for (const PartitionResult& c : cands) {
-    ScheduleBuilder build = [&](int iterations, bool) -> absl::StatusOr<SimSchedule> {
-      DispatchOptions d;
-      d.num_workers = pr.num_workers;
-      d.microbatches_per_iteration = pr.num_microbatches;
-      d.microbatches_per_round = choice.microbatches_per_round;
-      d.iterations = iterations;
-      d.mode = mode;
-      auto plan = BuildDispatchPlan(c.partition, pr.costs->num_layers(), d);
-      if (!plan.ok()) return plan.status();
-      return RoundPipeSchedule(*plan, *pr.costs, choice.sim);
-    };
-    // Async iterations overlap: more of them before the marginal cost settles.
-    const int k = SteadyStateIterations(c.partition, pr.num_workers, pr.num_microbatches, choice.microbatches_per_round,
-                                        mode == OptimizerMode::kAsync ? 4 : 1);
-    auto st = MeasureSteadyState(build, k, false, false);
-    if (!st.ok()) continue;
-    if (!best || st->period_s < best_period * (1 - 1e-9)) {
-      best = c;
-      best_period = st->period_s;
-    }
-  }
-  if (!best) return AutoPartition(pr);
-  return *best;
+  return SimulateCandidates(pr, choice, cands);
 }
 
 absl::StatusOr<std::vector<ComparisonRow>> CompareSchedules(const CostModel& costs, const ComparisonOptions& o) {

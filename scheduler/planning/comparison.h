@@ -27,6 +27,9 @@ struct ComparisonOptions {
   int num_workers = 8;
   int num_microbatches = 16;
   int microbatches_per_round = 0;  // RoundPipe M_R; 0 = all micro-batches in one round
+  // RoundPipe's automatic partition also chooses M_R (SimulatedChoice::choose_round_size);
+  // microbatches_per_round is then ignored.
+  bool choose_round_size = false;
   // Steady state = marginal cost per iteration between runs of k and 2k iterations (k = this).
   int iterations = 4;
   // RoundPipe per-stage device memory cap, 0 = unlimited. Baselines are planned without a cap,
@@ -73,6 +76,11 @@ absl::StatusOr<std::vector<ComparisonRow>> CompareSchedules(const CostModel& cos
 // respects the problem's min_stages and t_max window.
 struct SimulatedChoice {
   int microbatches_per_round = 0;
+  // Also choose the round size: every candidate is simulated with each M_R that divides M and
+  // is at least N (for M = 16, N = 8: 8 and 16), and the fastest pair wins. The authors'
+  // simulator runs rounds of N micro-batches; on their figures that is faster in sync mode for
+  // Llama-3.1-8B and GPT-OSS-20B, slower for the other three (docs/SIMULATOR.md).
+  bool choose_round_size = false;
   OptimizerMode mode = OptimizerMode::kSync;
   SimOptions sim;  // recompute-ahead as the engine runs it; the optimizer time is left out
   int max_candidates = 48;

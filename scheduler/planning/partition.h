@@ -66,6 +66,9 @@ struct PartitionResult {
   // Model-predicted bubble ratio when every slot is paced by t_max:
   // 1 - M*sum(stage times) / objective.
   double predicted_bubble = 0;
+  // The round size M_R the simulated choice picked with the partition (SimulatedChoice::
+  // choose_round_size); 0 = the one asked for.
+  int microbatches_per_round = 0;
 };
 
 // Optimal partition for the objective (M*max(S,N,K) + N(N-1)) * t_max under the memory cap, with

@@ -112,9 +112,10 @@ class RoundPipeLayout {
       const int ready = async_ ? sl.iteration - 1 : sl.iteration;
       while (built_iterations < ready) AddOptimizerTasks(built_iterations++);
       std::vector<TaskDep> weight_deps = WeightDeps(sl);
-      if (o_.transfers) weight_deps = {{AddUpload(i, weight_deps)}};
+      const bool weights_move = o_.transfers && o_.weight_transfers;
+      if (weights_move) weight_deps = {{AddUpload(i, weight_deps)}};
       AddMicrobatches(i, weight_deps);
-      if (o_.transfers) AddGradDownload(i);
+      if (weights_move) AddGradDownload(i);
       last_slot_on_worker_[static_cast<size_t>(sl.worker)] = static_cast<int>(i);
     }
     while (built_iterations < K_) AddOptimizerTasks(built_iterations++);

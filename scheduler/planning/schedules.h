@@ -24,6 +24,9 @@ struct SimOptions {
   // prefetched one stage ahead, and training slots download their weight gradients on a second
   // per-worker link after their last micro-batch (the optimizer waits for them).
   bool transfers = false;
+  // With transfers: false leaves out the weight uploads and gradient downloads, keeping only the
+  // activation hops (what the authors' simulator models, for comparison with it).
+  bool weight_transfers = true;
   double host_link_bandwidth = 0;  // bytes/s, required with transfers
   // A measured activation hop (one micro-batch's boundary activation device -> host -> device,
   // e.g. from a profile); >= 0 replaces 2 x boundary bytes / bandwidth.

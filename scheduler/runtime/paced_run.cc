@@ -82,6 +82,7 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
   ControllerOptions co;
   co.partition = o.partition;
   co.microbatches = o.microbatches;
+  co.microbatches_per_round = o.microbatches_per_round;
   co.mode = o.async ? planning::OptimizerMode::kAsync : planning::OptimizerMode::kSync;
   co.recompute_ahead = o.recompute_ahead;
   auto controller = Controller::Create(co, store.get(), devs, &timeline);
@@ -162,6 +163,7 @@ absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& o) {
   planning::DispatchOptions d;
   d.num_workers = o.workers;
   d.microbatches_per_iteration = o.microbatches;
+  d.microbatches_per_round = o.microbatches_per_round;
   d.iterations = total;
   d.mode = o.async ? planning::OptimizerMode::kAsync : planning::OptimizerMode::kSync;
   auto plan = planning::BuildDispatchPlan(o.partition, costs->num_layers(), d);

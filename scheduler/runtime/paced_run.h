@@ -24,9 +24,10 @@ struct PacedRunOptions {
   planning::Profile profile;                 // per-layer times (engine order)
   workers::models::TransformerConfig model;  // shapes: what the copies move
   planning::Partition partition;
-  int workers = 8;        // N
-  int microbatches = 16;  // M
-  bool async = false;     // optimizer mode
+  int workers = 8;                 // N
+  int microbatches = 16;           // M
+  int microbatches_per_round = 0;  // M_R (0 = M)
+  bool async = false;              // optimizer mode
   bool recompute_ahead = true;
   // Transfers on: copies take bytes / link_bytes_per_s; off: they are free, like the
   // simulator without --transfers.

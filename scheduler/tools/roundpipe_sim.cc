@@ -35,7 +35,9 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, device, "rtx4090", "Device preset for the analytic cost model: rtx4090, a800, h200");
 ABSL_FLAG(int, gpus, 8, "Number of GPU workers N");
 ABSL_FLAG(int, microbatches, 16, "Micro-batches per iteration M");
-ABSL_FLAG(int, round_size, 0, "RoundPipe micro-batches per round M_R (>= gpus; 0 = all in one round)");
+ABSL_FLAG(int, round_size, 0,
+          "RoundPipe micro-batches per round M_R (>= gpus; 0 = all in one round; -1 = the automatic partition also "
+          "chooses it among the divisors of --microbatches that are >= --gpus)");
 ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch");
 ABSL_FLAG(int, seq, 2048, "Sequence length in tokens");
 ABSL_FLAG(int, iterations, 4, "Iterations simulated back to back (steady state measured after the first)");
@@ -50,7 +52,11 @@ ABSL_FLAG(int, gantt_width, 120, "Gantt chart width in characters");
 ABSL_FLAG(std::string, trace, "",
           "Write a Chrome/Perfetto trace (trace-event JSON) of the --gantt_schedule schedule to this file");
 ABSL_FLAG(double, optimizer_ms, 0, "CPU optimizer time per layer per iteration, in ms (0 = free)");
-ABSL_FLAG(bool, transfers, false, "Model activation transfers and per-slot weight uploads over the host link");
+ABSL_FLAG(bool, transfers, false,
+          "Model activation transfers, per-slot weight uploads and gradient downloads over the host link");
+ABSL_FLAG(bool, weight_transfers, true,
+          "With --transfers: also the weight uploads and gradient downloads (false: activation hops only, as the "
+          "authors' simulator models them)");
 ABSL_FLAG(std::string, profile, "",
           "A measured profile (JSON, scheduler/planning/profile_file.h: per-layer forward, recompute+backward and "
           "fused times, bytes, the activation hop) to simulate instead of the analytic model; what a job's "
@@ -161,7 +167,9 @@ absl::StatusOr<Setup> MakeSetup() {
   ComparisonOptions& o = s.options;
   o.num_workers = absl::GetFlag(FLAGS_gpus);
   o.num_microbatches = absl::GetFlag(FLAGS_microbatches);
-  o.microbatches_per_round = absl::GetFlag(FLAGS_round_size);
+  o.microbatches_per_round = std::max(0, absl::GetFlag(FLAGS_round_size));
+  o.choose_round_size = absl::GetFlag(FLAGS_round_size) == -1;
+  if (absl::GetFlag(FLAGS_round_size) < -1) return absl::InvalidArgumentError("--round_size must be >= -1");
   o.iterations = absl::GetFlag(FLAGS_iterations);
   if (o.num_workers < 1) return absl::InvalidArgumentError("--gpus must be >= 1");
   if (o.num_microbatches < 1) return absl::InvalidArgumentError("--microbatches must be >= 1");
@@ -175,6 +183,7 @@ absl::StatusOr<Setup> MakeSetup() {
   }
   o.sim.optimizer_s_per_layer = absl::GetFlag(FLAGS_optimizer_ms) / 1e3;
   o.sim.transfers = absl::GetFlag(FLAGS_transfers);
+  o.sim.weight_transfers = absl::GetFlag(FLAGS_weight_transfers);
   o.sim.recompute_ahead = absl::GetFlag(FLAGS_recompute_ahead);
   o.partition_by_simulation = absl::GetFlag(FLAGS_partition_by_simulation);
   if (const std::string bp = absl::GetFlag(FLAGS_baseline_partition); !bp.empty()) {

@@ -18,6 +18,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/planning/comparison.h"
 #include "scheduler/planning/model_config.h"
@@ -42,6 +43,9 @@ ABSL_FLAG(double, stage_cap_gib, 0,
           "Per-stage device memory cap for the partition choice, GiB (11 = an RTX 4090's 24 GB: one stage runs "
           "while the next is prefetched); 0 = none");
 ABSL_FLAG(int, microbatches, 16, "M");
+ABSL_FLAG(bool, choose_round_size, false,
+          "The partition choice also picks the round size M_R among the divisors of M that are >= N (as "
+          "roundpipe-sim --round_size -1); false: all micro-batches in one round");
 
 namespace {
 
@@ -107,12 +111,14 @@ int main(int argc, char** argv) {
                                                static_cast<int64_t>(absl::GetFlag(FLAGS_stage_cap_gib) * (1 << 30))};
         rp::planning::SimulatedChoice choice;
         choice.mode = o.async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
+        choice.choose_round_size = absl::GetFlag(FLAGS_choose_round_size);
         auto part = rp::planning::SimulatedBestPartition(problem, choice);
         if (!part.ok()) {
           std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(part.status().message()).c_str());
           return 1;
         }
         o.partition = part->partition;
+        o.microbatches_per_round = part->microbatches_per_round;
         auto sim = rp::scheduler::runtime::SimulatePaced(o);
         if (sim.ok() && flag_scale <= 0) o.time_scale = std::clamp(1.5 / sim->period_s, 0.05, 0.5);
         if (!sim.ok()) {
@@ -136,7 +142,11 @@ int main(int argc, char** argv) {
             (*std::max_element(periods.begin(), periods.end()) - *std::min_element(periods.begin(), periods.end())) /
             med;
         std::printf("%-16s %-5s %-4s %-28s %6.3f %10.1f %10.1f %7.1f%% %8.3f %7.2f%% %6.2f%% %7.1f\n", model.c_str(),
-                    std::string(mode).c_str(), std::string(xfer).c_str(), o.partition.ToString().substr(0, 28).c_str(),
+                    std::string(mode).c_str(), std::string(xfer).c_str(),
+                    (o.microbatches_per_round > 0 ? absl::StrCat("M_R=", o.microbatches_per_round, " ") : std::string())
+                        .append(o.partition.ToString())
+                        .substr(0, 28)
+                        .c_str(),
                     o.time_scale, sim->period_s * 1e3, med * 1e3, 100 * spread, med / sim->period_s, 100 * sim->bubble,
                     100 * Median(bubbles), wall);
         std::fflush(stdout);

@@ -65,6 +65,20 @@ TEST(Config, EveryProblemIsNamed) {
   }
 }
 
+// The paced device backend (schedule timing without data) is never a training backend: the
+// daemon refuses it by name, pointing at the benchmark that runs it.
+TEST(Config, PacedDevicesAreRefusedWithTheBenchmarkNamed) {
+  roundpipe::v1::DaemonConfig c;
+  c.set_devices("paced:8");
+  ApplyDefaults(&c);
+  absl::Status st = ValidateConfig(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("devices 'paced:8': paced workers are a benchmark backend"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("paced_bench"), std::string::npos) << st;
+  c.set_devices("cpu:2");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
 TEST(Config, JsonFileWithUnknownFieldIsRejected) {
   const fs::path d = TempDir("json");
   Write(d / "ok.json", R"({"listen": ["127.0.0.1:0"], "devices": "cpu:2", "maxQueuedBatches": 3})");
