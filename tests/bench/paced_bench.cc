@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -57,6 +58,9 @@ std::string Read(const std::string& path) {
   ss << f.rdbuf();
   return ss.str();
 }
+
+// A bubble ratio as a percentage, a steady state's rounding residue (-1e-12) printed as 0.00.
+double Percent(double ratio) { return std::abs(ratio) < 5e-5 ? 0.0 : 100 * ratio; }
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -147,8 +151,8 @@ int main(int argc, char** argv) {
                         .append(o.partition.ToString())
                         .substr(0, 28)
                         .c_str(),
-                    o.time_scale, sim->period_s * 1e3, med * 1e3, 100 * spread, med / sim->period_s, 100 * sim->bubble,
-                    100 * Median(bubbles), wall);
+                    o.time_scale, sim->period_s * 1e3, med * 1e3, 100 * spread, med / sim->period_s,
+                    Percent(sim->bubble), 100 * Median(bubbles), wall);
         std::fflush(stdout);
       }
     }
