@@ -142,8 +142,8 @@ struct JobSpec {
   // The automatic partition's knobs (planning::PartitionProblem::min_stages, ::t_max_window); 0 = off.
   int partition_min_stages = 0;
   double partition_t_max_window = 0;
-  int microbatches = 0;  // 0 = number of devices
-  int microbatches_per_round = 0;
+  int microbatches = 0;            // 0 = number of devices
+  int microbatches_per_round = 0;  // 0 = M; -1 = chosen with the automatic partition
   OptimizerSpec optimizer;
   LrScheduleSpec lr_schedule;
   // kAsync: staleness-1 asynchronous optimizer; consecutive batches overlap (no flush).

@@ -181,8 +181,9 @@ absl::Status ResolveModelAndPrecision(const v1::JobSpec& spec, const JobSpecCont
 absl::Status ResolveBatching(const v1::JobSpec& spec, const JobSpecContext& ctx, ResolvedJob& r) {
   scheduler::JobSpec& e = r.engine;
   const v1::BatchingSpec& b = spec.batching();
-  if (b.global_batch() < 0 || b.micro_batch() < 0 || b.sequence_length() < 0 || b.microbatches_per_round() < 0) {
-    return absl::InvalidArgumentError("batching: sizes must not be negative");
+  if (b.global_batch() < 0 || b.micro_batch() < 0 || b.sequence_length() < 0 || b.microbatches_per_round() < -1) {
+    return absl::InvalidArgumentError(
+        "batching: sizes must not be negative (microbatches_per_round -1: chosen with the automatic partition)");
   }
   constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
   if (b.global_batch() > kMaxGlobalBatch || b.micro_batch() > kMaxGlobalBatch) {
@@ -210,6 +211,10 @@ absl::Status ResolveBatching(const v1::JobSpec& spec, const JobSpecContext& ctx,
                                                    " devices; raise global_batch or lower micro_batch"));
   }
   e.microbatches_per_round = b.microbatches_per_round();
+  if (e.microbatches_per_round == -1 && spec.partition().fused() > 0) {
+    return absl::InvalidArgumentError(
+        "batching.microbatches_per_round: -1 (chosen with the automatic partition) needs no fixed partition");
+  }
   if (e.microbatches_per_round > 0 &&
       (e.microbatches_per_round < ctx.num_devices || e.microbatches % e.microbatches_per_round != 0)) {
     return absl::InvalidArgumentError(absl::StrCat("batching.microbatches_per_round: must be >= ", ctx.num_devices,

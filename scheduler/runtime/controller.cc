@@ -62,6 +62,11 @@ absl::Status Controller::ValidateOptions(const ControllerOptions& options,
   if ((options.min_stages > 0 || options.t_max_window > 0) && !options.auto_partition) {
     return absl::InvalidArgumentError("controller: min_stages and t_max_window steer the automatic partition only");
   }
+  if (options.choose_round_size &&
+      (!options.auto_partition || !options.partition_by_simulation || options.microbatches_per_round != 0)) {
+    return absl::InvalidArgumentError(
+        "controller: choosing the round size needs the simulated automatic partition and no fixed round size");
+  }
   auto plan = planning::BuildDispatchPlan(check, L, d);
   if (!plan.ok()) return plan.status();
   if (options.head_chunk_tokens < 1) return absl::InvalidArgumentError("controller: head chunk must be >= 1 token");
@@ -153,7 +158,9 @@ absl::StatusOr<IterationStats> Controller::RunIteration(const at::Tensor& tokens
 }
 
 void Controller::ApplyPlannedPartition() {
-  if (!planned_ || planned_->partition == opt_.partition) return;
+  if (!planned_) return;
+  const int round = opt_.choose_round_size ? planned_->microbatches_per_round : opt_.microbatches_per_round;
+  if (planned_->partition == opt_.partition && round == opt_.microbatches_per_round) return;
   if (opt_.mode == planning::OptimizerMode::kAsync) {
     // A new partition changes the per-layer event counts: drain once (a Flush-like point), so
     // no optimizer step still waits on an event set built with the old counts.
@@ -165,6 +172,7 @@ void Controller::ApplyPlannedPartition() {
     book_->ReleaseUploads(iteration_);
     optimizer_->WaitIdle();
   }
+  opt_.microbatches_per_round = round;  // ApplyPartition counts the uploads per round
   ApplyPartition(planned_->partition);
 }
 

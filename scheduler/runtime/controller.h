@@ -71,6 +71,10 @@ struct ControllerOptions {
   // simulating them on the measured times (planning::SimulatedBestPartition, this mode and round
   // size, recompute-ahead as set below); false = the paper's objective alone.
   bool partition_by_simulation = true;
+  // With that choice and microbatches_per_round 0: the round size is chosen with the partition
+  // (planning::SimulatedChoice::choose_round_size: each M_R dividing M and at least N); the
+  // iterations after profiling run with it.
+  bool choose_round_size = false;
   // Backward stages recompute each micro-batch as soon as its checkpoint is on the device and
   // only the backward proper waits for the upstream gradient (the timeline shows "R B2 mb3"
   // then "B2 mb3"); false: the stage waits for every input first (the paper's rule, ablation).
@@ -149,6 +153,8 @@ class Controller {
 
   int next_g0() const { return next_g0_; }
   const planning::Partition& partition() const { return opt_.partition; }
+  // The round size in use (0 = M); with choose_round_size, the planned one after profiling.
+  int microbatches_per_round() const { return opt_.microbatches_per_round; }
   // Automatic partitioning: the smoothed measured per-layer costs, once complete.
   std::optional<planning::CostModel> measured_costs() const { return measured_; }
   // One micro-batch's stage-boundary activation device -> host -> device, measured in the

@@ -86,6 +86,7 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
   problem.t_max_window = opt_.t_max_window;
   planning::SimulatedChoice choice;
   choice.microbatches_per_round = opt_.microbatches_per_round;
+  choice.choose_round_size = opt_.choose_round_size;
   choice.mode = opt_.mode;
   choice.sim.recompute_ahead = opt_.recompute_ahead;
   auto r = opt_.partition_by_simulation ? planning::SimulatedBestPartition(problem, choice)

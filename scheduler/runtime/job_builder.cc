@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -218,6 +219,8 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
       // The checkpoint's partition was planned with these already; nothing is planned again.
       spec.partition_min_stages = 0;
       spec.partition_t_max_window = 0;
+      // The round size chosen with it is not in the checkpoint: all micro-batches in one round.
+      if (spec.microbatches_per_round < 0) spec.microbatches_per_round = 0;
     }
   }
   if (spec.token_file) {
@@ -249,7 +252,8 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
   o.microbatches = spec.microbatches;
-  o.microbatches_per_round = spec.microbatches_per_round;
+  o.microbatches_per_round = std::max(0, spec.microbatches_per_round);
+  o.choose_round_size = spec.microbatches_per_round == -1;
   o.adamw = ToAdamW(spec.optimizer);
   o.adamw.rounding_seed = spec.seed;  // bf16 moments: the stochastic rounding's stream
   o.lr_schedule = ToLrSchedule(spec.lr_schedule);

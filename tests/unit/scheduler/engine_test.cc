@@ -4,7 +4,9 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include <cmath>
 
 #include <algorithm>
 #include <atomic>
@@ -243,6 +245,35 @@ TEST(Engine, AutoPartitionedJobPlansFromMeasuredTimesAndReportsIt) {
   // simulates best): the planner's partition and its predicted bubble are reported.
   EXPECT_TRUE(stats[5].partition_problem.empty()) << stats[5].partition_problem;
   EXPECT_GT(stats[5].predicted_bubble, 0) << stats[5].partition;
+}
+
+// A job whose round size is chosen with the automatic partition (microbatches_per_round -1)
+// trains through the switch; with explicit layer counts the engine refuses it at Submit.
+TEST(Engine, ARoundSizeChosenWithThePartitionTrainsAndNeedsTheAutomaticOne) {
+  auto engine = *Engine::Create({"cpu:2"});
+  JobSpec spec = TinyJob();
+  spec.model.vocab = 2000;
+  spec.microbatches = 4;
+  spec.microbatches_per_round = -1;
+  spec.auto_partition = true;
+  spec.max_steps = 5;
+  auto id = engine->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (int it = 0; it < 5; ++it)
+    ASSERT_TRUE(engine->FeedBatch(*id, rp::testing::ToBatch(RandomTokens(8, 8, spec.model.vocab, it))).ok());
+  int iterations = 0;
+  for (const auto& e : DrainUntilEnded(*engine, *id)) {
+    if (e.kind == JobEvent::Kind::kIteration) {
+      ++iterations;
+      EXPECT_TRUE(std::isfinite(e.stats.loss));
+    }
+  }
+  EXPECT_EQ(iterations, 5);
+  spec.auto_partition = false;
+  spec.partition = planning::Partition{{1, 1, 1, 1}, 1, {1, 1, 1, 1}};
+  auto refused = engine->Submit(spec);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("choosing the round size"), std::string::npos) << refused.status();
 }
 
 TEST(Engine, ShutdownWithARunningAsyncJobCancelsItCleanly) {

@@ -195,6 +195,28 @@ TEST(JobSpec, NonFiniteAndAbsurdValuesAreRefusedNamingTheField) {
   }
 }
 
+// batching.microbatches_per_round -1: the round size is chosen with the automatic partition
+// (the engine's controller gets choose_round_size); below -1, or with explicit layer counts, it
+// is refused naming the field.
+TEST(JobSpec, ARoundSizeChosenWithTheAutomaticPartition) {
+  const fs::path d = TempDir("round");
+  v1::JobSpec s = Tiny();
+  s.mutable_batching()->set_microbatches_per_round(-1);
+  auto r = ResolveJobSpec(s, Ctx(d));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->engine.microbatches_per_round, -1);
+  EXPECT_TRUE(r->engine.auto_partition);
+  s.mutable_batching()->set_microbatches_per_round(-2);
+  r = ResolveJobSpec(s, Ctx(d));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("microbatches_per_round -1"), std::string::npos) << r.status();
+  s.mutable_batching()->set_microbatches_per_round(-1);
+  s.mutable_partition()->set_fused(1);
+  r = ResolveJobSpec(s, Ctx(d));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("batching.microbatches_per_round: -1"), std::string::npos) << r.status();
+}
+
 TEST(JobSpec, AStreamedBatchMustFitInOneMessage) {
   const fs::path d = TempDir("msg");
   JobSpecContext ctx = Ctx(d);

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 #include <random>
 #include <set>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_format.h"
 
+#include "scheduler/planning/comparison.h"
 #include "scheduler/runtime/controller.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/rig.h"
@@ -293,6 +295,56 @@ TEST(AutoPartition, ProfilesThenSwitchesAndStaysExact) {
       }
     }
   }
+}
+
+// The round size chosen with the partition: after profiling the controller runs the pair the
+// simulator picks on its measured times (replanned here from the same costs), sync training
+// stays exactly the reference across the switch, and a fixed round or partition refuses it.
+TEST(AutoPartition, TheRoundSizeChosenWithThePartitionIsTheOneRunAndStaysExact) {
+  TransformerConfig cfg = Llama();
+  cfg.vocab = 30000;
+  cfg.num_blocks = 5;
+  workers::Timeline tl;
+  auto devs = *workers::CreateDevices("cpu:2", &tl);
+  workers::HostModelStore store(cfg, at::kFloat, 8);
+  workers::AdamWOptions adamw;
+  adamw.eps = 1e-6;
+  rp::testing::ReferenceModel ref(store, adamw);
+  ControllerOptions o;
+  o.auto_partition = true;
+  o.profile_iterations = 2;
+  o.microbatches = 4;  // rounds of 2 (N) or of 4
+  o.adamw = adamw;
+  o.choose_round_size = true;
+  auto c = Controller::Create(o, &store, {devs[0].get(), devs[1].get()}, &tl);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int k = 0; k < 5; ++k) {
+    at::Tensor t = RandomTokens(8, 16, cfg.vocab, 700 + k);
+    auto st = (*c)->RunIteration(t);
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_NEAR(st->loss, ref.Step(t), 1e-5 * st->loss) << k;
+  }
+  auto measured = (*c)->measured_costs();
+  ASSERT_TRUE(measured.has_value());
+  planning::PartitionProblem problem{&*measured, 2, o.microbatches, 0};
+  planning::SimulatedChoice choice;
+  choice.choose_round_size = true;
+  auto picked = planning::SimulatedBestPartition(problem, choice);
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_EQ((*c)->partition().ToString(), picked->partition.ToString());
+  EXPECT_EQ((*c)->microbatches_per_round(), picked->microbatches_per_round);
+  std::printf("chosen: %s, M_R %d\n", picked->partition.ToString().c_str(), picked->microbatches_per_round);
+  for (const auto& [name, w] : ref.params()) {
+    EXPECT_LT(rp::testing::RelativeError(store.param(store.FindParam(name)).fp32, w), 1e-5) << name;
+  }
+
+  ControllerOptions fixed = o;
+  fixed.microbatches_per_round = 2;
+  EXPECT_NE(Controller::ValidateOptions(fixed, cfg, 2).message().find("choosing the round size"), std::string::npos);
+  fixed = o;
+  fixed.auto_partition = false;
+  fixed.partition = (*c)->partition();
+  EXPECT_NE(Controller::ValidateOptions(fixed, cfg, 2).message().find("choosing the round size"), std::string::npos);
 }
 
 }  // namespace
