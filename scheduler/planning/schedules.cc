@@ -195,8 +195,10 @@ class RoundPipeLayout {
     // Recompute ahead: the forward share of a backward stage needs only its weights and the
     // checkpoint; the upstream gradient gates the rest.
     const bool ahead = o_.recompute_ahead && sl.kind == SlotKind::kBackward && dur > 0;
-    const double head =
-        ahead ? std::min(1.0, StageTime(costs_, SlotKind::kForward, sl.first_layer, sl.num_layers) / dur) : 0.0;
+    const bool early = o_.early_starts_before_inputs && sl.kind != SlotKind::kForward && dur > 0;
+    const double head = ahead || early
+                            ? std::min(1.0, StageTime(costs_, SlotKind::kForward, sl.first_layer, sl.num_layers) / dur)
+                            : 0.0;
     for (int m = 0; m < sl.num_microbatches; ++m) {
       SimTask t;
       t.resource = sl.worker;
@@ -210,7 +212,7 @@ class RoundPipeLayout {
       for (const SlotDependency& d : sl.deps) {
         const bool checkpoint = d.reason == SlotDependency::Reason::kCheckpoint;
         t.deps.push_back({first_task_[static_cast<size_t>(d.slot)] + m, checkpoint ? 0.0 : act_latency_, false,
-                          /*tail_only=*/ahead && d.reason == SlotDependency::Reason::kGradient});
+                          /*tail_only=*/early || (ahead && d.reason == SlotDependency::Reason::kGradient)});
       }
       const int id = s_.Add(std::move(t));
       if (m == 0) first_task_[i] = id;

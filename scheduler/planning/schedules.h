@@ -36,6 +36,11 @@ struct SimOptions {
   // there, and only the backward proper waits for the gradient from the stage after it, as the
   // engine runs them. false: the whole stage waits for every input (the ablation).
   bool recompute_ahead = true;
+  // Ablation, impossible on hardware: the authors' simulator lets the forward share of a
+  // backward stage (its recompute) and of B_1 (the LM head's forward) start before its input is
+  // there, only the rest waiting for the checkpoint, activation or gradient. Used to measure what
+  // that freedom is worth against their makespans (docs/ENGINE.md); the engine never does it.
+  bool early_starts_before_inputs = false;
 };
 
 // RoundPipe: sync (optimizer step after the iteration, next iteration waits) or async

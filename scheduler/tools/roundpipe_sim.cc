@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, trace, "",
 ABSL_FLAG(double, optimizer_ms, 0, "CPU optimizer time per layer per iteration, in ms (0 = free)");
 ABSL_FLAG(bool, transfers, false,
           "Model activation transfers, per-slot weight uploads and gradient downloads over the host link");
+ABSL_FLAG(bool, early_starts_before_inputs, false,
+          "Ablation, impossible on hardware: backward stages' recompute and B_1's head forward start before their "
+          "inputs arrive, as the authors' simulator lets them (measures what that freedom is worth)");
 ABSL_FLAG(bool, weight_transfers, true,
           "With --transfers: also the weight uploads and gradient downloads (false: activation hops only, as the "
           "authors' simulator models them)");
@@ -184,6 +187,7 @@ absl::StatusOr<Setup> MakeSetup() {
   o.sim.optimizer_s_per_layer = absl::GetFlag(FLAGS_optimizer_ms) / 1e3;
   o.sim.transfers = absl::GetFlag(FLAGS_transfers);
   o.sim.weight_transfers = absl::GetFlag(FLAGS_weight_transfers);
+  o.sim.early_starts_before_inputs = absl::GetFlag(FLAGS_early_starts_before_inputs);
   o.sim.recompute_ahead = absl::GetFlag(FLAGS_recompute_ahead);
   o.partition_by_simulation = absl::GetFlag(FLAGS_partition_by_simulation);
   if (const std::string bp = absl::GetFlag(FLAGS_baseline_partition); !bp.empty()) {
