@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,6 +34,25 @@ SimOptions WithOptimizer(const SimOptions& o, bool with_optimizer) {
   return out;
 }
 
+// One RoundPipe configuration as a schedule builder: the partition's dispatch plan for `workers`
+// workers and `microbatches` micro-batches in rounds of `round` (0 = one round), simulated with
+// `sim` (its optimizer time only when the builder is asked for it).
+ScheduleBuilder RoundPipeBuilder(const CostModel& costs, Partition partition, int workers, int microbatches, int round,
+                                 OptimizerMode mode, SimOptions sim) {
+  return [&costs, partition = std::move(partition), workers, microbatches, round, mode, sim = std::move(sim)](
+             int iterations, bool with_opt) -> absl::StatusOr<SimSchedule> {
+    DispatchOptions d;
+    d.num_workers = workers;
+    d.microbatches_per_iteration = microbatches;
+    d.microbatches_per_round = round;
+    d.iterations = iterations;
+    d.mode = mode;
+    auto plan = BuildDispatchPlan(partition, costs.num_layers(), d);
+    if (!plan.ok()) return plan.status();
+    return RoundPipeSchedule(*plan, costs, WithOptimizer(sim, with_opt));
+  };
+}
+
 absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const ComparisonOptions& o, OptimizerMode mode) {
   PartitionProblem pr{&costs, o.num_workers, o.num_microbatches, o.stage_memory_cap};
   pr.min_stages = o.min_stages;
@@ -49,18 +69,8 @@ absl::StatusOr<ComparisonRow> RunRoundPipe(const CostModel& costs, const Compari
   if (!part.ok()) return part.status();
   const Partition partition = part->partition;
   const int round = choice.choose_round_size ? part->microbatches_per_round : o.microbatches_per_round;
-  ScheduleBuilder build = [&costs, &o, mode, partition, round](int iterations,
-                                                               bool with_opt) -> absl::StatusOr<SimSchedule> {
-    DispatchOptions d;
-    d.num_workers = o.num_workers;
-    d.microbatches_per_iteration = o.num_microbatches;
-    d.microbatches_per_round = round;
-    d.iterations = iterations;
-    d.mode = mode;
-    auto plan = BuildDispatchPlan(partition, costs.num_layers(), d);
-    if (!plan.ok()) return plan.status();
-    return RoundPipeSchedule(*plan, costs, WithOptimizer(o.sim, with_opt));
-  };
+  const ScheduleBuilder build =
+      RoundPipeBuilder(costs, partition, o.num_workers, o.num_microbatches, round, mode, o.sim);
   ComparisonRow row;
   row.schedule = absl::StrCat("RoundPipe-", OptimizerModeName(mode));
   row.stages = partition.num_stages();
@@ -177,17 +187,8 @@ absl::StatusOr<PartitionResult> SimulateCandidates(const PartitionProblem& pr, c
   double best_period = 0;
   for (const int round : RoundSizes(pr, choice)) {
     for (const PartitionResult& c : cands) {
-      ScheduleBuilder build = [&](int iterations, bool) -> absl::StatusOr<SimSchedule> {
-        DispatchOptions d;
-        d.num_workers = pr.num_workers;
-        d.microbatches_per_iteration = pr.num_microbatches;
-        d.microbatches_per_round = round;
-        d.iterations = iterations;
-        d.mode = mode;
-        auto plan = BuildDispatchPlan(c.partition, pr.costs->num_layers(), d);
-        if (!plan.ok()) return plan.status();
-        return RoundPipeSchedule(*plan, *pr.costs, choice.sim);
-      };
+      const ScheduleBuilder build =
+          RoundPipeBuilder(*pr.costs, c.partition, pr.num_workers, pr.num_microbatches, round, mode, choice.sim);
       // Async iterations overlap: more of them before the marginal cost settles.
       const int k = SteadyStateIterations(c.partition, pr.num_workers, pr.num_microbatches, round,
                                           mode == OptimizerMode::kAsync ? 4 : 1);

@@ -7,9 +7,11 @@
 
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 
@@ -242,23 +244,43 @@ TEST(AsyncErrors, TooManyInFlightAndFlushOrder) {
 namespace rp::scheduler {
 namespace {
 
+// Two CPU workers training a 5-block Llama whose 30000-token head is clearly its heaviest layer,
+// and the plain-LibTorch reference of the same training.
+struct HeavyHeadRig {
+  static TransformerConfig Config() {
+    TransformerConfig c = Llama();
+    c.vocab = 30000;
+    c.num_blocks = 5;
+    return c;
+  }
+  static workers::AdamWOptions Optimizer() {
+    workers::AdamWOptions a;
+    a.eps = 1e-6;
+    return a;
+  }
+  TransformerConfig cfg = Config();
+  workers::Timeline tl;
+  std::vector<std::unique_ptr<workers::Device>> devs = *workers::CreateDevices("cpu:2", &tl);
+  workers::HostModelStore store{cfg, at::kFloat, 8};
+  workers::AdamWOptions adamw = Optimizer();
+  rp::testing::ReferenceModel ref{store, adamw};
+};
+
 // Automatic partitioning: profile one layer per slot, then switch at an iteration boundary.
 // A big vocabulary makes the head the heaviest layer (measured: 2-3 times a block's backward;
 // with a 3000-token vocabulary it was level with one, and a loaded CI machine once kept one
 // layer per slot), so the plan must differ from the profiling partition; sync training stays exactly the reference
 // across the switch.
 TEST(AutoPartition, ProfilesThenSwitchesAndStaysExact) {
-  TransformerConfig cfg = Llama();
-  cfg.vocab = 30000;
-  cfg.num_blocks = 5;
   for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
     SCOPED_TRACE(planning::OptimizerModeName(mode));
-    workers::Timeline tl;
-    auto devs = *workers::CreateDevices("cpu:2", &tl);
-    workers::HostModelStore store(cfg, at::kFloat, 8);
-    workers::AdamWOptions adamw;
-    adamw.eps = 1e-6;
-    rp::testing::ReferenceModel ref(store, adamw);
+    HeavyHeadRig r;
+    const TransformerConfig& cfg = r.cfg;
+    workers::HostModelStore& store = r.store;
+    rp::testing::ReferenceModel& ref = r.ref;
+    const workers::AdamWOptions& adamw = r.adamw;
+    auto& devs = r.devs;
+    workers::Timeline& tl = r.tl;
     ControllerOptions o;
     o.auto_partition = true;
     o.profile_iterations = 3;
@@ -301,15 +323,13 @@ TEST(AutoPartition, ProfilesThenSwitchesAndStaysExact) {
 // simulator picks on its measured times (replanned here from the same costs), sync training
 // stays exactly the reference across the switch, and a fixed round or partition refuses it.
 TEST(AutoPartition, TheRoundSizeChosenWithThePartitionIsTheOneRunAndStaysExact) {
-  TransformerConfig cfg = Llama();
-  cfg.vocab = 30000;
-  cfg.num_blocks = 5;
-  workers::Timeline tl;
-  auto devs = *workers::CreateDevices("cpu:2", &tl);
-  workers::HostModelStore store(cfg, at::kFloat, 8);
-  workers::AdamWOptions adamw;
-  adamw.eps = 1e-6;
-  rp::testing::ReferenceModel ref(store, adamw);
+  HeavyHeadRig r;
+  const TransformerConfig& cfg = r.cfg;
+  workers::HostModelStore& store = r.store;
+  rp::testing::ReferenceModel& ref = r.ref;
+  const workers::AdamWOptions& adamw = r.adamw;
+  auto& devs = r.devs;
+  workers::Timeline& tl = r.tl;
   ControllerOptions o;
   o.auto_partition = true;
   o.profile_iterations = 2;
