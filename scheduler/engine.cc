@@ -41,7 +41,7 @@ absl::StatusOr<JobState> Engine::State(JobId id) const {
   if (!info.ok()) return info.status();
   return info->state;
 }
-absl::StatusOr<planning::ModelConfig> Engine::ModelConfig(JobId id) const { return impl_->ModelConfig(id); }
+absl::StatusOr<spec::ModelConfig> Engine::ModelConfig(JobId id) const { return impl_->ModelConfig(id); }
 absl::StatusOr<std::vector<ParameterShape>> Engine::ParameterShapes(JobId id) const {
   return impl_->ParameterShapes(id);
 }

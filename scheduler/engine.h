@@ -73,7 +73,7 @@ class Engine {
   absl::StatusOr<JobInfo> Info(JobId id) const;
   absl::StatusOr<JobState> State(JobId id) const;
   // The job's model as it trains (after the engine's own defaults).
-  absl::StatusOr<planning::ModelConfig> ModelConfig(JobId id) const;
+  absl::StatusOr<spec::ModelConfig> ModelConfig(JobId id) const;
   // Names and shapes of the job's parameters in engine order (tied ones once).
   absl::StatusOr<std::vector<ParameterShape>> ParameterShapes(JobId id) const;
   // The fp32 value of a parameter. Consistent once the job has ended (the engine flushes the
@@ -101,10 +101,6 @@ class Engine {
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// What Submit checks of a model (families the engine runs, sizes, bounds, LoRA targets):
-// InvalidArgument naming the field.
-absl::Status ValidateModel(const planning::ModelConfig& model);
 
 // Number of CUDA devices this process sees (0 without a GPU or a CUDA build).
 int VisibleCudaDevices();

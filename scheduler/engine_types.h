@@ -1,8 +1,8 @@
 // engine_types.h — the value types of the engine facade (scheduler/engine.h): what a job is,
 // what it reports, what a batch and a tensor look like across the wall. Plain structs of
-// standard and planning types only: no LibTorch, no workers/ header, no gRPC — the daemon
-// compiles against these without the data plane on its include path (checked at build time,
-// tests/cmake/layering).
+// standard, planning and shared spec types (workers/spec: the model, the optimizer's
+// hyperparameters) only: no LibTorch, no data-plane header, no gRPC — the daemon compiles against
+// these without the data plane on its include path (checked at build time, tests/cmake/layering).
 //
 // Contract: value types; copy freely, read from any thread. Functions are pure.
 #pragma once
@@ -18,8 +18,9 @@
 
 #include "absl/status/status.h"
 #include "scheduler/planning/dispatch_plan.h"
-#include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
+#include "workers/spec/model_config.h"
+#include "workers/spec/optimizer_spec.h"
 
 namespace rp::scheduler {
 
@@ -30,36 +31,6 @@ using JobId = int64_t;
 enum class Precision { kFloat32, kBFloat16, kFloat16 };
 int PrecisionBytes(Precision p);
 const char* PrecisionName(Precision p);  // "fp32", "bf16", "fp16"
-
-// AdamW (decoupled weight decay) with optional global-norm clipping.
-struct OptimizerSpec {
-  enum class Algorithm { kAdamW, kSgd, kLion, kAdafactor };
-  Algorithm algorithm = Algorithm::kAdamW;
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-  double max_grad_norm = 0;   // 0 = no clipping
-  bool bf16_moments = false;  // AdamW's moments stored as bf16 (stochastic rounding)
-  double momentum = 0;        // SGD
-  double dampening = 0;       // SGD
-  bool nesterov = false;      // SGD
-  // Adafactor (workers::AdamWOptions's fields of the same names)
-  double beta2_decay = -0.8;
-  double eps1 = 0;
-  double eps2 = 1e-3;
-  double clip_threshold = 1.0;
-};
-
-// Constant, or linear warm-up then cosine decay to lr * min_lr_ratio at total_steps.
-struct LrScheduleSpec {
-  enum class Kind { kConstant, kWarmupCosine };
-  Kind kind = Kind::kConstant;
-  int64_t warmup_steps = 0;
-  int64_t total_steps = 0;
-  double min_lr_ratio = 0;
-};
 
 // A server-side data file cut into batches by the engine's runner (no feeding from outside):
 // flat little-endian uint16/uint32 ".bin", a 1-d/2-d ".npy" of uint16/uint32/int32/int64, or a
@@ -115,7 +86,7 @@ struct EvalPolicy {
 
 struct JobSpec {
   std::string name;
-  planning::ModelConfig model;  // dense llama / qwen3 families (the engine refuses others by name)
+  spec::ModelConfig model;  // dense llama / qwen3 families (the engine refuses others by name)
   Precision precision = Precision::kFloat32;
   uint64_t seed = 0;   // weight initialisation
   std::string hf_dir;  // non-empty: initial weights from this Hugging Face model directory
@@ -144,8 +115,8 @@ struct JobSpec {
   double partition_t_max_window = 0;
   int microbatches = 0;            // 0 = number of devices
   int microbatches_per_round = 0;  // 0 = M; -1 = chosen with the automatic partition
-  OptimizerSpec optimizer;
-  LrScheduleSpec lr_schedule;
+  spec::OptimizerSpec optimizer;
+  spec::LrSchedule lr_schedule;
   // kAsync: staleness-1 asynchronous optimizer; consecutive batches overlap (no flush).
   planning::OptimizerMode optimizer_mode = planning::OptimizerMode::kSync;
   int64_t max_steps = 0;                      // 0 = until the input is closed (or the token file ends)

@@ -9,9 +9,9 @@
 #include "scheduler/runtime/job_builder.h"
 #include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/model_adapter.h"
-#include "workers/io/atomic_dir.h"
+#include "workers/files/atomic_dir.h"
+#include "workers/files/confined_fs.h"
 #include "workers/io/checkpoint.h"
-#include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/hf_tensors.h"
 #include "workers/io/safetensors_reader.h"
@@ -20,7 +20,7 @@ namespace rp::scheduler {
 
 namespace io = workers::io;
 
-absl::Status ConfineFileAccess(const std::vector<std::string>& roots) { return io::ConfineTo(roots); }
+absl::Status ConfineFileAccess(const std::vector<std::string>& roots) { return files::ConfineTo(roots); }
 
 std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vector<std::string>* skipped) {
   std::vector<CheckpointInfo> out;
@@ -37,8 +37,8 @@ std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vec
 
 absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const JobSpec& job,
                                          const std::string& out_dir, ExportKind kind, const StopCheck& stop) {
-  auto config = runtime::ToTransformerConfig(job.model);
-  if (!config.ok()) return config.status();
+  if (absl::Status st = job.model.Validate(); !st.ok()) return st;
+  const spec::ModelConfig* config = &job.model;
   auto f = io::SafetensorsFile::Open(checkpoint_dir + "/weights.safetensors");
   if (!f.ok()) return f.status();
   auto record = io::ReadCheckpointBase(checkpoint_dir);
@@ -63,18 +63,18 @@ absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job) { return runti
 int64_t TokenizerParseBytesInFlight() { return runtime::TokenizerParseBytesInFlight(); }
 
 absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner) {
-  if (absl::Status st = io::MakeDirs(dir); !st.ok()) return st;
+  if (absl::Status st = files::MakeDirs(dir); !st.ok()) return st;
   const std::string path = absl::StrCat(dir, "/", kOutputClaimFile);
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::Status st = io::WriteNewFile(path, owner + "\n");
+    absl::Status st = files::WriteNewFile(path, owner + "\n");
     if (st.ok()) return st;
     if (!absl::IsAlreadyExists(st)) return st;
-    auto text = io::ReadSmallFile(path, 4096);
+    auto text = files::ReadSmallFile(path, 4096);
     if (!text.ok()) return text.status();
     const std::string holder(absl::StripAsciiWhitespace(*text));
     if (holder == owner) return absl::OkStatus();
     if (holder.empty()) {  // a claim torn by a crash between create and write: take it over
-      (void)io::RemoveTree(path);
+      (void)files::RemoveTree(path);
       continue;
     }
     return absl::FailedPreconditionError(
@@ -84,8 +84,8 @@ absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner) {
   return absl::UnavailableError(absl::StrCat("output_dir '", dir, "': the claim keeps changing"));
 }
 
-void ReleaseOutputDir(const std::string& dir) { (void)io::RemoveTree(absl::StrCat(dir, "/", kOutputClaimFile)); }
+void ReleaseOutputDir(const std::string& dir) { (void)files::RemoveTree(absl::StrCat(dir, "/", kOutputClaimFile)); }
 
-int RemoveTornWrite(const std::string& target) { return workers::io::RemoveTornTemporaries(target); }
+int RemoveTornWrite(const std::string& target) { return files::RemoveTornTemporaries(target); }
 
 }  // namespace rp::scheduler

@@ -4,7 +4,7 @@
 // and each job's claim on its output directory.
 //
 // Contract: free functions, any thread. Every path is opened beneath the confined roots at the
-// moment of use (workers/io/confined_fs: no symlink escapes, no FIFOs) once ConfineFileAccess
+// moment of use (workers/files/confined_fs: no symlink escapes, no FIFOs) once ConfineFileAccess
 // ran; errors name the file and what is wrong with it.
 #pragma once
 
@@ -23,7 +23,7 @@ absl::Status ConfineFileAccess(const std::vector<std::string>& roots);
 
 // A model directory's config.json as the planner's model description. InvalidArgument naming
 // the field for anything the engine cannot run or a malformed file.
-absl::StatusOr<planning::ModelConfig> ReadHfModelConfig(const std::string& dir);
+absl::StatusOr<spec::ModelConfig> ReadHfModelConfig(const std::string& dir);
 
 // Checkpoints ("step-<N>" with a readable meta.json) under `root`, newest first; `skipped`
 // (optional) collects "<dir>: why" for damaged ones.

@@ -24,7 +24,13 @@ using google::protobuf::util::TimeUtil;
 using scheduler::JobState;
 
 JobManager::JobManager(scheduler::Engine* engine, JobStore* store, DaemonMetrics* metrics, JobManagerOptions options)
-    : engine_(engine), store_(store), metrics_(metrics), options_(std::move(options)), engine_metrics_(metrics) {}
+    : engine_(engine),
+      store_(store),
+      metrics_(metrics),
+      options_(std::move(options)),
+      export_journal_(options_.jobs_dir),
+      gauges_(&metrics->jobs),
+      engine_metrics_(metrics) {}
 
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(scheduler::Engine* engine, JobStore* store,
                                                                DaemonMetrics* metrics, JobManagerOptions options) {
@@ -143,7 +149,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     jobs_[job->id] = job;
     order_.push_back(job);
   }
-  CountTransition(v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_QUEUED);
+  gauges_.Move(v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_QUEUED);
   JobLog()->info(
       "[{}] submitted: name '{}', {} blocks x {} hidden, batch {} x {}, {}", job->id, spec.name(),
       job->resolved.engine.model.num_blocks, job->resolved.engine.model.hidden, job->resolved.global_batch,
@@ -205,7 +211,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
     }
     eid = job->engine_id;
     if (!eid) {  // listed from a previous run: nothing runs, just record it
-      CountTransition(job->record.state(), v1::JOB_STATE_CANCELLED);
+      gauges_.Move(job->record.state(), v1::JOB_STATE_CANCELLED);
       job->record.set_state(v1::JOB_STATE_CANCELLED);
       job->record.set_message("cancelled");
       *job->record.mutable_updated() = Now();
@@ -352,7 +358,7 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
       }
       absl::MutexLock lock(&job->mu);
       EventEffect fx = job->tracker.Apply(e, std::chrono::steady_clock::now(), job->drained, &job->record);
-      if (fx.to != fx.from) CountTransition(fx.from, fx.to);  // the gauge moves before watchers hear of it
+      if (fx.to != fx.from) gauges_.Move(fx.from, fx.to);  // the gauge moves before watchers hear of it
       if (e.kind == scheduler::JobEvent::Kind::kCheckpointFailed) metrics_->checkpoint_failures.Increment();
       if (e.kind == scheduler::JobEvent::Kind::kBatchRejected) metrics_->batches_rejected.Increment();
       if (e.kind == scheduler::JobEvent::Kind::kEval) {
@@ -382,20 +388,6 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
   }
 }
 
-namespace {
-std::string StateLabel(v1::JobState s) {
-  std::string name = v1::JobState_Name(s).substr(std::string("JOB_STATE_").size());
-  for (auto& c : name) c = static_cast<char>(std::tolower(c));
-  return name;
-}
-}  // namespace
-
-void JobManager::CountTransition(v1::JobState from, v1::JobState to) {
-  if (from == to) return;
-  if (from != v1::JOB_STATE_UNSPECIFIED) metrics_->jobs.Add({{"state", StateLabel(from)}}).Decrement();
-  metrics_->jobs.Add({{"state", StateLabel(to)}}).Increment();
-}
-
 void JobManager::UpdateJobGauges() {
   std::map<v1::JobState, int> counts;
   std::vector<std::shared_ptr<Managed>> jobs;
@@ -407,10 +399,7 @@ void JobManager::UpdateJobGauges() {
     absl::MutexLock lock(&j->mu);
     ++counts[j->record.state()];
   }
-  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_PAUSED, v1::JOB_STATE_SUCCEEDED,
-                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
-    metrics_->jobs.Add({{"state", StateLabel(s)}}).Set(counts[s]);
-  }
+  gauges_.SetCounts(counts);
 }
 
 absl::Status JobManager::Subscribe(const std::string& id, std::shared_ptr<JobSubscriber> subscriber) {
@@ -451,31 +440,6 @@ int JobManager::active_jobs() const {
   return n;
 }
 
-absl::Status JobManager::RunInBackground(std::function<void()> task) {
-  absl::MutexLock lock(&tasks_mu_);
-  for (auto it = tasks_.begin(); it != tasks_.end();) {  // reap finished ones
-    if (it->done->load()) {
-      it->thread.join();
-      it = tasks_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  if (static_cast<int>(tasks_.size()) >= kMaxBackgroundTasks) {
-    return absl::ResourceExhaustedError(absl::StrCat(kMaxBackgroundTasks,
-                                                     " requests (submit/export/checkpoint/drain) are in progress; "
-                                                     "retry when one has finished"));
-  }
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  tasks_.push_back({std::thread([task = std::move(task), done] {
-                      (void)Guarded("background task", [&] {
-                        task();
-                        return absl::OkStatus();
-                      });
-                      done->store(true);
-                    }),
-                    done});
-  return absl::OkStatus();
-}
+absl::Status JobManager::RunInBackground(std::function<void()> task) { return tasks_.Run(std::move(task)); }
 
 }  // namespace rp::server

@@ -1,7 +1,10 @@
 // job_manager.h — the daemon's jobs: admission (spec -> engine), the SQLite job store, data
 // feeding (streamed batches through a bounded queue, or a server-side token file), progress and
 // events for watchers, metrics, pause/resume/cancel, export, drain and restart recovery.
-// Proto messages stop here: the engine below only sees engine types (ARCHITECTURE §1).
+// Proto messages stop here: the engine below only sees engine types (ARCHITECTURE §1). Its parts
+// live in classes of their own: BackgroundTasks (request work off the gRPC threads),
+// ExportJournal (a killed export leaves nothing), JobGauges (jobs per state), JobEventTracker
+// (engine events -> the job's record), JobStore (SQLite).
 //
 // Contract: every public method is thread-safe and returns quickly (never waits for training);
 // gRPC handlers call it from callback threads. Per job, a pump thread turns engine events into
@@ -27,7 +30,10 @@
 #include "absl/synchronization/mutex.h"
 #include "roundpipe/v1/jobs.pb.h"
 #include "scheduler/engine.h"
+#include "server/background_tasks.h"
 #include "server/engine_metrics.h"
+#include "server/export_journal.h"
+#include "server/job_gauges.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -118,11 +124,6 @@ class JobManager {
   absl::Status Admit(const std::shared_ptr<Managed>& job);
   // A started job from the store: admit it from its newest usable checkpoint (false: none).
   bool ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool paused);
-  // Exports in progress are journaled in <jobs_dir>/<id>.export-<hash>; Recover removes what a
-  // crash left of them.
-  static constexpr char kExportJournalInfix[] = ".export-";
-  std::string ExportJournalPath(const std::string& id, const std::string& dir) const;
-  void RemoveTornExports();
   std::shared_ptr<Managed> Find(const std::string& id) const;
   // A job that has not ended and runs in this daemon's engine (NotFound / FailedPrecondition
   // saying why `action` is impossible otherwise).
@@ -132,8 +133,7 @@ class JobManager {
   void PumpLoop(const std::shared_ptr<Managed>& job);
   void Publish(Managed& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
   void Persist(Managed& job);                                            // job.mu held
-  void UpdateJobGauges();                                                // absolute counts from the records (startup)
-  void CountTransition(roundpipe::v1::JobState from, roundpipe::v1::JobState to);  // incremental
+  void UpdateJobGauges();  // absolute counts from the records (startup); gauges_.Move after
   absl::StatusOr<roundpipe::v1::Job> Snapshot(const std::shared_ptr<Managed>& job);
 
   scheduler::Engine* engine_;
@@ -150,13 +150,9 @@ class JobManager {
 
   absl::Mutex reap_mu_;  // serialises joining job threads (ReapJobThreads, Shutdown)
 
-  struct Task {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  absl::Mutex tasks_mu_;
-  std::vector<Task> tasks_ ABSL_GUARDED_BY(tasks_mu_);  // finished ones are joined when the next task starts
-
+  BackgroundTasks tasks_{kMaxBackgroundTasks};
+  ExportJournal export_journal_;  // exports in progress; Recover removes what a crash left of them
+  JobGauges gauges_;
   EngineMetrics engine_metrics_;  // the engine's counters as increments
 };
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <functional>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/job_files.h"
 #include "server/job_manager_internal.h"
@@ -52,8 +53,8 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
   absl::StatusOr<int64_t> bytes;
   // A journal entry while the export is written: a kill -9 meanwhile leaves a temporary beside
   // `dir` that the next start removes (Recover), even if nothing exports there again.
-  const std::string journal = ExportJournalPath(id, dir);
-  std::ofstream(journal) << dir;
+  const std::string journal = export_journal_.Begin(id, dir);
+  absl::Cleanup end_journal = [&] { export_journal_.End(journal); };
   const auto started = std::chrono::steady_clock::now();
   auto last_log = started;
   int64_t tensors = 0;
@@ -87,33 +88,9 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
     }
     bytes = scheduler::ExportCheckpoint(all.front().path, resolved->engine, dir, kind, stop);
   }
-  std::error_code ec;
-  std::filesystem::remove(journal, ec);
   if (!bytes.ok()) return bytes.status();
   JobLog()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);
   return dir;
-}
-
-std::string JobManager::ExportJournalPath(const std::string& id, const std::string& dir) const {
-  return (std::filesystem::path(options_.jobs_dir) /
-          absl::StrCat(id, kExportJournalInfix, absl::Hex(std::hash<std::string>{}(dir))))
-      .string();
-}
-
-void JobManager::RemoveTornExports() {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(options_.jobs_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.find(kExportJournalInfix) == std::string::npos || !entry.is_regular_file(ec)) continue;
-    std::string target;
-    std::getline(std::ifstream(entry.path()), target);
-    if (!target.empty()) {
-      const int removed = scheduler::RemoveTornWrite(target);
-      if (removed > 0)
-        JobLog()->warn("removed {} torn export temporar{} of {}", removed, removed == 1 ? "y" : "ies", target);
-    }
-    std::filesystem::remove(entry.path(), ec);
-  }
 }
 
 absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string& id) {
@@ -242,12 +219,7 @@ void JobManager::Shutdown() {
       if (j->pump.joinable()) j->pump.join();
     }
   }
-  std::vector<Task> tasks;
-  {
-    absl::MutexLock lock(&tasks_mu_);
-    tasks.swap(tasks_);
-  }
-  for (auto& t : tasks) t.thread.join();
+  tasks_.JoinAll();
 }
 
 }  // namespace rp::server

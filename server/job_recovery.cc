@@ -48,7 +48,7 @@ absl::Status JobManager::Recover() {
     }
   }
   ContinueIdsAfterJobDirs(all->size());
-  RemoveTornExports();
+  export_journal_.RemoveTorn();
   UpdateJobGauges();  // absolute counts before any pump moves them
   for (const RecoveredJob& r : readmit) ReadmitAfterRestart(r);
   for (const RecoveredJob& r : resume) ResumeAfterRestart(r);
@@ -77,7 +77,7 @@ void JobManager::ContinueIdsAfterJobDirs(size_t listed) {
 
 void JobManager::FailRecovered(Managed& job, const std::string& why) {
   absl::MutexLock lock(&job.mu);
-  CountTransition(job.record.state(), v1::JOB_STATE_FAILED);
+  gauges_.Move(job.record.state(), v1::JOB_STATE_FAILED);
   job.record.set_state(v1::JOB_STATE_FAILED);
   job.record.set_error(why);
   *job.record.mutable_updated() = Now();
@@ -135,7 +135,7 @@ void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
     return;
   }
   absl::MutexLock lock(&job->mu);
-  CountTransition(job->record.state(), v1::JOB_STATE_PAUSED);
+  gauges_.Move(job->record.state(), v1::JOB_STATE_PAUSED);
   job->record.set_state(v1::JOB_STATE_PAUSED);
   job->record.set_message("interrupted by a daemon restart at step " + std::to_string(job->record.progress().step()) +
                           " with no usable checkpoint; submit it again");
@@ -169,7 +169,7 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool 
     if (e.max_steps > 0) {
       if (meta->step >= e.max_steps) {  // it had finished; only the final record was lost
         absl::MutexLock lock(&job->mu);
-        CountTransition(job->record.state(), v1::JOB_STATE_SUCCEEDED);
+        gauges_.Move(job->record.state(), v1::JOB_STATE_SUCCEEDED);
         job->record.set_state(v1::JOB_STATE_SUCCEEDED);
         Persist(*job);
         return true;

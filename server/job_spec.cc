@@ -16,7 +16,7 @@
 namespace rp::server {
 
 namespace v1 = roundpipe::v1;
-using planning::ModelConfig;
+using spec::ModelConfig;
 
 absl::Status CheckFiniteNumbers(const google::protobuf::Message& msg, const std::string& prefix) {
   const google::protobuf::Descriptor* d = msg.GetDescriptor();
@@ -53,7 +53,7 @@ absl::Status CheckFiniteNumbers(const google::protobuf::Message& msg, const std:
 
 namespace {
 
-absl::StatusOr<ModelConfig> ResolveModel(const v1::ModelSpec& m, const JobSpecContext& ctx, std::string* hf_dir) {
+absl::StatusOr<spec::ModelConfig> ResolveModel(const v1::ModelSpec& m, const JobSpecContext& ctx, std::string* hf_dir) {
   if (!m.hf_dir().empty()) {
     if (!m.preset().empty() || m.vocab() != 0 || m.hidden() != 0 || m.num_blocks() != 0) {
       return absl::InvalidArgumentError("model: give either hf_dir or a preset / explicit sizes, not both");
@@ -65,7 +65,7 @@ absl::StatusOr<ModelConfig> ResolveModel(const v1::ModelSpec& m, const JobSpecCo
     *hf_dir = *dir;
     return *c;
   }
-  ModelConfig c;
+  spec::ModelConfig c;
   if (!m.preset().empty()) {
     auto p = planning::ModelPreset(m.preset());
     if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("model.preset: ", p.status().message()));
@@ -114,7 +114,7 @@ absl::StatusOr<ModelConfig> ResolveModel(const v1::ModelSpec& m, const JobSpecCo
     if (m.rope_low_freq_factor() > 0) c.rope_scaling.low_freq_factor = m.rope_low_freq_factor();
     if (m.rope_high_freq_factor() > 0) c.rope_scaling.high_freq_factor = m.rope_high_freq_factor();
   }
-  if (absl::Status st = scheduler::ValidateModel(c); !st.ok()) {
+  if (absl::Status st = c.Validate(); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("model: ", st.message()));
   }
   return c;
@@ -148,7 +148,7 @@ absl::Status ResolveModelAndPrecision(const v1::JobSpec& spec, const JobSpecCont
     e.model.lora.alpha = lora.alpha() > 0 ? lora.alpha() : 16;
     e.model.lora.targets.assign(lora.target_modules().begin(), lora.target_modules().end());
     if (e.model.lora.targets.empty()) e.model.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    if (absl::Status st = scheduler::ValidateModel(e.model); !st.ok()) {
+    if (absl::Status st = e.model.Validate(); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("model.lora: ", st.message()));
     }
     if (!lora.adapter_dir().empty()) {

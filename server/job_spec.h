@@ -35,7 +35,7 @@ struct ResolvedJob {
 };
 
 // Model presets (jobs.proto ModelSpec.preset) are the planner's registry:
-// planning::ModelPreset / ModelPresetNames (scheduler/planning/model_config.h).
+// planning::ModelPreset / ModelPresetNames (scheduler/planning/presets.h).
 
 absl::StatusOr<ResolvedJob> ResolveJobSpec(const roundpipe::v1::JobSpec& spec, const JobSpecContext& ctx);
 

@@ -30,7 +30,7 @@ absl::Status ResolveOptimizer(const v1::JobSpec& spec, const JobSpecContext& ctx
           "optimizer.%s: %.17g rounds to 1 in the optimizer's float32 arithmetic (at most 0.99999994)", name, beta));
     }
   }
-  using Algorithm = scheduler::OptimizerSpec::Algorithm;
+  using Algorithm = spec::OptimizerAlgorithm;
   switch (o.algorithm()) {
     case v1::OPTIMIZER_ALGORITHM_UNSPECIFIED:
     case v1::OPTIMIZER_ALGORITHM_ADAMW:
@@ -105,7 +105,7 @@ absl::Status ResolveOptimizer(const v1::JobSpec& spec, const JobSpecContext& ctx
     if (total <= 0) {
       return absl::InvalidArgumentError("optimizer.lr_schedule: warmup_cosine needs total_steps (or max_steps) > 0");
     }
-    e.lr_schedule = {scheduler::LrScheduleSpec::Kind::kWarmupCosine, ls.warmup_steps(), total, ls.min_lr_ratio()};
+    e.lr_schedule = {spec::LrSchedule::Kind::kWarmupCosine, ls.warmup_steps(), total, ls.min_lr_ratio()};
   }
   e.optimizer_mode =
       o.mode() == v1::OPTIMIZER_MODE_SYNC ? planning::OptimizerMode::kSync : planning::OptimizerMode::kAsync;

@@ -29,7 +29,7 @@ bool ReplaysRouting(const StageState& s) { return s.ctx->replay_routing && s.ctx
 // the activation store, its experts uploaded (the counts stay on the host).
 void TakeRouting(StageState& s, int m, int mb) {
   const StageTask& sl = s.task;
-  const models::TransformerConfig& cfg = *s.ctx->cfg;
+  const spec::ModelConfig& cfg = *s.ctx->cfg;
   RoutingTape& tape = s.routing[static_cast<size_t>(m)];
   for (int l = std::max(1, sl.first_layer); l < sl.first_layer + sl.num_layers && l <= cfg.num_blocks; ++l) {
     if (!cfg.SparseBlock(l - 1)) continue;
@@ -71,21 +71,21 @@ void UploadInputs(StageState& s, int m, int mb, Inputs which) {
   if (which != Inputs::kGradient) x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
   if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
   if (which != Inputs::kCheckpoint) {
-    if (sl.kind == StageKind::kFused || sl.kind == StageKind::kEval) {
+    if (sl.kind == spec::StageKind::kFused || sl.kind == spec::StageKind::kEval) {
       second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
-    } else if (sl.kind == StageKind::kBackward) {
+    } else if (sl.kind == spec::StageKind::kBackward) {
       second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
     }
   }
   if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
   if (which != Inputs::kGradient) {
-    if (sl.kind == StageKind::kBackward && ReplaysRouting(s)) TakeRouting(s, m, mb);
+    if (sl.kind == spec::StageKind::kBackward && ReplaysRouting(s)) TakeRouting(s, m, mb);
     s.in[i] = s.dev->Upload(*x);
     if (!s.ctx->positions.empty()) s.positions[i] = s.dev->Upload(s.ctx->positions[static_cast<size_t>(mb)]);
   }
   if (which == Inputs::kCheckpoint) return;
-  if (sl.kind == StageKind::kFused || sl.kind == StageKind::kEval) s.labels[i] = s.dev->Upload(*second);
-  if (sl.kind == StageKind::kBackward) s.grad_out[i] = s.dev->Upload(*second);
+  if (sl.kind == spec::StageKind::kFused || sl.kind == spec::StageKind::kEval) s.labels[i] = s.dev->Upload(*second);
+  if (sl.kind == spec::StageKind::kBackward) s.grad_out[i] = s.dev->Upload(*second);
 }
 
 models::TokenLayout LayoutOf(const StageState& s, size_t i) {
@@ -129,7 +129,7 @@ void ComputeMicrobatch(StageState& s, int m) {
   const size_t i = static_cast<size_t>(m);
   const models::TokenLayout layout = LayoutOf(s, i);
   switch (sl.kind) {
-    case StageKind::kForward:
+    case spec::StageKind::kForward:
       s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.task.save_inputs_of,
                                   ReplaysRouting(s) ? &s.routing[i] : nullptr);
       if (ctx.router_aux) {
@@ -138,7 +138,7 @@ void ComputeMicrobatch(StageState& s, int m) {
         }
       }
       break;
-    case StageKind::kFused: {
+    case spec::StageKind::kFused: {
       const RouterAux aux{ctx.router_aux.get(), sl.first_microbatch + m, ctx.grad_multiplier};
       FusedResult r =
           FusedStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i], ctx.loss_scale * ctx.grad_multiplier,
@@ -147,12 +147,12 @@ void ComputeMicrobatch(StageState& s, int m) {
       s.grad_in[i] = r.grad_input;
       break;
     }
-    case StageKind::kEval: {
+    case spec::StageKind::kEval: {
       const models::HeadLoss r = EvalStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i], ctx.head_chunk_tokens);
       ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
       break;
     }
-    case StageKind::kBackward:
+    case spec::StageKind::kBackward:
       s.grad_in[i] = BackwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.grad_out[i], ReplayOf(s, i),
                                    AuxWeights(s, sl.first_microbatch + m));
       s.routing[i].clear();
@@ -170,7 +170,7 @@ void DownloadOutputs(StageState& s, int m, int mb) {
   const StageTask& sl = s.task;
   RunContext& ctx = *s.ctx;
   const size_t i = static_cast<size_t>(m);
-  if (sl.kind == StageKind::kForward) {
+  if (sl.kind == spec::StageKind::kForward) {
     for (auto& [layer, t] : s.fwd_out[i]) {
       ctx.acts->Put(ActKind::kActivation, layer, mb, s.dev->Download(t), ctx.act_consumers[static_cast<size_t>(layer)],
                     sl.iteration);
@@ -203,7 +203,7 @@ MicrobatchEvents EnqueueMicrobatches(Device& dev, const std::shared_ptr<StageSta
   // micro-batch is recomputed once its checkpoint is up, and only its backward waits for the
   // gradient. The compute stream runs R(m), B(m), R(m+1), ...: at most one recomputed graph
   // waits for its gradient at a time.
-  const bool ahead = sl.kind == StageKind::kBackward && sl.recompute_ahead;
+  const bool ahead = sl.kind == spec::StageKind::kBackward && sl.recompute_ahead;
   for (int m = 0; m < mbs; ++m) {
     const int mb = sl.first_microbatch + m;
     // act-up: at most one micro-batch ahead of compute.

@@ -11,15 +11,15 @@
 
 #include "absl/status/status.h"
 #include "workers/base/mutex.h"
-#include "workers/models/transformer_config.h"
 #include "workers/router_aux.h"
+#include "workers/spec/model_config.h"
 #include "workers/store/activation_store.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::workers {
 
 struct RunContext {
-  const models::TransformerConfig* cfg = nullptr;
+  const spec::ModelConfig* cfg = nullptr;
   HostModelStore* store = nullptr;
   ActivationStore* acts = nullptr;
   int iteration = 0;

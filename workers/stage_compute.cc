@@ -26,7 +26,7 @@ const models::RoutingDecision* Replayed(const RoutingTape* replay, int layer) {
 }
 
 // Layers [first, first+n) excluding the head; `x` may need grad.
-at::Tensor RunLayers(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+at::Tensor RunLayers(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                      at::Tensor x, int first, int n, const LayerIo& io = {}) {
   for (int l = first; l < first + n; ++l) {
     if (io.save && l > first && std::find(io.save->begin(), io.save->end(), l) != io.save->end()) {
@@ -76,7 +76,7 @@ void AddGrad(const at::Tensor& param, const at::Tensor& g) {
 
 }  // namespace
 
-std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerConfig& cfg, const StageWeights& w,
+std::vector<std::pair<int, at::Tensor>> ForwardStage(const spec::ModelConfig& cfg, const StageWeights& w,
                                                      const models::TokenLayout& layout, const at::Tensor& in,
                                                      const std::vector<int>& save_inputs_of, RoutingTape* record) {
   at::NoGradGuard no_grad;
@@ -87,7 +87,7 @@ std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerCo
   return out;
 }
 
-FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+FusedResult FusedStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                        const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens,
                        const RouterAux* aux) {
   at::AutoGradMode grad_on(true);
@@ -126,9 +126,8 @@ FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights&
   return r;
 }
 
-models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                           const models::TokenLayout& layout, const at::Tensor& in, const at::Tensor& labels,
-                           int64_t chunk_tokens) {
+models::HeadLoss EvalStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+                           const at::Tensor& in, const at::Tensor& labels, int64_t chunk_tokens) {
   at::NoGradGuard no_grad;
   const int n_blocks = static_cast<int>(w.layers.size()) - 1;  // the last layer is the head
   at::Tensor h = RunLayers(cfg, w, layout, in, w.first_layer, n_blocks);
@@ -137,9 +136,8 @@ models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeig
   return models::ChunkedHeadLoss(hn.reshape({-1, hn.size(-1)}), head[1], labels.reshape({-1}), chunk_tokens);
 }
 
-Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                          const models::TokenLayout& layout, const at::Tensor& in, const RoutingTape* replay,
-                          bool router_probs) {
+Recomputed RecomputeStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+                          const at::Tensor& in, const RoutingTape* replay, bool router_probs) {
   at::AutoGradMode grad_on(true);
   const int first = w.first_layer;
   Recomputed r;
@@ -160,7 +158,7 @@ at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out
   return r.input.defined() ? r.input.grad() : at::Tensor();
 }
 
-at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+at::Tensor BackwardStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                          const at::Tensor& in, const at::Tensor& grad_out, const RoutingTape* replay,
                          const at::Tensor& aux_weights) {
   return BackwardFromRecompute(RecomputeStage(cfg, w, layout, in, replay, aux_weights.defined()), grad_out,

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "workers/models/layers.h"
-#include "workers/models/transformer_config.h"
 #include "workers/router_aux.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::workers {
 
@@ -35,7 +35,7 @@ using RoutingTape = std::map<int, models::RoutingDecision>;
 // `save_inputs_of` lists layers l in (first, first+n] whose input is also returned.
 // Returns (layer, tensor) pairs: the requested checkpoints and (layer first+n, the output).
 // `record`, when given, receives every sparse block's routing.
-std::vector<std::pair<int, at::Tensor>> ForwardStage(const models::TransformerConfig& cfg, const StageWeights& w,
+std::vector<std::pair<int, at::Tensor>> ForwardStage(const spec::ModelConfig& cfg, const StageWeights& w,
                                                      const models::TokenLayout& layout, const at::Tensor& in,
                                                      const std::vector<int>& save_inputs_of,
                                                      RoutingTape* record = nullptr);
@@ -55,15 +55,14 @@ struct FusedResult {
   double aux_loss = 0;  // the micro-batch's coef / M · aux when `aux` was given
 };
 // B_1: layers [first, L) including the head, on `in` and `labels` [b, s].
-FusedResult FusedStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+FusedResult FusedStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                        const at::Tensor& in, const at::Tensor& labels, double loss_scale, int64_t chunk_tokens,
                        const RouterAux* aux = nullptr);
 
 // Evaluation (no autograd, no gradients): layers [first, L) including the head on `in` and
 // `labels`; the unscaled CE sum and the tokens it counts.
-models::HeadLoss EvalStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                           const models::TokenLayout& layout, const at::Tensor& in, const at::Tensor& labels,
-                           int64_t chunk_tokens);
+models::HeadLoss EvalStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+                           const at::Tensor& in, const at::Tensor& labels, int64_t chunk_tokens);
 
 // B_j in two steps, so that the recompute can run before the upstream gradient arrived: the
 // recompute of layers [first, first+n) from the checkpoint `in` with autograd (the graph lives in
@@ -77,13 +76,12 @@ struct Recomputed {
   at::Tensor output;                  // the stage output, carrying the graph
   std::vector<at::Tensor> prob_sums;  // per sparse block, when asked for
 };
-Recomputed RecomputeStage(const models::TransformerConfig& cfg, const StageWeights& w,
-                          const models::TokenLayout& layout, const at::Tensor& in, const RoutingTape* replay = nullptr,
-                          bool router_probs = false);
+Recomputed RecomputeStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+                          const at::Tensor& in, const RoutingTape* replay = nullptr, bool router_probs = false);
 at::Tensor BackwardFromRecompute(const Recomputed& r, const at::Tensor& grad_out, const at::Tensor& aux_weights = {});
 
 // B_j in one call: RecomputeStage then BackwardFromRecompute.
-at::Tensor BackwardStage(const models::TransformerConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+at::Tensor BackwardStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                          const at::Tensor& in, const at::Tensor& grad_out, const RoutingTape* replay = nullptr,
                          const at::Tensor& aux_weights = {});
 

@@ -12,14 +12,14 @@ at::Tensor Boundary(const StageState& s, const at::Tensor& like) {
                    at::TensorOptions().dtype(s.ctx->store->master_dtype()).device(c10::kMeta));
 }
 
-PacedCompute KindOf(StageKind k) {
+PacedCompute KindOf(spec::StageKind k) {
   switch (k) {
-    case StageKind::kForward:
-    case StageKind::kEval:
+    case spec::StageKind::kForward:
+    case spec::StageKind::kEval:
       return PacedCompute::kForward;
-    case StageKind::kFused:
+    case spec::StageKind::kFused:
       return PacedCompute::kFused;
-    case StageKind::kBackward:
+    case spec::StageKind::kBackward:
       return PacedCompute::kBackward;
   }
   return PacedCompute::kForward;
@@ -32,18 +32,18 @@ void PacedComputeMicrobatch(StageState& s, int m, const Pacer& pacer) {
   const size_t i = static_cast<size_t>(m);
   pacer.Spend(pacer.ComputeSeconds(KindOf(sl.kind), sl.first_layer, sl.num_layers));
   switch (sl.kind) {
-    case StageKind::kForward:
+    case spec::StageKind::kForward:
       for (int l : sl.save_inputs_of) s.fwd_out[i].push_back({l, Boundary(s, s.in[i])});
       s.fwd_out[i].push_back({sl.first_layer + sl.num_layers, Boundary(s, s.in[i])});
       break;
-    case StageKind::kFused:
+    case spec::StageKind::kFused:
       s.ctx->AddLoss(0, s.labels[i].numel());
       if (sl.first_layer > 0) s.grad_in[i] = Boundary(s, s.in[i]);
       break;
-    case StageKind::kEval:
+    case spec::StageKind::kEval:
       s.ctx->AddLoss(0, s.labels[i].numel());
       break;
-    case StageKind::kBackward:
+    case spec::StageKind::kBackward:
       s.grad_in[i] = Boundary(s, s.grad_out[i]);
       break;
   }

@@ -64,7 +64,7 @@ std::vector<std::vector<TransferPiece>> PlanChunks(const std::vector<TensorExten
 std::string Label(const StageTask& sl, const char* what, int mb);
 
 // Fused and backward stages form weight gradients; forward and evaluation stages do not.
-inline bool Trains(StageKind k) { return k == StageKind::kFused || k == StageKind::kBackward; }
+inline bool Trains(spec::StageKind k) { return k == spec::StageKind::kFused || k == spec::StageKind::kBackward; }
 
 // Step 1 (param-up stream): the stage's unique parameters to the device, chunk j of the weights
 // after the running stage's j-th input upload; returns the event compute waits on. `owners`:

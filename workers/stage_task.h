@@ -8,17 +8,14 @@
 #include <vector>
 
 #include "workers/consistency.h"
+#include "workers/spec/stage_kind.h"
 
 namespace rp::workers {
-
-// F_i; B_1 (forward + loss + backward); B_j; and in an evaluation pass E, B_1's place without
-// autograd (forward + loss only: no backward stage, no gradient, no optimizer step follows).
-enum class StageKind { kForward, kFused, kBackward, kEval };
 
 struct StageTask {
   int slot = 0;  // the slot's index in the iteration's dispatch plan (timeline records carry it)
   int iteration = 0;
-  StageKind kind = StageKind::kForward;
+  spec::StageKind kind = spec::StageKind::kForward;  // kEval: B_1 without autograd (stage_kind.h)
   int stage = 0;  // forward: 1..Sf (F_i); fused and eval: 1 (B_1); backward: 2..Sb (B_j)
   int first_layer = 0;
   int num_layers = 0;

@@ -16,7 +16,7 @@ std::vector<std::vector<TransferPiece>> PlanChunks(const std::vector<TensorExten
 }
 
 std::string Label(const StageTask& sl, const char* what, int mb) {
-  const char* k = sl.kind == StageKind::kForward ? "F" : sl.kind == StageKind::kEval ? "E" : "B";
+  const char* k = sl.kind == spec::StageKind::kForward ? "F" : sl.kind == spec::StageKind::kEval ? "E" : "B";
   std::string s = absl::StrCat(what, k, sl.stage);
   if (mb >= 0) absl::StrAppend(&s, " mb", mb);
   return s;

@@ -22,7 +22,7 @@ int64_t CostModel::BackwardMemory(int layer) const {
 
 namespace {
 
-absl::Status ValidateAnalyticInputs(const ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt) {
+absl::Status ValidateAnalyticInputs(const spec::ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt) {
   if (m.num_blocks <= 0 || m.hidden <= 0 || m.vocab <= 0 || m.num_heads <= 0 || m.num_kv_heads <= 0 ||
       m.head_dim <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", m.name,
@@ -32,9 +32,9 @@ absl::Status ValidateAnalyticInputs(const ModelConfig& m, const DeviceProfile& d
   if (!m.is_moe() && m.intermediate <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", m.name, "': dense model needs intermediate > 0"));
   }
-  if (m.is_moe() && (m.active_experts <= 0 || m.active_experts > m.num_experts || m.expert_intermediate <= 0)) {
+  if (m.is_moe() && (m.experts_per_token <= 0 || m.experts_per_token > m.num_experts || m.expert_intermediate <= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("model '", m.name,
-                                                   "': MoE needs 0 < active_experts <= experts "
+                                                   "': MoE needs 0 < experts_per_token <= experts "
                                                    "and expert_intermediate > 0"));
   }
   if (d.peak_matmul_flops <= 0 || d.memory_bandwidth <= 0) {
@@ -56,7 +56,7 @@ absl::Status ValidateAnalyticInputs(const ModelConfig& m, const DeviceProfile& d
 // The quantities every layer's estimate uses: the micro-batch's size, the model's widths, and
 // the device's effective rates.
 struct AnalyticTerms {
-  AnalyticTerms(const ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt)
+  AnalyticTerms(const spec::ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt)
       : tokens(static_cast<double>(opt.micro_batch_size * opt.sequence_length)),
         s(static_cast<double>(opt.sequence_length)),
         h(static_cast<double>(m.hidden)),
@@ -78,7 +78,7 @@ struct AnalyticTerms {
 };
 
 // Embedding: a gather (memory-bound) forward; a scatter-add of the gradient backward.
-LayerCost EmbeddingCost(const ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t) {
+LayerCost EmbeddingCost(const spec::ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t) {
   LayerCost c;
   c.kind = LayerKind::kEmbedding;
   const double traffic = t.tokens * t.h * t.db * 2;
@@ -97,7 +97,7 @@ struct MlpTerms {
   double flops, rate, act_width;
 };
 
-MlpTerms BlockMlp(const ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t) {
+MlpTerms BlockMlp(const spec::ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t) {
   if (!m.is_moe()) {
     const double i = static_cast<double>(m.intermediate);
     return {t.tokens * 3 * 2 * t.h * i, t.mm_rate, 3 * i};
@@ -105,13 +105,13 @@ MlpTerms BlockMlp(const ModelConfig& m, const AnalyticOptions& opt, const Analyt
   // Router GEMM plus k experts' gate, up and down per token, in per-expert GEMMs whose rows are
   // the tokens routed to each expert (on average tokens x k / E).
   const double ie = static_cast<double>(m.expert_intermediate);
-  const double rows = t.tokens * m.active_experts / m.num_experts;
+  const double rows = t.tokens * m.experts_per_token / m.num_experts;
   const double efficiency = rows / (rows + opt.expert_half_rows);
-  return {t.tokens * (2 * t.h * m.num_experts + m.active_experts * 3 * 2 * t.h * ie), t.mm_rate * efficiency,
-          m.active_experts * (3 * ie + t.h)};
+  return {t.tokens * (2 * t.h * m.num_experts + m.experts_per_token * 3 * 2 * t.h * ie), t.mm_rate * efficiency,
+          m.experts_per_token * (3 * ie + t.h)};
 }
 
-LayerCost BlockCost(const ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t, int b) {
+LayerCost BlockCost(const spec::ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t, int b) {
   LayerCost c;
   c.kind = LayerKind::kBlock;
   const double h = t.h, q = t.q, kv = t.kv, tokens = t.tokens;
@@ -127,12 +127,13 @@ LayerCost BlockCost(const ModelConfig& m, const AnalyticOptions& opt, const Anal
   double lora_flops = t.lora ? tokens * 2 * static_cast<double>(m.BlockLoraParams()) : 0.0;
   if (t.lora && m.SparseBlock(b)) {  // expert adapters: only the k routed experts' run per token
     for (const auto& [in, out] : m.ExpertLoraShapes())
-      lora_flops += tokens * 2 * m.active_experts * m.lora.rank * (in + out);
+      lora_flops += tokens * 2 * m.experts_per_token * m.lora.rank * (in + out);
   }
   // Elementwise traffic: norms, rope, residuals, activation function (about 12 reads/writes of
   // an h-wide row and 3 of the MLP width per token), plus reading the block's weights once.
   const double ew_bytes =
-      tokens * t.db * (12 * h + (m.is_moe() ? m.active_experts * 3.0 * m.expert_intermediate : 3.0 * m.intermediate));
+      tokens * t.db *
+      (12 * h + (m.is_moe() ? m.experts_per_token * 3.0 * m.expert_intermediate : 3.0 * m.intermediate));
   const double weight_bytes = static_cast<double>(m.BlockParams()) * t.db;
   // The backward of attention with sinks passes over the materialised fp32 score matrix.
   const double sequences = tokens / t.s;
@@ -151,11 +152,11 @@ LayerCost BlockCost(const ModelConfig& m, const AnalyticOptions& opt, const Anal
   // MLP intermediates.
   c.act_bytes_per_token = static_cast<int64_t>(t.db * (6 * h + 2 * q + 2 * kv + mlp.act_width));
   // A sparse block's backward also holds the forward's routing, replayed (int64 experts per token).
-  if (m.SparseBlock(b)) c.act_bytes_per_token += 8 * m.active_experts;
+  if (m.SparseBlock(b)) c.act_bytes_per_token += 8 * m.experts_per_token;
   return c;
 }
 
-LayerCost HeadCost(const ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t) {
+LayerCost HeadCost(const spec::ModelConfig& m, const AnalyticOptions& opt, const AnalyticTerms& t) {
   LayerCost c;
   c.kind = LayerKind::kHead;
   const double v = static_cast<double>(m.vocab);
@@ -178,7 +179,8 @@ LayerCost HeadCost(const ModelConfig& m, const AnalyticOptions& opt, const Analy
 
 }  // namespace
 
-absl::StatusOr<CostModel> AnalyticCostModel(const ModelConfig& m, const DeviceProfile& d, const AnalyticOptions& opt) {
+absl::StatusOr<CostModel> AnalyticCostModel(const spec::ModelConfig& m, const DeviceProfile& d,
+                                            const AnalyticOptions& opt) {
   if (absl::Status st = ValidateAnalyticInputs(m, d, opt); !st.ok()) return st;
   const AnalyticTerms t(m, d, opt);
   CostModel cm;

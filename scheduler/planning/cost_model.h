@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/presets.h"
 
 namespace rp::planning {
 
@@ -67,7 +67,7 @@ struct AnalyticOptions {
 // (1x with a frozen base under LoRA) and 2.5x for attention; bwd_s and fused_s both include one
 // forward. The defaults are fitted to the authors' measured RTX 4090 layer times (the five
 // profiles in tests/bench/profiles): every block and head time within 15 % (docs/SIMULATOR.md).
-absl::StatusOr<CostModel> AnalyticCostModel(const ModelConfig& model, const DeviceProfile& device,
+absl::StatusOr<CostModel> AnalyticCostModel(const spec::ModelConfig& model, const DeviceProfile& device,
                                             const AnalyticOptions& opt);
 
 // A synthetic model of `num_layers` layers: uniform blocks with an embedding and a heavy head,

@@ -7,13 +7,13 @@ namespace rp::planning {
 
 const char* OptimizerModeName(OptimizerMode m) { return m == OptimizerMode::kSync ? "sync" : "async"; }
 
-const char* SlotKindName(SlotKind k) {
+const char* SlotKindName(spec::StageKind k) {
   switch (k) {
-    case SlotKind::kForward:
+    case spec::StageKind::kForward:
       return "forward";
-    case SlotKind::kFused:
+    case spec::StageKind::kFused:
       return "fused";
-    case SlotKind::kBackward:
+    case spec::StageKind::kBackward:
       return "backward";
   }
   return "?";
@@ -60,7 +60,7 @@ absl::Status ValidateDispatch(const Partition& p, int num_layers, const Dispatch
 
 // One slot of a round's stage layout (the same in every round and iteration).
 struct SlotShape {
-  SlotKind kind;
+  spec::StageKind kind;
   int stage, first, count;
 };
 
@@ -69,14 +69,14 @@ std::vector<SlotShape> RoundLayout(const Partition& p, int num_layers) {
   std::vector<SlotShape> shapes;
   int first = 0;
   for (size_t i = 0; i < p.forward.size(); ++i) {
-    shapes.push_back({SlotKind::kForward, static_cast<int>(i) + 1, first, p.forward[i]});
+    shapes.push_back({spec::StageKind::kForward, static_cast<int>(i) + 1, first, p.forward[i]});
     first += p.forward[i];
   }
-  shapes.push_back({SlotKind::kFused, 1, num_layers - p.fused, p.fused});
+  shapes.push_back({spec::StageKind::kFused, 1, num_layers - p.fused, p.fused});
   int top = num_layers - p.fused;
   for (size_t j = 0; j < p.backward.size(); ++j) {
     top -= p.backward[j];
-    shapes.push_back({SlotKind::kBackward, static_cast<int>(j) + 2, top, p.backward[j]});
+    shapes.push_back({spec::StageKind::kBackward, static_cast<int>(j) + 2, top, p.backward[j]});
   }
   return shapes;
 }
@@ -88,14 +88,14 @@ std::vector<SlotDependency> SlotDeps(const std::vector<SlotShape>& shapes, int b
   std::vector<SlotDependency> deps;
   const SlotShape& me = shapes[static_cast<size_t>(i)];
   if (i > 0) {
-    deps.push_back({base + i - 1, me.kind == SlotKind::kForward || me.kind == SlotKind::kFused
+    deps.push_back({base + i - 1, me.kind == spec::StageKind::kForward || me.kind == spec::StageKind::kFused
                                       ? SlotDependency::Reason::kActivation
                                       : SlotDependency::Reason::kGradient});
   }
-  if (me.kind == SlotKind::kBackward && me.first > 0) {
+  if (me.kind == spec::StageKind::kBackward && me.first > 0) {
     for (int k = 0; k < static_cast<int>(shapes.size()); ++k) {
       const SlotShape& f = shapes[static_cast<size_t>(k)];
-      if (f.kind == SlotKind::kForward && f.first <= me.first - 1 && me.first - 1 < f.first + f.count) {
+      if (f.kind == spec::StageKind::kForward && f.first <= me.first - 1 && me.first - 1 < f.first + f.count) {
         if (base + k != base + i - 1) deps.push_back({base + k, SlotDependency::Reason::kCheckpoint});
       }
     }

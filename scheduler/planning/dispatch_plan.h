@@ -18,14 +18,15 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/planning/partition.h"
+#include "workers/spec/stage_kind.h"
 
 namespace rp::planning {
 
 enum class OptimizerMode { kSync, kAsync };
 const char* OptimizerModeName(OptimizerMode m);
 
-enum class SlotKind { kForward, kFused, kBackward };
-const char* SlotKindName(SlotKind k);
+// The slot kinds are spec::StageKind (kForward F_i, kFused B_1, kBackward B_j; never kEval).
+const char* SlotKindName(spec::StageKind k);
 
 struct SlotDependency {
   enum class Reason {
@@ -42,7 +43,7 @@ struct StageSlot {
   int iteration = 0;
   int round = 0;          // round within the iteration
   int slot_in_round = 0;  // i in 0..S-1
-  SlotKind kind = SlotKind::kForward;
+  spec::StageKind kind = spec::StageKind::kForward;
   int stage = 0;  // forward: 1..Sf (F_i); fused: 1 (B_1); backward: 2..Sb (B_j)
   int first_layer = 0;
   int num_layers = 0;

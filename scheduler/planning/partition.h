@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/planning/cost_model.h"
+#include "workers/spec/stage_kind.h"
 
 namespace rp::planning {
 
@@ -31,8 +32,7 @@ struct Partition {
 // Layer range [first, first+count) and time of every stage slot in dispatch order
 // (F_1..F_Sf, B_1, B_2..B_Sb).
 struct StageShape {
-  enum class Kind { kForward, kFused, kBackward };
-  Kind kind;
+  spec::StageKind kind;  // kForward, kFused or kBackward
   int first_layer;
   int num_layers;
   double time_s;         // per micro-batch

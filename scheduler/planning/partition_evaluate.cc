@@ -19,20 +19,20 @@ std::string Partition::ToString() const {
 
 std::vector<StageShape> DescribeStages(const Partition& p, const CostModel& costs) {
   std::vector<StageShape> out;
-  auto add = [&](StageShape::Kind kind, int first, int n) {
+  auto add = [&](spec::StageKind kind, int first, int n) {
     StageShape s{kind, first, n, 0, 0};
     for (int l = first; l < first + n; ++l) {
       const LayerCost& c = costs.layers[static_cast<size_t>(l)];
       switch (kind) {
-        case StageShape::Kind::kForward:
+        case spec::StageKind::kForward:
           s.time_s += c.fwd_s;
           s.memory_bytes += costs.ForwardMemory(l);
           break;
-        case StageShape::Kind::kFused:
+        case spec::StageKind::kFused:
           s.time_s += c.fused_s;
           s.memory_bytes += costs.BackwardMemory(l);
           break;
-        case StageShape::Kind::kBackward:
+        case spec::StageKind::kBackward:
           s.time_s += c.bwd_s;
           s.memory_bytes += costs.BackwardMemory(l);
           break;
@@ -42,14 +42,14 @@ std::vector<StageShape> DescribeStages(const Partition& p, const CostModel& cost
   };
   int first = 0;
   for (int n : p.forward) {
-    add(StageShape::Kind::kForward, first, n);
+    add(spec::StageKind::kForward, first, n);
     first += n;
   }
   const int L = costs.num_layers();
-  add(StageShape::Kind::kFused, L - p.fused, p.fused);
+  add(spec::StageKind::kFused, L - p.fused, p.fused);
   int top = L - p.fused;
   for (int n : p.backward) {
-    add(StageShape::Kind::kBackward, top - n, n);
+    add(spec::StageKind::kBackward, top - n, n);
     top -= n;
   }
   return out;

@@ -9,18 +9,18 @@
 namespace rp::planning {
 namespace {
 
-double StageTime(const CostModel& c, SlotKind kind, int first, int n) {
+double StageTime(const CostModel& c, spec::StageKind kind, int first, int n) {
   double s = 0;
   for (int l = first; l < first + n; ++l) {
     const LayerCost& x = c.layers[static_cast<size_t>(l)];
-    s += kind == SlotKind::kForward ? x.fwd_s : (kind == SlotKind::kFused ? x.fused_s : x.bwd_s);
+    s += kind == spec::StageKind::kForward ? x.fwd_s : (kind == spec::StageKind::kFused ? x.fused_s : x.bwd_s);
   }
   return s;
 }
 
-TaskPhase PhaseOf(SlotKind k) {
-  return k == SlotKind::kForward ? TaskPhase::kForward
-                                 : (k == SlotKind::kFused ? TaskPhase::kFused : TaskPhase::kBackward);
+TaskPhase PhaseOf(spec::StageKind k) {
+  return k == spec::StageKind::kForward ? TaskPhase::kForward
+                                        : (k == spec::StageKind::kFused ? TaskPhase::kFused : TaskPhase::kBackward);
 }
 
 // An optimizer step on the CPU optimizer resource (layer -1: the whole model).
@@ -165,7 +165,7 @@ class RoundPipeLayout {
   // them. Chunks interleaved with the next slot's activation downloads are not modelled.
   void AddGradDownload(size_t i) {
     const StageSlot& sl = plan_.slots[i];
-    if (sl.kind == SlotKind::kForward) return;
+    if (sl.kind == spec::StageKind::kForward) return;
     SimTask down;
     down.resource = 2 * N_ + 1 + sl.worker;
     int64_t bytes = 0;
@@ -194,11 +194,12 @@ class RoundPipeLayout {
     const double dur = StageTime(costs_, sl.kind, sl.first_layer, sl.num_layers);
     // Recompute ahead: the forward share of a backward stage needs only its weights and the
     // checkpoint; the upstream gradient gates the rest.
-    const bool ahead = o_.recompute_ahead && sl.kind == SlotKind::kBackward && dur > 0;
-    const bool early = o_.early_starts_before_inputs && sl.kind != SlotKind::kForward && dur > 0;
-    const double head = ahead || early
-                            ? std::min(1.0, StageTime(costs_, SlotKind::kForward, sl.first_layer, sl.num_layers) / dur)
-                            : 0.0;
+    const bool ahead = o_.recompute_ahead && sl.kind == spec::StageKind::kBackward && dur > 0;
+    const bool early = o_.early_starts_before_inputs && sl.kind != spec::StageKind::kForward && dur > 0;
+    const double head =
+        ahead || early
+            ? std::min(1.0, StageTime(costs_, spec::StageKind::kForward, sl.first_layer, sl.num_layers) / dur)
+            : 0.0;
     for (int m = 0; m < sl.num_microbatches; ++m) {
       SimTask t;
       t.resource = sl.worker;
@@ -226,7 +227,7 @@ class RoundPipeLayout {
         const StageSlot& sl = plan_.slots[i];
         if (sl.iteration != k) continue;
         for (int m = 0; m < sl.num_microbatches; ++m) t.deps.push_back({first_task_[i] + m});
-        if (sl.kind != SlotKind::kForward) t.deps.push_back({GradsDone(i)});
+        if (sl.kind != spec::StageKind::kForward) t.deps.push_back({GradsDone(i)});
       }
       sync_opt_[static_cast<size_t>(k)] = s_.Add(std::move(t));
       return;
@@ -237,7 +238,7 @@ class RoundPipeLayout {
         const StageSlot& sl = plan_.slots[i];
         const bool covers = sl.first_layer <= l && l < sl.first_layer + sl.num_layers;
         if (!covers) continue;
-        if (sl.iteration == k && sl.kind != SlotKind::kForward) {
+        if (sl.iteration == k && sl.kind != spec::StageKind::kForward) {
           // Constraint 3: every gradient micro-batch of layer l has been downloaded.
           t.deps.push_back({GradsDone(i)});
         }
@@ -446,8 +447,9 @@ absl::StatusOr<SimSchedule> BaselineSchedule(Baseline kind, const CostModel& cos
   std::vector<double> tf(static_cast<size_t>(S)), tb(static_cast<size_t>(S));
   int first = 0;
   for (int st = 0; st < S; ++st) {
-    tf[static_cast<size_t>(st)] = StageTime(costs, SlotKind::kForward, first, (*parts)[static_cast<size_t>(st)]);
-    tb[static_cast<size_t>(st)] = StageTime(costs, SlotKind::kBackward, first, (*parts)[static_cast<size_t>(st)]);
+    tf[static_cast<size_t>(st)] = StageTime(costs, spec::StageKind::kForward, first, (*parts)[static_cast<size_t>(st)]);
+    tb[static_cast<size_t>(st)] =
+        StageTime(costs, spec::StageKind::kBackward, first, (*parts)[static_cast<size_t>(st)]);
     first += (*parts)[static_cast<size_t>(st)];
   }
   SimSchedule s;

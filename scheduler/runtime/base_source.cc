@@ -10,8 +10,8 @@
 
 namespace rp::scheduler::runtime {
 
-BaseSource::BaseSource(workers::models::TransformerConfig model, at::ScalarType dtype, std::string hf_dir,
-                       uint64_t seed, workers::io::FrozenBase record)
+BaseSource::BaseSource(spec::ModelConfig model, at::ScalarType dtype, std::string hf_dir, uint64_t seed,
+                       workers::io::FrozenBase record)
     : model_(std::move(model)), dtype_(dtype), hf_dir_(std::move(hf_dir)), seed_(seed), record_(std::move(record)) {}
 
 absl::StatusOr<at::Tensor> BaseSource::Read(const std::string& name) {

@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "workers/io/frozen_base.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::scheduler::runtime {
@@ -24,7 +24,7 @@ namespace rp::scheduler::runtime {
 class BaseSource {
  public:
   // `record`: the base.json of the job's checkpoint; `hf_dir` empty for a seeded base.
-  BaseSource(workers::models::TransformerConfig model, at::ScalarType dtype, std::string hf_dir, uint64_t seed,
+  BaseSource(spec::ModelConfig model, at::ScalarType dtype, std::string hf_dir, uint64_t seed,
              workers::io::FrozenBase record);
 
   const workers::io::FrozenBase& record() const { return record_; }
@@ -34,7 +34,7 @@ class BaseSource {
   absl::StatusOr<at::Tensor> Read(const std::string& name);
 
  private:
-  workers::models::TransformerConfig model_;
+  spec::ModelConfig model_;
   at::ScalarType dtype_;
   std::string hf_dir_;
   uint64_t seed_;

@@ -10,17 +10,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/dispatch_plan.h"
-#include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
 #include "workers/device/test_hooks.h"
 #include "workers/models/layers.h"
 #include "workers/optim/step_policy.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::scheduler {
 
 using runtime::ToStageTask;
 
-using planning::SlotKind;
+using spec::StageKind;
 
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(ControllerOptions options,
                                                                workers::HostModelStore* store,
@@ -34,8 +34,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(ControllerOptions
   return std::unique_ptr<Controller>(new Controller(std::move(options), store, std::move(devices), timeline));
 }
 
-absl::Status Controller::ValidateOptions(const ControllerOptions& options,
-                                         const workers::models::TransformerConfig& cfg, int num_workers) {
+absl::Status Controller::ValidateOptions(const ControllerOptions& options, const spec::ModelConfig& cfg,
+                                         int num_workers) {
   if (absl::Status st = cfg.Validate(); !st.ok()) return st;
   const int L = cfg.num_layers();
   // Validate the partition and the round structure once, with a throw-away plan.
@@ -178,7 +178,7 @@ void Controller::ApplyPlannedPartition() {
 
 std::shared_ptr<workers::RunContext> Controller::MakeRunContext(int T, int64_t seq_len, int64_t valid,
                                                                 std::vector<at::Tensor> positions) {
-  const workers::models::TransformerConfig& cfg = store_->config();
+  const spec::ModelConfig& cfg = store_->config();
   const int M = opt_.microbatches;
   auto ctx = std::make_shared<workers::RunContext>();
   ctx->cfg = &cfg;
@@ -222,14 +222,14 @@ absl::Status Controller::DispatchIteration(int T, InFlight& f) {
   // Backward stages' first layers: the forward stages must checkpoint their inputs.
   std::vector<int> bwd_starts;
   for (const planning::StageSlot& sl : plan->slots) {
-    if (sl.kind == SlotKind::kBackward && sl.round == 0) bwd_starts.push_back(sl.first_layer);
+    if (sl.kind == spec::StageKind::kBackward && sl.round == 0) bwd_starts.push_back(sl.first_layer);
   }
   for (planning::StageSlot sl : plan->slots) {
     sl.iteration = T;
     workers::StageTask task = ToStageTask(sl);
     task.book = async ? book_.get() : nullptr;
     task.recompute_ahead = opt_.recompute_ahead;
-    if (sl.kind == SlotKind::kForward) {
+    if (sl.kind == spec::StageKind::kForward) {
       for (int l : bwd_starts) {
         if (l > sl.first_layer && l < sl.first_layer + sl.num_layers) task.save_inputs_of.push_back(l);
       }

@@ -33,10 +33,10 @@
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
 #include "workers/device_worker.h"
-#include "workers/models/transformer_config.h"
 #include "workers/optim/adamw.h"
 #include "workers/optim/loss_scaler.h"
 #include "workers/optimizer_worker.h"
+#include "workers/spec/model_config.h"
 #include "workers/store/activation_store.h"
 #include "workers/store/host_model_store.h"
 
@@ -47,7 +47,7 @@ struct ControllerOptions {
   int microbatches = 1;            // M per iteration
   int microbatches_per_round = 0;  // M_R (0 = M)
   workers::AdamWOptions adamw;
-  workers::LrSchedule lr_schedule;
+  spec::LrSchedule lr_schedule;
   workers::LossScalerOptions loss_scaler;  // enable for fp16 master copies
   int64_t head_chunk_tokens = 4096;
   planning::OptimizerMode mode = planning::OptimizerMode::kSync;
@@ -143,8 +143,7 @@ class Controller {
                              const std::optional<at::Tensor>& positions = std::nullopt) const;
   // What Create checks of the options (partition, round structure, chunking) for a model, without
   // a store: the engine refuses a bad job at Submit, before anything is allocated.
-  static absl::Status ValidateOptions(const ControllerOptions& options, const workers::models::TransformerConfig& cfg,
-                                      int num_workers);
+  static absl::Status ValidateOptions(const ControllerOptions& options, const spec::ModelConfig& cfg, int num_workers);
   // The same rules for a model of `vocab` tokens trained in `microbatches` micro-batches (no
   // controller needed: the engine checks batches of jobs that have not been built yet).
   static absl::Status ValidateBatchFor(int64_t vocab, int microbatches, const at::Tensor& tokens,

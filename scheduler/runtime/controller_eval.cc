@@ -9,8 +9,8 @@
 
 namespace rp::scheduler {
 
-using planning::SlotKind;
 using runtime::ToStageTask;
+using spec::StageKind;
 
 absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, const std::optional<at::Tensor>& labels_in,
                                                 const std::optional<at::Tensor>& positions_in) {
@@ -57,10 +57,10 @@ absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, con
   if (!plan.ok()) return plan.status();
   std::vector<workers::EventPtr> done;
   for (planning::StageSlot sl : plan->slots) {
-    if (sl.kind == SlotKind::kBackward) continue;
+    if (sl.kind == spec::StageKind::kBackward) continue;
     sl.iteration = E;
     workers::StageTask task = ToStageTask(sl);
-    if (sl.kind == SlotKind::kFused) task.kind = workers::StageKind::kEval;
+    if (sl.kind == spec::StageKind::kFused) task.kind = spec::StageKind::kEval;
     done.push_back(workers_[static_cast<size_t>(sl.worker)]->Submit(task, ctx));
   }
   for (auto& w : workers_) w->Flush();

@@ -13,7 +13,7 @@
 
 namespace rp::scheduler {
 
-using planning::SlotKind;
+using spec::StageKind;
 
 void Controller::ApplyPartition(const planning::Partition& p) {
   opt_.partition = p;
@@ -39,7 +39,7 @@ void Controller::ApplyPartition(const planning::Partition& p) {
          planning::DescribeStages(p, planning::CostModel{std::vector<planning::LayerCost>(static_cast<size_t>(L))})) {
       for (int l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
         uploads[static_cast<size_t>(l)] += R;
-        if (st.kind != planning::StageShape::Kind::kForward) grads[static_cast<size_t>(l)] += R;
+        if (st.kind != spec::StageKind::kForward) grads[static_cast<size_t>(l)] += R;
       }
     }
     book_->SetCounts(uploads, grads, iteration_);
@@ -55,7 +55,7 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
   std::map<std::pair<int, int>, double> compute_s;
   for (const workers::TimelineEntry& e : timeline_->EntriesEndingSince(f.timeline_start)) {
     if (e.iteration != iteration || e.slot < 0 || e.slot >= static_cast<int>(f.slots.size())) continue;
-    if (e.stream == "act-down" && f.slots[static_cast<size_t>(e.slot)].kind == SlotKind::kForward &&
+    if (e.stream == "act-down" && f.slots[static_cast<size_t>(e.slot)].kind == spec::StageKind::kForward &&
         absl::StartsWith(e.label, "out ")) {
       hop_samples_.push_back(e.end_s - e.start_s);
     }
@@ -64,9 +64,9 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
   for (const auto& [key, seconds] : compute_s) {
     const planning::StageSlot& sl = f.slots[static_cast<size_t>(key.first)];
     if (sl.num_layers != 1) continue;
-    const auto kind = sl.kind == SlotKind::kForward ? planning::MeasuredProfile::Kind::kForward
-                      : sl.kind == SlotKind::kFused ? planning::MeasuredProfile::Kind::kFused
-                                                    : planning::MeasuredProfile::Kind::kBackward;
+    const auto kind = sl.kind == spec::StageKind::kForward ? planning::MeasuredProfile::Kind::kForward
+                      : sl.kind == spec::StageKind::kFused ? planning::MeasuredProfile::Kind::kFused
+                                                           : planning::MeasuredProfile::Kind::kBackward;
     profile_->Record(sl.first_layer, kind, seconds);
   }
   if (++profiled_iterations_ < opt_.profile_iterations || !profile_->Complete()) return;

@@ -17,9 +17,9 @@
 #include "scheduler/runtime/model_adapter.h"
 #include "scheduler/runtime/tensor_batch.h"
 #include "scheduler/runtime/token_dataset.h"
-#include "workers/io/atomic_dir.h"
+#include "workers/files/atomic_dir.h"
+#include "workers/files/confined_fs.h"
 #include "workers/io/checkpoint.h"
-#include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/models/layers.h"
@@ -30,7 +30,7 @@ namespace rp::scheduler {
 namespace {
 
 // A model's parameters in engine order, tied ones once (what a HostModelStore holds).
-std::vector<ParameterShape> ParamShapesOf(const workers::models::TransformerConfig& m) {
+std::vector<ParameterShape> ParamShapesOf(const spec::ModelConfig& m) {
   std::vector<ParameterShape> out;
   for (const auto& p : workers::models::ModelParams(m)) out.push_back({p.name, p.shape});
   return out;
@@ -199,11 +199,11 @@ absl::StatusOr<CheckpointInfo> Engine::Impl::Checkpoint(JobId id, const std::str
   return job->CheckpointNow(note);
 }
 
-absl::StatusOr<planning::ModelConfig> Engine::Impl::ModelConfig(JobId id) const {
+absl::StatusOr<spec::ModelConfig> Engine::Impl::ModelConfig(JobId id) const {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
   base::MutexLock run(&job->run_mu);
-  planning::ModelConfig m = runtime::FromTransformerConfig(job->store ? job->store->config() : job->model);
+  spec::ModelConfig m = job->store ? job->store->config() : job->model;
   m.name = job->spec.model.name;
   return m;
 }

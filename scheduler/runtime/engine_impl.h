@@ -43,7 +43,7 @@ class Engine::Impl {
   absl::Status Pause(JobId id);
   absl::Status Resume(JobId id);
   absl::StatusOr<JobInfo> Info(JobId id) const;
-  absl::StatusOr<planning::ModelConfig> ModelConfig(JobId id) const;
+  absl::StatusOr<spec::ModelConfig> ModelConfig(JobId id) const;
   absl::StatusOr<std::vector<ParameterShape>> ParameterShapes(JobId id) const;
   absl::StatusOr<TensorValue> Parameter(JobId id, const std::string& name) const;
   absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& note);

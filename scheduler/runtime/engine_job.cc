@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/runtime/model_adapter.h"
-#include "workers/io/atomic_dir.h"
+#include "workers/files/atomic_dir.h"
+#include "workers/files/confined_fs.h"
 #include "workers/io/checkpoint.h"
-#include "workers/io/confined_fs.h"
 
 namespace rp::scheduler::runtime {
 
@@ -33,14 +33,13 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
                                                   const workers::io::FrozenBase& base, int64_t step, int64_t consumed,
                                                   const std::string& root, int keep_last, const std::string& note,
                                                   const std::string& optimizer,
-                                                  const std::optional<workers::io::CheckpointMeta::Eval>& eval) {
+                                                  const std::optional<files::CheckpointMeta::Eval>& eval) {
   const std::string keep = eval ? eval->best_checkpoint : "";
   if (root.empty()) return absl::FailedPreconditionError("the job has no checkpoint directory");
   const std::string dir = absl::StrCat(root, "/step-", step);
-  if (workers::io::KindOf(dir + "/meta.json") == workers::io::FileKind::kFile)
-    return CheckpointInfo{dir, step, consumed};
+  if (files::KindOf(dir + "/meta.json") == files::FileKind::kFile) return CheckpointInfo{dir, step, consumed};
   const OptimizerSnapshot snap = c.Snapshot();
-  workers::io::CheckpointMeta meta;
+  files::CheckpointMeta meta;
   meta.step = step;
   meta.batches_consumed = consumed;
   meta.loss_scale = snap.loss_scale;
@@ -55,12 +54,12 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
   // Pruning never follows a symlink and stays beneath the daemon's roots (confined_fs).
   const auto all = workers::io::ListCheckpoints(root);
   for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i) {
-    if (all[i] != keep) (void)workers::io::RemoveTree(all[i]);
+    if (all[i] != keep) (void)files::RemoveTree(all[i]);
   }
   // Temporaries torn by a crash mid-write (the job's writes are serialised by run_mu: none is live).
-  if (auto names = workers::io::ListDir(root); names.ok()) {
+  if (auto names = files::ListDir(root); names.ok()) {
     for (const std::string& n : *names) {
-      if (workers::io::IsAtomicDirTemporary(n)) (void)workers::io::RemoveTree(root + "/" + n);
+      if (files::IsAtomicDirTemporary(n)) (void)files::RemoveTree(root + "/" + n);
     }
   }
   return CheckpointInfo{dir, step, consumed};
@@ -70,23 +69,23 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
 
 absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note, bool report_existing) {
   int64_t step, cursor;
-  std::optional<workers::io::CheckpointMeta::Eval> eval;
+  std::optional<files::CheckpointMeta::Eval> eval;
   {
     base::MutexLock lock(&mu);
     step = first_step + steps_done;
     cursor = consumed_offset + consumed;
     if (last_eval) {
-      eval = workers::io::CheckpointMeta::Eval{last_eval->step,      last_eval->loss,      last_eval->tokens,
-                                               last_eval->best_loss, last_eval->best_step, evals_without_improvement,
-                                               best_checkpoint};
+      eval = files::CheckpointMeta::Eval{last_eval->step,      last_eval->loss,      last_eval->tokens,
+                                         last_eval->best_loss, last_eval->best_step, evals_without_improvement,
+                                         best_checkpoint};
     }
   }
-  const bool existed = !spec.checkpoint_root.empty() &&
-                       workers::io::KindOf(absl::StrCat(spec.checkpoint_root, "/step-", step, "/meta.json")) ==
-                           workers::io::FileKind::kFile;
+  const bool existed =
+      !spec.checkpoint_root.empty() &&
+      files::KindOf(absl::StrCat(spec.checkpoint_root, "/step-", step, "/meta.json")) == files::FileKind::kFile;
   if (!frozen_base) frozen_base = workers::io::DescribeFrozenBase(*store);  // once: the base never changes
   auto info = WriteJobCheckpoint(*store, *controller, *frozen_base, step, cursor, spec.checkpoint_root,
-                                 spec.checkpoint_keep_last, note, OptimizerName(spec.optimizer.algorithm), eval);
+                                 spec.checkpoint_keep_last, note, spec::OptimizerName(spec.optimizer.algorithm), eval);
   base::MutexLock lock(&mu);
   if (report_existing || !existed || !info.ok()) ReportCheckpoint(info, step);
   return info;

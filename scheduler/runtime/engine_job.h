@@ -31,7 +31,7 @@
 #include "workers/base/mutex.h"
 #include "workers/io/frozen_base.h"
 #include "workers/io/safetensors_reader.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::scheduler::runtime {
@@ -46,8 +46,8 @@ struct WaitingFeed {  // FeedBatchAsync: a batch waiting for room in the queue
 struct EngineJob {
   JobId id = 0;
   JobSpec spec;
-  workers::models::TransformerConfig model;  // spec.model as the engine runs it
-  at::ScalarType dtype = at::kFloat;         // spec.precision
+  spec::ModelConfig model;            // spec.model as the engine runs it
+  at::ScalarType dtype = at::kFloat;  // spec.precision
   // The job's host state. Both are released (reset under run_mu and mu) once a daemon job has
   // ended and its final state is on disk; readers hold run_mu or copy the pointers under mu.
   std::shared_ptr<workers::HostModelStore> store;  // null until the runner builds the job

@@ -4,7 +4,7 @@
 
 namespace rp::scheduler::runtime {
 
-absl::StatusOr<int64_t> WriteExport(const std::string& dir, const workers::models::TransformerConfig& config,
+absl::StatusOr<int64_t> WriteExport(const std::string& dir, const spec::ModelConfig& config,
                                     const std::vector<ParameterShape>& shapes, const TensorFetch& fetch,
                                     at::ScalarType dtype, ExportKind kind, const StopCheck& stop) {
   const TensorFetch checked = [&](const std::string& name) -> absl::StatusOr<at::Tensor> {

@@ -13,14 +13,14 @@
 #include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "scheduler/runtime/token_dataset_file.h"
+#include "workers/files/confined_fs.h"
 #include "workers/io/checkpoint.h"
-#include "workers/io/confined_fs.h"
 #include "workers/io/hf_config.h"
 #include "workers/io/hf_tensors.h"
 
 namespace rp::scheduler {
 
-absl::StatusOr<planning::Partition> PlanFromParameterSizes(const planning::ModelConfig& model, int num_workers,
+absl::StatusOr<planning::Partition> PlanFromParameterSizes(const spec::ModelConfig& model, int num_workers,
                                                            int microbatches) {
   planning::CostModel costs;
   for (int l = 0; l < model.num_layers(); ++l) {
@@ -93,7 +93,7 @@ absl::Status PrepareSource(TokenFileSource& tf, const JobSpec& spec, EngineJob* 
                               " but the model's vocabulary is ", job->model.vocab));
     }
     uint64_t bytes = 0;
-    auto fd = workers::io::OpenForRead(tf.path, &bytes);
+    auto fd = files::OpenForRead(tf.path, &bytes);
     if (!fd.ok()) return failed(fd.status());
   } else if (IsTokenDatasetFile(tf)) {
     // The header now (tensors, shapes); the tokens when the job starts (BuildJob).
@@ -152,8 +152,8 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> LoadPackedSource(const TokenFileSo
 absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job) {
   bool mapped = false;
   if (job.model.lora.rank > 0 && !job.hf_dir.empty()) {
-    auto config = ToTransformerConfig(job.model);
-    if (!config.ok()) return config.status();
+    if (absl::Status st = job.model.Validate(); !st.ok()) return st;
+    const spec::ModelConfig* config = &job.model;
     auto stored = workers::io::HfBaseIsStoredAs(job.hf_dir, *config, ToScalarType(job.precision));
     if (!stored.ok()) return stored.status();
     mapped = *stored;
@@ -166,8 +166,8 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   // allocated or loaded until the runner takes the job (BuildJob), so a queued job costs no host
   // memory and Submit returns at once.
   JobSpec spec = spec_in;
-  auto model = ToTransformerConfig(spec.model);
-  if (!model.ok()) return model.status();
+  if (absl::Status st = spec.model.Validate(); !st.ok()) return st;
+  const spec::ModelConfig* model = &spec.model;
   if (spec.max_queued_batches < 1) return absl::InvalidArgumentError("job: max_queued_batches must be >= 1");
   if (spec.max_steps < 0) return absl::InvalidArgumentError("job: max_steps must be >= 0");
   const int N = static_cast<int>(devices.size());
@@ -192,15 +192,15 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   if (!spec.resume_from.empty()) {
     auto meta = workers::io::VerifyCheckpoint(spec.resume_from);
     if (!meta.ok()) return meta.status();
-    if (meta->optimizer != OptimizerName(spec.optimizer.algorithm)) {
+    if (meta->optimizer != spec::OptimizerName(spec.optimizer.algorithm)) {
       return absl::InvalidArgumentError(absl::StrCat("resume_from: checkpoint ", spec.resume_from, " holds ",
                                                      meta->optimizer, " state; this job's optimizer is ",
-                                                     OptimizerName(spec.optimizer.algorithm)));
+                                                     spec::OptimizerName(spec.optimizer.algorithm)));
     }
     job->first_step = meta->step;
     job->consumed_offset = meta->batches_consumed;
     if (meta->eval) {  // the evaluations so far continue (best loss, early-stopping count, kept best)
-      const workers::io::CheckpointMeta::Eval& ev = *meta->eval;
+      const files::CheckpointMeta::Eval& ev = *meta->eval;
       base::MutexLock lock(&job->mu);
       job->last_eval = EvalStats{ev.step,
                                  ev.loss,
@@ -256,7 +256,7 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   o.choose_round_size = spec.microbatches_per_round == -1;
   o.adamw = ToAdamW(spec.optimizer);
   o.adamw.rounding_seed = spec.seed;  // bf16 moments: the stochastic rounding's stream
-  o.lr_schedule = ToLrSchedule(spec.lr_schedule);
+  o.lr_schedule = spec.lr_schedule;
   o.loss_scaler.enabled = spec.precision == Precision::kFloat16;
   o.mode = spec.optimizer_mode;
   o.auto_partition = spec.auto_partition;
@@ -327,8 +327,8 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   if (!spec.lora_adapter_dir.empty()) {
     progress("loading the LoRA adapter from " + spec.lora_adapter_dir);
     if (absl::Status st = workers::io::LoadPeftAdapter(spec.lora_adapter_dir, store.get()); !st.ok()) return st;
-    auto named = workers::io::ReadPeftBaseModel(spec.lora_adapter_dir);
-    if (named.ok() && !workers::io::SameBaseModel(*named, spec.hf_dir)) {
+    auto named = files::ReadPeftBaseModel(spec.lora_adapter_dir);
+    if (named.ok() && !files::SameBaseModel(*named, spec.hf_dir)) {
       progress(absl::StrCat("warning: the adapter's adapter_config.json names the base model '", *named,
                             "', this job's base is '", spec.hf_dir,
                             "' (model.hf_dir); their shapes, rank, alpha and targets agree: check that the adapter "

@@ -36,8 +36,8 @@ namespace rp::scheduler {
 int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices);
 
 // Default partition when a job names none: AutoPartition over a cost model in which parameter
-// counts (planning::ModelConfig::LayerParams) stand in for time (ARCHITECTURE §9).
-absl::StatusOr<planning::Partition> PlanFromParameterSizes(const planning::ModelConfig& model, int num_workers,
+// counts (spec::ModelConfig::LayerParams) stand in for time (ARCHITECTURE §9).
+absl::StatusOr<planning::Partition> PlanFromParameterSizes(const spec::ModelConfig& model, int num_workers,
                                                            int microbatches);
 
 }  // namespace rp::scheduler

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/profile_file.h"
-#include "workers/io/confined_fs.h"
+#include "workers/files/confined_fs.h"
 
 namespace rp::scheduler::runtime {
 
@@ -181,13 +181,13 @@ void JobRunner::MaybeWriteProfile() {
                         " tokens per micro-batch, measured on ", c_.num_workers(), " worker(s)");
   const std::string& path = job_.spec.profile_path;
   const std::string tmp = absl::StrCat(path, ".tmp-", job_.id);
-  (void)workers::io::RemoveTree(tmp);
-  absl::Status st = workers::io::WriteNewFile(tmp, planning::ProfileJson(p));
-  if (st.ok() && workers::io::KindOf(path) == workers::io::FileKind::kFile) st = workers::io::RemoveTree(path);
-  if (st.ok()) st = workers::io::RenameNoReplace(tmp, path);
+  (void)files::RemoveTree(tmp);
+  absl::Status st = files::WriteNewFile(tmp, planning::ProfileJson(p));
+  if (st.ok() && files::KindOf(path) == files::FileKind::kFile) st = files::RemoveTree(path);
+  if (st.ok()) st = files::RenameNoReplace(tmp, path);
   base::MutexLock lock(&job_.mu);
   if (!st.ok()) {
-    (void)workers::io::RemoveTree(tmp);
+    (void)files::RemoveTree(tmp);
     job_.Emit(
         {JobEvent::Kind::kProfileFailed, job_.state, {}, absl::StrCat("could not write the profile: ", st.message())});
     return;

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
-#include "workers/io/bounded_json.h"
-#include "workers/io/confined_fs.h"
+#include "workers/files/bounded_json.h"
+#include "workers/files/confined_fs.h"
 #include "workers/text/jsonl_record.h"
 
 namespace rp::scheduler::runtime {
@@ -121,7 +121,7 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const s
     malloc_trim(0);
     TokenizerLoadGate().release();
   });
-  auto text = workers::io::ReadSmallFile(file, kMaxTokenizerBytes);
+  auto text = files::ReadSmallFile(file, kMaxTokenizerBytes);
   if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("tokenizer: ", text.status().message()));
   absl::StatusOr<workers::text::Tokenizer> tok;
   {
@@ -132,13 +132,13 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const s
   std::string eos = eos_token;
   if (eos.empty()) {
     const std::string cfg_file = dir + "/tokenizer_config.json";
-    if (workers::io::KindOf(cfg_file) == workers::io::FileKind::kFile) {
-      auto cfg_text = workers::io::ReadSmallFile(cfg_file, kMaxConfigBytes);
+    if (files::KindOf(cfg_file) == files::FileKind::kFile) {
+      auto cfg_text = files::ReadSmallFile(cfg_file, kMaxConfigBytes);
       if (!cfg_text.ok()) return cfg_text.status();
-      auto cfg = workers::io::ParseBoundedJson(*cfg_text, absl::StrCat("'", cfg_file, "'"));
+      auto cfg = files::ParseBoundedJson(*cfg_text, absl::StrCat("'", cfg_file, "'"));
       if (!cfg.ok()) return cfg.status();
       if (!cfg->is_object()) return absl::InvalidArgumentError(absl::StrCat("'", cfg_file, "' is not a JSON object"));
-      const json& e = workers::io::MemberOrNull(*cfg, "eos_token");
+      const json& e = files::MemberOrNull(*cfg, "eos_token");
       if (e.is_string()) {
         eos = e.get<std::string>();
       } else if (e.is_object() && e.contains("content") && e["content"].is_string()) {
@@ -160,7 +160,7 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerDir(const std::string& dir, const s
 absl::StatusOr<PackedTokens> ReadJsonlDocuments(const std::string& path, const LoadedTokenizer& tok,
                                                 const JsonlLimits& limits) {
   uint64_t bytes = 0;
-  auto fd = workers::io::OpenForRead(path, &bytes);
+  auto fd = files::OpenForRead(path, &bytes);
   if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("dataset: ", fd.status().message()));
   Mapping map;
   if (bytes > 0) {

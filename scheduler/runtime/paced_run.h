@@ -16,13 +16,13 @@
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/partition.h"
 #include "scheduler/planning/profile_file.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::scheduler::runtime {
 
 struct PacedRunOptions {
-  planning::Profile profile;                 // per-layer times (engine order)
-  workers::models::TransformerConfig model;  // shapes: what the copies move
+  planning::Profile profile;  // per-layer times (engine order)
+  spec::ModelConfig model;    // shapes: what the copies move
   planning::Partition partition;
   int workers = 8;                 // N
   int microbatches = 16;           // M

@@ -23,7 +23,7 @@ planning::CostModel ProfileBaseCosts(const workers::HostModelStore& store, int64
     base.layers.push_back(c);
   }
   // Activation memory per token from the model's shape (the same estimate the simulator uses).
-  const planning::ModelConfig mc = FromTransformerConfig(store.config());
+  const spec::ModelConfig& mc = store.config();
   planning::DeviceProfile dp;  // only the memory fields of the estimate are used
   dp.name = "measured";
   dp.peak_matmul_flops = 1e15;

@@ -11,8 +11,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "workers/io/confined_fs.h"
-#include "workers/io/npy_header.h"
+#include "workers/files/confined_fs.h"
+#include "workers/files/npy_header.h"
 
 namespace rp::scheduler::runtime {
 
@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const std::stri
   if (global_batch < 1 || sequence_length < 1) return absl::InvalidArgumentError("dataset: empty batch shape");
   // A regular file beneath the daemon's roots, opened at use (confined_fs): no FIFO, no escape.
   uint64_t bytes = 0;
-  auto fd = workers::io::OpenForRead(path, &bytes);
+  auto fd = files::OpenForRead(path, &bytes);
   if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("token file: ", fd.status().message()));
   std::unique_ptr<TokenDataset> d(new TokenDataset());
   d->map_size_ = static_cast<size_t>(bytes);
@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const std::stri
     format = absl::EndsWith(path, ".npy") ? TokenFileFormat::kNpy : TokenFileFormat::kBinUint16;
   }
   if (format == TokenFileFormat::kNpy) {
-    auto layout = workers::io::ParseNpyHeader(d->map_, d->map_size_);
+    auto layout = files::ParseNpyHeader(d->map_, d->map_size_);
     if (!layout.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("token file '", path, "': ", layout.status().message()));
     }

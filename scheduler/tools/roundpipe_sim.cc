@@ -23,8 +23,8 @@
 #include "absl/strings/string_view.h"
 #include "scheduler/planning/comparison.h"
 #include "scheduler/planning/cost_model.h"
-#include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
+#include "scheduler/planning/presets.h"
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/planning/report.h"
 
@@ -251,9 +251,8 @@ void Explain(const CostModel& costs, const Setup& setup) {
               part->partition.ToString().c_str(), part->objective, 100 * part->predicted_bubble);
   int i = 0;
   for (const StageShape& st : DescribeStages(part->partition, costs)) {
-    const char* kind = st.kind == StageShape::Kind::kForward
-                           ? "forward"
-                           : (st.kind == StageShape::Kind::kFused ? "fused" : "backward");
+    const char* kind =
+        st.kind == spec::StageKind::kForward ? "forward" : (st.kind == spec::StageKind::kFused ? "fused" : "backward");
     std::printf("  slot %2d %-8s layers %3d..%-3d %9.2f ms %8.0f MiB\n", i++, kind, st.first_layer,
                 st.first_layer + st.num_layers - 1, st.time_s * 1e3, st.memory_bytes / 1048576.0);
   }

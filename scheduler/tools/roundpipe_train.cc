@@ -71,7 +71,7 @@ absl::StatusOr<rp::scheduler::JobSpec> SpecFromFlags() {
   spec.optimizer.lr = absl::GetFlag(FLAGS_lr);
   spec.optimizer.weight_decay = 0.01;
   spec.optimizer.max_grad_norm = 1.0;
-  spec.lr_schedule = {rp::scheduler::LrScheduleSpec::Kind::kWarmupCosine, std::max(1, steps / 10), steps, 0.1};
+  spec.lr_schedule = {rp::spec::LrSchedule::Kind::kWarmupCosine, std::max(1, steps / 10), steps, 0.1};
   spec.max_queued_batches = 4;
   return spec;
 }

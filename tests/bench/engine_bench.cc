@@ -24,10 +24,10 @@ namespace {
 
 const at::Tensor* raw_tokens = nullptr;
 using rp::planning::Partition;
-using rp::workers::models::TransformerConfig;
+using rp::spec::ModelConfig;
 
-TransformerConfig BenchModel() {
-  TransformerConfig c;
+rp::spec::ModelConfig BenchModel() {
+  rp::spec::ModelConfig c;
   c.family = "llama";
   c.vocab = 8192;
   c.hidden = 256;
@@ -46,7 +46,7 @@ double Median(std::vector<double> v) {
 
 // The same stage math as the engine (forward stages without autograd, fused B_1, recompute +
 // backward stages), on one thread, micro-batch by micro-batch, weights used in place.
-void PlainRecomputeStep(const TransformerConfig& cfg, rp::workers::HostModelStore& store, const Partition& p,
+void PlainRecomputeStep(const rp::spec::ModelConfig& cfg, rp::workers::HostModelStore& store, const Partition& p,
                         const at::Tensor& tokens, int M, rp::workers::AdamW& adamw) {
   const int L = cfg.num_layers();
   auto weights = [&](int first, int n) {
@@ -101,7 +101,7 @@ void PlainRecomputeStep(const TransformerConfig& cfg, rp::workers::HostModelStor
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 7;
-  const TransformerConfig cfg = BenchModel();
+  const rp::spec::ModelConfig cfg = BenchModel();
   const int64_t B = 8, S = 256;
   const int M = 4;
   const Partition p{{3, 3}, 2, {2, 2, 2}};  // 8 layers, S = 5 slots

@@ -30,7 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/engine.h"
-#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/presets.h"
 #include "scheduler/runtime/controller.h"
 #include "scheduler/runtime/engine_impl.h"
 #include "scheduler/runtime/model_adapter.h"
@@ -60,7 +60,7 @@ ABSL_FLAG(int, lora_rank, 0, "LoRA rank on q/k/v/o (0 = full fine-tuning); the b
 namespace {
 
 using rp::planning::Partition;
-using rp::workers::models::TransformerConfig;
+using rp::spec::ModelConfig;
 using Clock = std::chrono::steady_clock;
 
 double Median(std::vector<double> v) {
@@ -96,7 +96,7 @@ double GemmTflops(bool cuda) {
 // attention counted at half the square (a sliding block: its window); a sparse block counts its
 // router and its k active experts; the LM head computed once forward and twice backward.
 // (FlashAttention's own backward recompute is not counted: the figure is conservative.)
-double IterationFlops(const TransformerConfig& c, const Partition& p, int64_t tokens, int64_t seq) {
+double IterationFlops(const ModelConfig& c, const Partition& p, int64_t tokens, int64_t seq) {
   const double q = static_cast<double>(c.num_heads * c.head_dim), kv = static_cast<double>(c.num_kv_heads * c.head_dim);
   const double h = static_cast<double>(c.hidden), s = static_cast<double>(seq);
   auto block_fwd = [&](int b) {
@@ -144,7 +144,7 @@ RunResult Run(rp::workers::HostModelStore& store, const std::string& devices, bo
   }
   std::vector<rp::workers::Device*> raw;
   for (auto& d : *devs) raw.push_back(d.get());
-  const TransformerConfig& cfg = store.config();
+  const ModelConfig& cfg = store.config();
   if (raw[0]->torch_device().is_cuda() && !store.param(0).master.is_pinned()) {
     store.RelocateMasters([d = raw[0]](at::IntArrayRef s, at::ScalarType t) { return d->EmptyHost(s, t); });
   }
@@ -228,7 +228,7 @@ RunResult Run(rp::workers::HostModelStore& store, const std::string& devices, bo
 
 // Micro-batch 1 at long sequences: forward stages of 4 layers, B_1 = last block + head, one
 // block per backward stage (the smallest recompute working set).
-Partition LongSequencePartition(const TransformerConfig& cfg) {
+Partition LongSequencePartition(const ModelConfig& cfg) {
   Partition p;
   const int L = cfg.num_layers();
   p.fused = 2;
@@ -253,13 +253,12 @@ int main(int argc, char** argv) {
     planned->lora = {};
     planned->lora.rank = absl::GetFlag(FLAGS_lora_rank);
   }
-  auto preset = planned.ok() ? rp::scheduler::runtime::ToTransformerConfig(*planned)
-                             : absl::StatusOr<TransformerConfig>(planned.status());
-  if (!preset.ok()) {
-    std::fprintf(stderr, "gpu_bench: --model: %s\n", std::string(preset.status().message()).c_str());
+  const absl::Status valid = planned.ok() ? planned->Validate() : planned.status();
+  if (!valid.ok()) {
+    std::fprintf(stderr, "gpu_bench: --model: %s\n", std::string(valid.message()).c_str());
     return 2;
   }
-  const TransformerConfig cfg = *preset;
+  const ModelConfig cfg = *planned;
   const int64_t seq = absl::GetFlag(FLAGS_seq);
   const int M = absl::GetFlag(FLAGS_microbatches);
   const auto mode =

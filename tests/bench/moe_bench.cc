@@ -36,14 +36,14 @@
 
 namespace {
 
-using rp::workers::models::TransformerConfig;
+using rp::spec::ModelConfig;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-std::vector<at::Tensor> Weights(const TransformerConfig& c) {
+std::vector<at::Tensor> Weights(const rp::spec::ModelConfig& c) {
   std::vector<at::Tensor> w;
   for (const auto& p : rp::workers::models::LayerParams(c, 1)) {
     w.push_back(p.is_norm ? at::ones(p.shape) : at::randn(p.shape) * 0.02);
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
   at::set_num_threads(threads);
   at::manual_seed(0);
-  TransformerConfig moe;
+  rp::spec::ModelConfig moe;
   moe.family = "qwen3";
   moe.qk_norm = true;
   moe.vocab = 1000;
@@ -71,13 +71,13 @@ int main(int argc, char** argv) {
   moe.num_experts = 32;
   moe.experts_per_token = 4;
   moe.expert_intermediate = 256;
-  TransformerConfig gpt = moe;
+  rp::spec::ModelConfig gpt = moe;
   gpt.family = "gpt_oss";
   gpt.qk_norm = false;
   gpt.attention_bias = true;
   gpt.sliding_window = 128;
   gpt.sliding_layers = {0};
-  TransformerConfig dense = moe;
+  rp::spec::ModelConfig dense = moe;
   dense.num_experts = 0;
   dense.experts_per_token = 0;
   dense.expert_intermediate = 0;
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   const auto rope = rp::workers::models::MakeRope(moe, tokens, at::kCPU);
   // replay: the forward records its routing (and packs it for the host, as a forward stage
   // does) and the recompute replays it instead of routing again (recompute fidelity).
-  auto stage = [&](const TransformerConfig& c, const std::vector<at::Tensor>& w, bool replay) {
+  auto stage = [&](const rp::spec::ModelConfig& c, const std::vector<at::Tensor>& w, bool replay) {
     rp::workers::models::RoutingDecision d;
     {
       at::NoGradGuard no_grad;

@@ -22,10 +22,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/planning/comparison.h"
-#include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
+#include "scheduler/planning/presets.h"
 #include "scheduler/planning/profile_file.h"
-#include "scheduler/runtime/model_config_adapter.h"
 #include "scheduler/runtime/paced_run.h"
 
 ABSL_FLAG(std::string, models, "qwen3-1.7b,llama-3.1-8b,gpt-oss-20b,qwen3-32b,qwen3-235b-a22b",
@@ -87,11 +86,11 @@ int main(int argc, char** argv) {
                    std::string(preset.status().message()).c_str());
       return 1;
     }
-    auto cfg = rp::scheduler::runtime::ToTransformerConfig(*preset);
-    if (!cfg.ok()) {
-      std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(cfg.status().message()).c_str());
+    if (absl::Status valid = preset->Validate(); !valid.ok()) {
+      std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(valid.message()).c_str());
       return 1;
     }
+    const rp::spec::ModelConfig* cfg = &*preset;
     for (absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
       for (absl::string_view xfer : absl::StrSplit(absl::GetFlag(FLAGS_transfers), ',')) {
         PacedRunOptions o;

@@ -12,8 +12,8 @@
 
 #include "scheduler/planning/comparison.h"
 #include "scheduler/planning/cost_model.h"
-#include "scheduler/planning/model_config.h"
 #include "scheduler/planning/partition.h"
+#include "scheduler/planning/presets.h"
 
 int main() {
   using rp::planning::PartitionProblem;

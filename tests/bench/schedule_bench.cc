@@ -29,10 +29,10 @@ using rp::planning::OptimizerMode;
 using rp::planning::Partition;
 using rp::scheduler::Controller;
 using rp::scheduler::ControllerOptions;
-using rp::workers::models::TransformerConfig;
+using rp::spec::ModelConfig;
 
-TransformerConfig Model(int64_t vocab) {
-  TransformerConfig c;
+rp::spec::ModelConfig Model(int64_t vocab) {
+  rp::spec::ModelConfig c;
   c.vocab = vocab;
   c.hidden = 128;
   c.intermediate = 344;
@@ -51,7 +51,7 @@ struct Run {
   std::optional<rp::planning::CostModel> measured;
 };
 
-Run Train(const TransformerConfig& cfg, ControllerOptions o, int iterations, int workers) {
+Run Train(const rp::spec::ModelConfig& cfg, ControllerOptions o, int iterations, int workers) {
   rp::workers::Timeline tl;
   auto devs = *rp::workers::CreateDevices("cpu:" + std::to_string(workers), &tl);
   std::vector<rp::workers::Device*> raw;
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
 
   // (b) async vs sync with a slow optimizer.
   {
-    const TransformerConfig cfg = Model(2048);
+    const rp::spec::ModelConfig cfg = Model(2048);
     ControllerOptions o;
     o.partition = Partition{{3, 3}, 2, {2, 2, 2}};
     o.microbatches = 4;
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   // (c) automatic vs uniform partition on a skewed model (sync mode: one iteration's bubble is
   // well defined; the planner's prediction models the same thing).
   {
-    const TransformerConfig cfg = Model(32000);  // the head dominates
+    const rp::spec::ModelConfig cfg = Model(32000);  // the head dominates
     const int L = cfg.num_layers();
     ControllerOptions base;
     base.microbatches = 4;
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
 
   // (d) recompute ahead of the gradient, on and off, interleaved runs (the machine is noisy).
   {
-    const TransformerConfig cfg = Model(32000);
+    const rp::spec::ModelConfig cfg = Model(32000);
     ControllerOptions o;
     o.partition = Partition{{2, 2, 2}, 2, {2, 2, 2}};
     o.microbatches = 4;

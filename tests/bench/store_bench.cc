@@ -48,7 +48,7 @@ struct Variant {
   int64_t allocations = 0;
 };
 
-void RunOnce(const rp::workers::models::TransformerConfig& cfg, const AdamWOptions& o, int steps, Variant& v) {
+void RunOnce(const rp::spec::ModelConfig& cfg, const AdamWOptions& o, int steps, Variant& v) {
   auto t0 = std::chrono::steady_clock::now();
   auto store = std::make_unique<HostModelStore>(cfg, at::kBFloat16, 1, 0.02, rp::workers::FrozenInit::kRandom,
                                                 v.slab_state ? rp::workers::StateBytesPerElement(o) : StateReserve{});
@@ -79,7 +79,7 @@ void RunOnce(const rp::workers::models::TransformerConfig& cfg, const AdamWOptio
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 5;
-  rp::workers::models::TransformerConfig cfg;
+  rp::spec::ModelConfig cfg;
   cfg.vocab = 8192;
   cfg.hidden = 1024;
   cfg.intermediate = 2816;

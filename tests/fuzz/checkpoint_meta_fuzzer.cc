@@ -1,14 +1,14 @@
-// libFuzzer target: a checkpoint's meta.json (workers/io/checkpoint_meta.cc). Whatever the text,
+// libFuzzer target: a checkpoint's meta.json (workers/files/checkpoint_meta.cc). Whatever the text,
 // ParseCheckpointMeta returns a status; an accepted meta has a non-negative step and data cursor,
 // partition entries in [0, 2^20] and, when present, a complete eval record.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
-#include "workers/io/checkpoint_meta.h"
+#include "workers/files/checkpoint_meta.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto f = rp::workers::io::ParseCheckpointMeta(std::string(reinterpret_cast<const char*>(data), size), "ckpt");
+  auto f = rp::files::ParseCheckpointMeta(std::string(reinterpret_cast<const char*>(data), size), "ckpt");
   if (!f.ok()) return 0;
   const auto& m = f->meta;
   if (m.step < 0 || m.batches_consumed < 0 || m.optimizer.empty()) std::abort();

@@ -7,7 +7,7 @@
 #include "workers/io/hf_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto r = rp::workers::io::ParseHfConfig(std::string(reinterpret_cast<const char*>(data), size));
+  auto r = rp::files::ParseHfConfig(std::string(reinterpret_cast<const char*>(data), size));
   if (r.ok() && !r->Validate().ok()) std::abort();
   return 0;
 }

@@ -4,6 +4,7 @@
 // mapped where it lies (workers::io::HfBaseIsStoredAs, a LibTorch reader); this one always
 // counts the base as allocated, the larger of the two answers.
 #include "scheduler/job_files.h"
+#include "scheduler/planning/host_state.h"
 
 namespace rp::scheduler {
 

@@ -6,9 +6,10 @@
 // status; an accepted spec resolves to an engine spec within the documented bounds, with its output dir inside the root
 // (or the default), and resolving it again gives the same result.
 //
-// ResolveJobSpec links the facade's LibTorch-free model checks (scheduler/model_checks.cc: a
-// model.hf_dir's config.json is read for real) and one reader from behind the engine wall that
-// needs LibTorch, PredictHostStateBytes: this target links the version in job_spec_fuzz_files.cc.
+// ResolveJobSpec links the model's own checks (workers/spec) and the facade's LibTorch-free
+// config.json reader (scheduler/hf_model_config.cc: a model.hf_dir's config.json is read for real) and one reader from
+// behind the engine wall that needs LibTorch, PredictHostStateBytes: this target links the version in
+// job_spec_fuzz_files.cc.
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 #include <unistd.h>

@@ -3,10 +3,10 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "workers/io/npy_header.h"
+#include "workers/files/npy_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto r = rp::workers::io::ParseNpyHeader(data, size);
+  auto r = rp::files::ParseNpyHeader(data, size);
   if (!r.ok()) return 0;
   if (r->count < 0 || r->data_offset > size) std::abort();
   const unsigned __int128 end = static_cast<unsigned __int128>(r->data_offset) +

@@ -1,4 +1,4 @@
-// libFuzzer target: a PEFT adapter_config.json (workers/io/peft_config_parse.cc). Whatever the
+// libFuzzer target: a PEFT adapter_config.json (workers/files/peft_config_parse.cc). Whatever the
 // text, ParsePeftConfig returns a status; an accepted config has a rank in [1, 65536] and a
 // finite alpha. ParsePeftBaseModel returns a status too, and its name compares with itself and
 // with a model directory without touching anything but the name (SameBaseModel).
@@ -11,11 +11,11 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  if (auto base = rp::workers::io::ParsePeftBaseModel(text); base.ok()) {
-    if (!rp::workers::io::SameBaseModel(*base, *base)) std::abort();
-    (void)rp::workers::io::SameBaseModel(*base, "/nonexistent/models/base");
+  if (auto base = rp::files::ParsePeftBaseModel(text); base.ok()) {
+    if (!rp::files::SameBaseModel(*base, *base)) std::abort();
+    (void)rp::files::SameBaseModel(*base, "/nonexistent/models/base");
   }
-  auto c = rp::workers::io::ParsePeftConfig(text);
+  auto c = rp::files::ParsePeftConfig(text);
   if (!c.ok()) return 0;
   if (c->rank < 1 || c->rank > 65536) std::abort();
   if (!std::isfinite(c->alpha)) std::abort();

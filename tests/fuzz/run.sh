@@ -16,7 +16,11 @@ fi
 launcher=""
 command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
 [ -f "$BUILD/build.ninja" ] || cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ $launcher >/dev/null
-cmake --build "$BUILD" >/dev/null
+if ! cmake --build "$BUILD" >"$BUILD/build.log" 2>&1; then
+  grep -E "error|FAILED" "$BUILD/build.log" | head -20
+  echo "fuzz: FAILED (the fuzz targets did not build; $BUILD/build.log)"
+  exit 1
+fi
 corpus="$BUILD/corpus"
 mkdir -p "$corpus/st" "$corpus/cfg" "$corpus/npy" "$corpus/tok" "$corpus/jsonl" "$corpus/tds" "$corpus/prof" "$corpus/peft" \
   "$corpus/mx" "$corpus/meta" "$corpus/spec"

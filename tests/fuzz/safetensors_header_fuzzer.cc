@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "workers/io/safetensors_header.h"
+#include "workers/files/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 8) return 0;
@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::memcpy(&data_bytes, data, 8);
   data_bytes %= uint64_t{1} << 40;
   const std::string header(reinterpret_cast<const char*>(data + 8), size - 8);
-  auto r = rp::workers::io::ParseSafetensorsHeader(header, data_bytes);
+  auto r = rp::files::ParseSafetensorsHeader(header, data_bytes);
   if (!r.ok()) return 0;
   for (const auto& e : *r) {
     uint64_t numel = 1;

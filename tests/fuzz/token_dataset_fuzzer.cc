@@ -1,5 +1,5 @@
 // libFuzzer target: a token dataset file (safetensors, "roundpipe.token_dataset.v1"): the header
-// (workers/io/safetensors_header.cc), the layout rules and the value checks
+// (workers/files/safetensors_header.cc), the layout rules and the value checks
 // (scheduler/runtime/token_dataset_layout.cc) on the file's own bytes. Accepted files give ids in
 // [0, 2^31) and document starts that rise strictly below the token count.
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "scheduler/runtime/token_dataset_layout.h"
-#include "workers/io/safetensors_header.h"
+#include "workers/files/safetensors_header.h"
 
 namespace {
 
@@ -28,7 +28,7 @@ TokenElement ElementOf(const std::string& dtype) {
 }
 
 // The tensor's elements widened to int64 (I32 or I64 only, as the layout allows for ids/offsets).
-std::vector<int64_t> Widened(const rp::workers::io::HeaderEntry& e, const uint8_t* data) {
+std::vector<int64_t> Widened(const rp::files::HeaderEntry& e, const uint8_t* data) {
   std::vector<int64_t> out;
   const uint64_t bytes = e.end - e.begin;
   if (e.dtype == "I64") {
@@ -53,9 +53,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t* payload = data + 8 + header_len;
   const uint64_t payload_bytes = size - 8 - header_len;
   std::map<std::string, std::string> metadata;
-  auto entries = rp::workers::io::ParseSafetensorsHeader(header, payload_bytes, &metadata);
+  auto entries = rp::files::ParseSafetensorsHeader(header, payload_bytes, &metadata);
   if (!entries.ok()) return 0;
-  std::map<std::string, const rp::workers::io::HeaderEntry*> by_name;
+  std::map<std::string, const rp::files::HeaderEntry*> by_name;
   for (const auto& e : *entries) by_name[e.name] = &e;
   auto tensor = [&](const char* name) -> std::optional<TokenTensor> {
     auto it = by_name.find(name);

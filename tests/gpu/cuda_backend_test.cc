@@ -87,7 +87,7 @@ TEST(CudaDevice, UploadDownloadRoundTripIsExactPinnedAndCounted) {
 // reason is printed and the masters are copied into the pinned arena instead (the fallback).
 TEST(CudaDevice, AMappedModelFileIsRegisteredForDmaOrCopiedAndUploadsExactly) {
   RP_REQUIRE_GPU();
-  workers::models::TransformerConfig c = rp::testing::TinyLlama();
+  spec::ModelConfig c = rp::testing::TinyLlama();
   c.lora.rank = 4;
   c.lora.targets = {"q_proj", "v_proj"};
   const std::string dir = (rp::testing::FreshTempDir("CudaDevice", "mapped") / "model").string();

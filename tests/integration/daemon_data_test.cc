@@ -59,7 +59,7 @@ TEST_F(DaemonTest, JsonlJobTrainsLikeThePlainReferenceOnTheTokenizersMasks) {
   ASSERT_TRUE(job.ok()) << job.status();
   Watcher w(*c, job->id());
   ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
-  workers::models::TransformerConfig model = EngineModel();
+  spec::ModelConfig model = EngineModel();
   model.vocab = expected["vocab"].get<int64_t>();
   workers::HostModelStore init(model, at::kFloat, spec.model().init_seed());
   workers::AdamWOptions adamw;
@@ -114,7 +114,7 @@ TEST_F(DaemonTest, DocumentMaskedJsonlJobWithValidationMatchesTheReference) {
   Watcher w(*c, job->id());
   ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
 
-  workers::models::TransformerConfig model = EngineModel();
+  spec::ModelConfig model = EngineModel();
   model.vocab = expected["vocab"].get<int64_t>();
   workers::HostModelStore init(model, at::kFloat, spec.model().init_seed());
   workers::AdamWOptions adamw;

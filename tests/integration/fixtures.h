@@ -22,7 +22,7 @@
 #include "client/client.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/support/tiny_spec.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::testing {
 
@@ -77,8 +77,8 @@ class DaemonTest : public ::testing::Test {
     return false;
   }
   // TinySpec's model as the engine sees it (defaults as the daemon fills them).
-  static workers::models::TransformerConfig EngineModel() {
-    workers::models::TransformerConfig c;
+  static spec::ModelConfig EngineModel() {
+    spec::ModelConfig c;
     c.family = "llama";
     c.vocab = 256;
     c.hidden = 32;

@@ -12,7 +12,7 @@
 
 namespace rp::testing {
 
-int64_t WriteBf16ModelDir(const std::string& dir, const workers::models::TransformerConfig& c, bool sparse) {
+int64_t WriteBf16ModelDir(const std::string& dir, const spec::ModelConfig& c, bool sparse) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << workers::io::HfConfigJson(c, at::kBFloat16);
   nlohmann::json header = nlohmann::json::object();

@@ -14,7 +14,7 @@
 #include "scheduler/engine.h"
 #include "scheduler/engine_types.h"
 #include "scheduler/runtime/model_adapter.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::testing {
 
@@ -35,14 +35,6 @@ inline at::Tensor ToTensor(const scheduler::TensorValue& v) {
   at::Tensor t = at::empty(v.shape, at::kFloat);
   std::copy(v.data.begin(), v.data.end(), t.data_ptr<float>());
   return t;
-}
-
-inline planning::ModelConfig ModelOf(const workers::models::TransformerConfig& c) {
-  return scheduler::runtime::FromTransformerConfig(c);
-}
-
-inline workers::models::TransformerConfig ConfigOf(const planning::ModelConfig& m) {
-  return *scheduler::runtime::ToTransformerConfig(m);
 }
 
 // (name, shape) pairs, as the workers/io exporters take them.

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "workers/models/transformer_config.h"
 #include "workers/optim/adamw.h"
+#include "workers/spec/model_config.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::testing {
@@ -45,7 +45,7 @@ class ReferenceModel {
   const std::map<std::string, at::Tensor>& params() const { return params_; }
 
  private:
-  workers::models::TransformerConfig cfg_;
+  spec::ModelConfig cfg_;
   std::vector<std::vector<std::string>> layer_names_;
   std::map<std::string, at::Tensor> params_;
   std::map<std::string, at::Tensor> prev_;  // u_{k-1} for StaleStep

@@ -28,7 +28,7 @@ struct Rig {
 };
 
 // A failed Create is reported as a test failure and leaves `controller` null.
-inline std::unique_ptr<Rig> MakeRig(const workers::models::TransformerConfig& cfg, int num_devices,
+inline std::unique_ptr<Rig> MakeRig(const spec::ModelConfig& cfg, int num_devices,
                                     const scheduler::ControllerOptions& options, at::ScalarType master = at::kFloat,
                                     uint64_t seed = 1) {
   auto r = std::make_unique<Rig>();

@@ -3,12 +3,12 @@
 // q/k norms and tied embeddings. Header-only test support.
 #pragma once
 
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::testing {
 
-inline workers::models::TransformerConfig TinyLlama() {
-  workers::models::TransformerConfig c;
+inline spec::ModelConfig TinyLlama() {
+  spec::ModelConfig c;
   c.family = "llama";
   c.vocab = 61;
   c.hidden = 32;
@@ -24,8 +24,8 @@ inline workers::models::TransformerConfig TinyLlama() {
   return c;
 }
 
-inline workers::models::TransformerConfig TinyQwen3() {
-  workers::models::TransformerConfig c;
+inline spec::ModelConfig TinyQwen3() {
+  spec::ModelConfig c;
   c.family = "qwen3";
   c.vocab = 53;
   c.hidden = 24;

@@ -2,7 +2,7 @@
 // one linear scan, no allocation, no recursion. Every reader of untrusted JSON (tokenizer files,
 // JSONL records, configs, checkpoints' metadata, profiles) refuses text deeper than its bound, so
 // no recursive walk, copy or dump of the parsed value can overflow a thread's stack.
-// (workers/io/bounded_json.h pairs it with the parse; the planning library, which sees only
+// (workers/files/bounded_json.h pairs it with the parse; the planning library, which sees only
 // this foundation, calls it directly.)
 //
 // Contract: a pure function, any thread, never throws.

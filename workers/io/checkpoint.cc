@@ -14,8 +14,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "workers/io/atomic_dir.h"
-#include "workers/io/confined_fs.h"
+#include "workers/files/atomic_dir.h"
+#include "workers/files/confined_fs.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/io/safetensors_writer.h"
 #include "workers/store/host_model_store.h"
@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 namespace {
 
 absl::StatusOr<uint32_t> FileCrc(const fs::path& p) {
-  auto fd = OpenForRead(p.string(), nullptr);
+  auto fd = files::OpenForRead(p.string(), nullptr);
   if (!fd.ok()) return absl::DataLossError(absl::StrCat("checkpoint: ", fd.status().message()));
   uLong crc = crc32(0L, Z_NULL, 0);
   std::vector<unsigned char> buf(1 << 20);
@@ -42,18 +42,18 @@ absl::StatusOr<uint32_t> FileCrc(const fs::path& p) {
 }
 
 // meta.json: a regular file of at most 1 MiB, parsed without exceptions.
-absl::StatusOr<CheckpointMetaFile> ReadMetaFile(const fs::path& dir) {
-  auto text = ReadSmallFile((dir / "meta.json").string(), uint64_t{1} << 20);
+absl::StatusOr<files::CheckpointMetaFile> ReadMetaFile(const fs::path& dir) {
+  auto text = files::ReadSmallFile((dir / "meta.json").string(), uint64_t{1} << 20);
   if (!text.ok())
     return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json: ", text.status().message()));
-  return ParseCheckpointMeta(*text, dir.string());
+  return files::ParseCheckpointMeta(*text, dir.string());
 }
 
 }  // namespace
 
 absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& store, const AdamWState& adamw,
-                             const CheckpointMeta& meta, const FrozenBase* base_in) {
-  auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
+                             const files::CheckpointMeta& meta, const FrozenBase* base_in) {
+  auto out = files::AtomicDir::Begin(fs::absolute(dir_in).string());
   if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat("checkpoint: ", out.status().message()));
   auto fail = [](absl::Status st) { return absl::Status(st.code(), absl::StrCat("checkpoint: ", st.message())); };
   // Weights: the fp32 copy of every trained parameter (its master copy is its rounding); the
@@ -100,7 +100,7 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
                       {"note", meta.note},
                       {"optimizer", meta.optimizer}};
   if (meta.eval) {
-    const CheckpointMeta::Eval& e = *meta.eval;
+    const files::CheckpointMeta::Eval& e = *meta.eval;
     j["eval"] = {{"step", e.step},
                  {"loss", e.loss},
                  {"tokens", e.tokens},
@@ -117,7 +117,7 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
                  {"bytes", base.bytes},
                  {"file", "base.json"}};
   }
-  for (const char* file : CheckpointCheckedFiles(frozen)) {
+  for (const char* file : files::CheckpointCheckedFiles(frozen)) {
     auto crc = FileCrc(out->PathOf(file));
     if (!crc.ok()) return fail(crc.status());
     j["crc32"][file] = *crc;
@@ -130,13 +130,13 @@ absl::Status WriteCheckpoint(const std::string& dir_in, const HostModelStore& st
 namespace {
 
 // meta.json of a complete checkpoint whose files pass their checksums.
-absl::StatusOr<CheckpointMetaFile> VerifiedMetaFile(const fs::path& dir) {
+absl::StatusOr<files::CheckpointMetaFile> VerifiedMetaFile(const fs::path& dir) {
   auto parsed = ReadMetaFile(dir);
   if (!parsed.ok()) return parsed.status();
   if (!parsed->has_checksums) {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": meta.json is damaged"));
   }
-  for (const char* file : CheckpointCheckedFiles(parsed->has_base)) {
+  for (const char* file : files::CheckpointCheckedFiles(parsed->has_base)) {
     auto crc = FileCrc(dir / file);
     if (!crc.ok()) return crc.status();
     auto recorded = parsed->crc32.find(file);
@@ -149,7 +149,7 @@ absl::StatusOr<CheckpointMetaFile> VerifiedMetaFile(const fs::path& dir) {
 
 }  // namespace
 
-absl::StatusOr<CheckpointMeta> VerifyCheckpoint(const std::string& dir) {
+absl::StatusOr<files::CheckpointMeta> VerifyCheckpoint(const std::string& dir) {
   auto f = VerifiedMetaFile(dir);
   if (!f.ok()) return f.status();
   return f->meta;
@@ -157,9 +157,9 @@ absl::StatusOr<CheckpointMeta> VerifyCheckpoint(const std::string& dir) {
 
 namespace {
 
-absl::StatusOr<FrozenBase> BaseOf(const fs::path& dir, const CheckpointMetaFile& meta) {
+absl::StatusOr<FrozenBase> BaseOf(const fs::path& dir, const files::CheckpointMetaFile& meta) {
   if (!meta.has_base) return FrozenBase{};
-  auto text = ReadSmallFile((dir / "base.json").string(), uint64_t{256} << 20);
+  auto text = files::ReadSmallFile((dir / "base.json").string(), uint64_t{256} << 20);
   if (!text.ok()) return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", text.status().message()));
   auto base = ParseFrozenBaseJson(*text);
   if (!base.ok()) return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", base.status().message()));
@@ -168,8 +168,8 @@ absl::StatusOr<FrozenBase> BaseOf(const fs::path& dir, const CheckpointMetaFile&
 
 }  // namespace
 
-absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostModelStore* store, AdamWState* adamw,
-                                              FrozenBase* base_out) {
+absl::StatusOr<files::CheckpointMeta> ReadCheckpoint(const std::string& dir_in, HostModelStore* store,
+                                                     AdamWState* adamw, FrozenBase* base_out) {
   const fs::path dir(dir_in);
   auto parsed = VerifiedMetaFile(dir);
   if (!parsed.ok()) return parsed.status();
@@ -228,7 +228,7 @@ absl::StatusOr<FrozenBase> ReadCheckpointBase(const std::string& dir) {
   return BaseOf(dir, *parsed);
 }
 
-absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
+absl::StatusOr<files::CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   auto parsed = ReadMetaFile(dir);
   if (!parsed.ok()) return parsed.status();
   return parsed->meta;
@@ -236,14 +236,16 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
 
 std::vector<std::string> ListCheckpoints(const std::string& parent) {
   std::vector<std::pair<int64_t, std::string>> found;
-  auto names = ListDir(parent);
+  auto names = files::ListDir(parent);
   if (!names.ok()) return {};
   for (const std::string& name : *names) {
     int64_t step = 0;
     if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step) || step < 0) continue;
     const std::string dir = (fs::path(parent) / name).string();
     // A real directory (a symlink planted in the checkpoint root is not a checkpoint) with a meta.json.
-    if (KindOf(dir) != FileKind::kDirectory || KindOf(dir + "/meta.json") != FileKind::kFile) continue;
+    if (files::KindOf(dir) != files::FileKind::kDirectory ||
+        files::KindOf(dir + "/meta.json") != files::FileKind::kFile)
+      continue;
     found.emplace_back(step, dir);
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "workers/io/checkpoint_meta.h"
+#include "workers/files/checkpoint_meta.h"
 #include "workers/io/frozen_base.h"
 #include "workers/optim/adamw.h"
 
@@ -31,23 +31,23 @@ namespace rp::workers::io {
 // `base`: the store's frozen base as DescribeFrozenBase gives it, if the caller keeps it (it does
 // not change while a job runs); null to compute it here (one read of every frozen byte).
 absl::Status WriteCheckpoint(const std::string& dir, const HostModelStore& store, const AdamWState& adamw,
-                             const CheckpointMeta& meta, const FrozenBase* base = nullptr);
+                             const files::CheckpointMeta& meta, const FrozenBase* base = nullptr);
 // DataLoss when a file is missing, torn or fails its checksum; InvalidArgument when the
 // checkpoint's parameters are not the store's; FailedPrecondition when the store's frozen base is
 // not the one the checkpoint was trained on (nothing frozen is overwritten). `base`, if given,
 // receives the store's frozen base (computed here to compare it).
-absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir, HostModelStore* store, AdamWState* adamw,
-                                              FrozenBase* base = nullptr);
+absl::StatusOr<files::CheckpointMeta> ReadCheckpoint(const std::string& dir, HostModelStore* store, AdamWState* adamw,
+                                                     FrozenBase* base = nullptr);
 
 // base.json of a checkpoint (empty when it has none: nothing was frozen, or format 1). Verifies
 // the checkpoint's checksums first.
 absl::StatusOr<FrozenBase> ReadCheckpointBase(const std::string& dir);
 
 // meta.json of a checkpoint whose files pass their checksums (reads the files, loads nothing).
-absl::StatusOr<CheckpointMeta> VerifyCheckpoint(const std::string& dir);
+absl::StatusOr<files::CheckpointMeta> VerifyCheckpoint(const std::string& dir);
 
 // meta.json alone (no checksum verification: ReadCheckpoint does that).
-absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
+absl::StatusOr<files::CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
 
 // Complete checkpoints ("step-<N>" directories with a meta.json) under `parent`, newest first.
 std::vector<std::string> ListCheckpoints(const std::string& parent);

@@ -14,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "workers/io/bounded_json.h"
-#include "workers/io/confined_fs.h"
-#include "workers/io/hub_experts.h"
+#include "workers/files/bounded_json.h"
+#include "workers/files/confined_fs.h"
+#include "workers/files/hub_experts.h"
 #include "workers/io/mxfp4.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/models/layers.h"
@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // JSON files of a model or adapter directory: regular files beneath the roots, bounded.
-absl::StatusOr<std::string> ReadText(const fs::path& p) { return ReadSmallFile(p.string(), uint64_t{64} << 20); }
+absl::StatusOr<std::string> ReadText(const fs::path& p) { return files::ReadSmallFile(p.string(), uint64_t{64} << 20); }
 
 }  // namespace
 
@@ -46,14 +46,14 @@ absl::StatusOr<HfWeightFiles> OpenHfWeights(const std::string& dir) {
   HfWeightFiles w;
   std::vector<std::string> files;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  const bool sharded = KindOf(index.string()) != FileKind::kMissing;
+  const bool sharded = files::KindOf(index.string()) != files::FileKind::kMissing;
   if (sharded) {
     auto text = ReadText(index);
     if (!text.ok()) return text.status();
-    auto parsed = ParseBoundedJson(*text, "model.safetensors.index.json");
+    auto parsed = files::ParseBoundedJson(*text, "model.safetensors.index.json");
     if (!parsed.ok()) return parsed.status();
     const nlohmann::json& j = *parsed;
-    if (!MemberOrNull(j, "weight_map").is_object()) {
+    if (!files::MemberOrNull(j, "weight_map").is_object()) {
       return absl::InvalidArgumentError("model.safetensors.index.json: no weight_map object");
     }
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
@@ -143,11 +143,11 @@ absl::StatusOr<ParamSource> LocateParam(const HfWeightFiles& w, const std::strin
   auto packed = LocateMxfp4(w, dir, name, shape);
   if (packed.ok()) return ParamSource{nullptr, *std::move(packed), {}};
   if (packed.status().code() != absl::StatusCode::kNotFound) return packed.status();
-  const std::vector<HubExpertPiece> pieces = HubExpertPieces(name, shape);
+  const std::vector<files::HubExpertPiece> pieces = files::HubExpertPieces(name, shape);
   if (pieces.empty()) return sf.status();
   ParamSource src;
   src.per_expert.resize(static_cast<size_t>(shape[0]));
-  for (const HubExpertPiece& p : pieces) {
+  for (const files::HubExpertPiece& p : pieces) {
     auto f = Locate(w, dir, p.name, p.shape);
     // A missing expert tensor is a broken model directory, as a misshapen one is.
     if (!f.ok()) {
@@ -184,7 +184,7 @@ absl::StatusOr<at::Tensor> ReadParam(const ParamSource& src, const std::string& 
 
 }  // namespace
 
-absl::Status CheckHfWeights(const std::string& dir, const models::TransformerConfig& config) {
+absl::Status CheckHfWeights(const std::string& dir, const spec::ModelConfig& config) {
   auto w = OpenHfWeights(dir);
   if (!w.ok()) return w.status();
   for (const models::ParamSpec& p : models::ModelParams(config)) {
@@ -262,8 +262,7 @@ absl::Status LoadHfWeights(const std::string& dir, HostModelStore* store, const 
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> HfBaseIsStoredAs(const std::string& dir, const models::TransformerConfig& config,
-                                      at::ScalarType dtype) {
+absl::StatusOr<bool> HfBaseIsStoredAs(const std::string& dir, const spec::ModelConfig& config, at::ScalarType dtype) {
   auto w = OpenHfWeights(dir);
   if (!w.ok()) return w.status();
   for (const models::ParamSpec& p : models::ModelParams(config)) {
@@ -284,22 +283,10 @@ absl::StatusOr<at::Tensor> ReadHfTensor(const std::string& dir, const std::strin
   return ReadParam(*src, name);
 }
 
-absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& dir) {
-  auto text = ReadText(fs::path(dir) / "adapter_config.json");
-  if (!text.ok()) return text.status();
-  return ParsePeftConfig(*text);
-}
-
-absl::StatusOr<std::string> ReadPeftBaseModel(const std::string& dir) {
-  auto text = ReadText(fs::path(dir) / "adapter_config.json");
-  if (!text.ok()) return text.status();
-  return ParsePeftBaseModel(*text);
-}
-
-absl::Status CheckPeftAdapter(const std::string& dir, const models::TransformerConfig& config) {
+absl::Status CheckPeftAdapter(const std::string& dir, const spec::ModelConfig& config) {
   // The adapter's own description first: an adapter of another rank, scale or set of targets
   // can have tensors of the right shapes and would load silently otherwise.
-  auto peft = ReadPeftConfig(dir);
+  auto peft = files::ReadPeftConfig(dir);
   if (!peft.ok())
     return absl::Status(peft.status().code(), absl::StrCat("adapter '", dir, "': ", peft.status().message()));
   if (peft->rank != config.lora.rank ||

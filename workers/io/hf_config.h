@@ -1,5 +1,6 @@
-// hf_config.h — a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3 dense decoders) as the
-// engine's TransformerConfig, and a model directory's weights into a HostModelStore.
+// hf_config.h — a Hugging Face model directory's weights (and a PEFT adapter's) into a
+// HostModelStore, and the same checks without loading. The directory's config.json is parsed by
+// workers/files/hf_configs.h (included).
 //
 // Contract: pure functions over files; LoadHfWeights writes the store's fp32 and master copies
 // tensor by tensor (one converted tensor extra at a time; the file is memory-mapped) and must not
@@ -12,17 +13,14 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "workers/models/transformer_config.h"
+#include "workers/files/hf_configs.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::workers {
 class HostModelStore;
 }
 
 namespace rp::workers::io {
-
-// Parses config.json text; unsupported architectures or options are InvalidArgument naming them.
-absl::StatusOr<models::TransformerConfig> ParseHfConfig(const std::string& json_text);
-absl::StatusOr<models::TransformerConfig> ReadHfConfig(const std::string& model_dir);
 
 // Loads model.safetensors or the shards listed in model.safetensors.index.json into `store`
 // (whose config must be the directory's). Every store parameter must be present with its shape
@@ -44,22 +42,11 @@ absl::Status LoadHfWeights(const std::string& model_dir, HostModelStore* store,
                            const LoadProgress& progress = nullptr);
 // The same checks without loading: every base parameter of `config` is in the directory with its
 // shape (files opened and headers parsed; nothing allocated beyond that).
-absl::Status CheckHfWeights(const std::string& model_dir, const models::TransformerConfig& config);
+absl::Status CheckHfWeights(const std::string& model_dir, const spec::ModelConfig& config);
 
-// A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors).
-// adapter_config.json's text (ParsePeftConfig) or a directory's file: LoRA only, rank in
-// [1, 65536], target modules and PEFT's stacked-expert target_parameters; DoRA / rsLoRA refused.
-absl::StatusOr<models::LoraConfig> ParsePeftConfig(const std::string& json_text);
-absl::StatusOr<models::LoraConfig> ReadPeftConfig(const std::string& adapter_dir);
-// adapter_config.json's base_model_name_or_path: a hub id or a path ("" when absent or null).
-absl::StatusOr<std::string> ParsePeftBaseModel(const std::string& json_text);
-absl::StatusOr<std::string> ReadPeftBaseModel(const std::string& adapter_dir);
-// Whether an adapter's base_model_name_or_path may name the model in `hf_dir`: the same directory,
-// or the same last name component, case aside ("Qwen/Qwen3-1.7B" and ".../qwen3-1.7b"). Nothing
-// to compare (either empty) counts as the same. A false here is a warning, never a refusal: a
-// local copy may be renamed, and shapes, rank, alpha and targets are checked separately.
-bool SameBaseModel(const std::string& adapter_base, const std::string& hf_dir);
+// A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors; its config
+// parsed by files/hf_configs.h).
 absl::Status LoadPeftAdapter(const std::string& adapter_dir, HostModelStore* store);
-absl::Status CheckPeftAdapter(const std::string& adapter_dir, const models::TransformerConfig& config);
+absl::Status CheckPeftAdapter(const std::string& adapter_dir, const spec::ModelConfig& config);
 
 }  // namespace rp::workers::io

@@ -15,8 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "workers/io/atomic_dir.h"
-#include "workers/io/hub_experts.h"
+#include "workers/files/atomic_dir.h"
+#include "workers/files/hub_experts.h"
 #include "workers/io/safetensors_writer.h"
 #include "workers/models/layers.h"
 
@@ -31,7 +31,7 @@ absl::Status Export(const absl::Status& st) { return absl::Status(st.code(), abs
 namespace {
 
 // The architecture and its experts, as transformers' config classes name them.
-void ArchitectureJson(const models::TransformerConfig& c, nlohmann::json& j) {
+void ArchitectureJson(const spec::ModelConfig& c, nlohmann::json& j) {
   const bool qwen = c.family == "qwen3";
   if (c.gpt_oss()) {
     j["architectures"] = {"GptOssForCausalLM"};
@@ -64,8 +64,8 @@ void ArchitectureJson(const models::TransformerConfig& c, nlohmann::json& j) {
   j["mlp_bias"] = false;
 }
 
-void RopeJson(const models::TransformerConfig& c, nlohmann::json& j) {
-  const models::RopeScaling& r = c.rope_scaling;
+void RopeJson(const spec::ModelConfig& c, nlohmann::json& j) {
+  const spec::RopeScaling& r = c.rope_scaling;
   j["rope_theta"] = c.rope_theta;
   j["max_position_embeddings"] = std::max<int64_t>(r.original_max_position, 8192);
   if (r.factor > 0 && r.yarn) {
@@ -93,7 +93,7 @@ void RopeJson(const models::TransformerConfig& c, nlohmann::json& j) {
 
 }  // namespace
 
-std::string HfConfigJson(const models::TransformerConfig& c, at::ScalarType dtype) {
+std::string HfConfigJson(const spec::ModelConfig& c, at::ScalarType dtype) {
   nlohmann::json j;
   ArchitectureJson(c, j);
   j["vocab_size"] = c.vocab;
@@ -111,29 +111,29 @@ std::string HfConfigJson(const models::TransformerConfig& c, at::ScalarType dtyp
   return j.dump(2);
 }
 
-absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::TransformerConfig& config,
+absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const spec::ModelConfig& config,
                                       const std::vector<NamedShape>& tensors,
                                       const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch,
                                       const HfExportOptions& options) {
-  auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
+  auto out = files::AtomicDir::Begin(fs::absolute(dir_in).string());
   if (!out.ok()) return Export(out.status());
   // The hub's layout: a Qwen3-MoE block's stacked experts go out per expert (hub_experts.h),
   // which every transformers version loads; GPT-OSS's go out stacked, as the hub stores them.
   struct Source {
     std::string name;  // the parameter
-    HubExpertPiece piece;
+    files::HubExpertPiece piece;
     bool sliced = false;
   };
   std::vector<TensorDecl> decls;
   std::vector<Source> sources;
   for (const auto& [name, shape] : tensors) {
-    const std::vector<HubExpertPiece> pieces =
-        config.gpt_oss() ? std::vector<HubExpertPiece>{} : HubExpertPieces(name, shape);
+    const std::vector<files::HubExpertPiece> pieces =
+        config.gpt_oss() ? std::vector<files::HubExpertPiece>{} : files::HubExpertPieces(name, shape);
     if (pieces.empty()) {
       decls.push_back({name, options.dtype, shape});
       sources.push_back({name, {}, false});
     }
-    for (const HubExpertPiece& p : pieces) {
+    for (const files::HubExpertPiece& p : pieces) {
       decls.push_back({p.name, options.dtype, p.shape});
       sources.push_back({name, p, true});
     }
@@ -195,11 +195,11 @@ absl::StatusOr<int64_t> ExportHfModel(const std::string& dir_in, const models::T
   return total;
 }
 
-absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const models::TransformerConfig& config,
+absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const spec::ModelConfig& config,
                                           const std::vector<NamedShape>& tensors,
                                           const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch) {
   if (config.lora.rank <= 0) return absl::FailedPreconditionError("export: the model has no LoRA adapters");
-  auto out = AtomicDir::Begin(fs::absolute(dir_in).string());
+  auto out = files::AtomicDir::Begin(fs::absolute(dir_in).string());
   if (!out.ok()) return Export(out.status());
   auto fail = [](absl::Status st) { return Export(std::move(st)); };
   std::vector<TensorDecl> decls;
@@ -239,7 +239,7 @@ absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir_in, const model
   return total;
 }
 
-absl::StatusOr<int64_t> ExportMergedLora(const std::string& dir, const models::TransformerConfig& config,
+absl::StatusOr<int64_t> ExportMergedLora(const std::string& dir, const spec::ModelConfig& config,
                                          const std::vector<NamedShape>& tensors,
                                          const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch,
                                          const HfExportOptions& options) {
@@ -248,7 +248,7 @@ absl::StatusOr<int64_t> ExportMergedLora(const std::string& dir, const models::T
   for (const auto& t : tensors) {
     if (t.first.find(".lora_") == std::string::npos) base.push_back(t);
   }
-  models::TransformerConfig plain = config;
+  spec::ModelConfig plain = config;
   plain.lora = {};
   const double scale = config.lora.alpha / config.lora.rank;
   std::map<std::string, models::ExpertLora> experts;  // stacked experts with adapters, by name

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::workers::io {
 
@@ -26,25 +26,25 @@ struct HfExportOptions {
 };
 
 // config.json for `config` (nlohmann json text).
-std::string HfConfigJson(const models::TransformerConfig& config, at::ScalarType dtype);
+std::string HfConfigJson(const spec::ModelConfig& config, at::ScalarType dtype);
 
 using NamedShape = std::pair<std::string, std::vector<int64_t>>;
 
 // Writes `tensors` (values from `fetch`, which must return the declared shape) to `dir`;
 // returns the number of tensor bytes written.
-absl::StatusOr<int64_t> ExportHfModel(const std::string& dir, const models::TransformerConfig& config,
+absl::StatusOr<int64_t> ExportHfModel(const std::string& dir, const spec::ModelConfig& config,
                                       const std::vector<NamedShape>& tensors,
                                       const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch,
                                       const HfExportOptions& options = {});
 
 // Writes the LoRA adapters among `tensors` (names containing ".lora_") as a PEFT adapter
 // directory: adapter_config.json + adapter_model.safetensors (fp32), atomically.
-absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir, const models::TransformerConfig& config,
+absl::StatusOr<int64_t> ExportPeftAdapter(const std::string& dir, const spec::ModelConfig& config,
                                           const std::vector<NamedShape>& tensors,
                                           const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch);
 
 // The merged weights W + (alpha / r) B A of a LoRA model as a plain Hugging Face directory.
-absl::StatusOr<int64_t> ExportMergedLora(const std::string& dir, const models::TransformerConfig& config,
+absl::StatusOr<int64_t> ExportMergedLora(const std::string& dir, const spec::ModelConfig& config,
                                          const std::vector<NamedShape>& tensors,
                                          const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& fetch,
                                          const HfExportOptions& options = {});

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::workers::io {
 
 // Whether every base tensor of `config` is stored in `dtype` in the directory: then a frozen
 // base (LoRA) is used from the files' mappings without a copy (LoadHfWeights).
-absl::StatusOr<bool> HfBaseIsStoredAs(const std::string& model_dir, const models::TransformerConfig& config,
+absl::StatusOr<bool> HfBaseIsStoredAs(const std::string& model_dir, const spec::ModelConfig& config,
                                       at::ScalarType dtype);
 // One base tensor of a model directory as fp32 (NotFound / InvalidArgument when it is absent or
 // has another shape): what LoadHfWeights would have put in the store, read alone.

@@ -5,7 +5,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#include "workers/io/mxfp4_decode.h"
+#include "workers/files/mxfp4_decode.h"
 
 namespace rp::workers::io {
 
@@ -13,7 +13,7 @@ absl::StatusOr<at::Tensor> DequantizeMxfp4(const at::Tensor& blocks, const at::T
   if (blocks.scalar_type() != at::kByte || scales.scalar_type() != at::kByte) {
     return absl::InvalidArgumentError("MXFP4: blocks and scales must be uint8 (U8)");
   }
-  auto groups = CheckMxfp4Shapes(blocks.sizes().vec(), scales.sizes().vec());
+  auto groups = files::CheckMxfp4Shapes(blocks.sizes().vec(), scales.sizes().vec());
   if (!groups.ok()) return groups.status();
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
     return absl::InvalidArgumentError("MXFP4: dequantises to float32, bfloat16 or float16 only");
@@ -25,9 +25,9 @@ absl::StatusOr<at::Tensor> DequantizeMxfp4(const at::Tensor& blocks, const at::T
   const uint8_t* bp = b.data_ptr<uint8_t>();
   const uint8_t* sp = s.data_ptr<uint8_t>();
   at::parallel_for(0, s.numel(), 4096, [&](int64_t begin, int64_t end) {
-    if (dtype == at::kFloat) DecodeMxfp4Groups(bp, sp, out.data_ptr<float>(), begin, end);
-    if (dtype == at::kBFloat16) DecodeMxfp4Groups(bp, sp, out.data_ptr<c10::BFloat16>(), begin, end);
-    if (dtype == at::kHalf) DecodeMxfp4Groups(bp, sp, out.data_ptr<c10::Half>(), begin, end);
+    if (dtype == at::kFloat) files::DecodeMxfp4Groups(bp, sp, out.data_ptr<float>(), begin, end);
+    if (dtype == at::kBFloat16) files::DecodeMxfp4Groups(bp, sp, out.data_ptr<c10::BFloat16>(), begin, end);
+    if (dtype == at::kHalf) files::DecodeMxfp4Groups(bp, sp, out.data_ptr<c10::Half>(), begin, end);
   });
   return out;
 }

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "workers/io/confined_fs.h"
+#include "workers/files/confined_fs.h"
 
 namespace rp::workers::io {
 
@@ -24,7 +24,7 @@ at::ScalarType ToScalarType(const std::string& s) {
   static const std::map<std::string, at::ScalarType> kDtypes = {
       {"F32", at::kFloat}, {"BF16", at::kBFloat16}, {"F16", at::kHalf}, {"F64", at::kDouble}, {"I64", at::kLong},
       {"I32", at::kInt},   {"I16", at::kShort},     {"I8", at::kChar},  {"U8", at::kByte},    {"BOOL", at::kBool}};
-  return kDtypes.at(s);  // ParseSafetensorsHeader admits only these names
+  return kDtypes.at(s);  // files::ParseSafetensorsHeader admits only these names
 }
 
 }  // namespace
@@ -36,7 +36,7 @@ SafetensorsFile::~SafetensorsFile() {
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   // Regular files beneath the daemon's roots only (confined_fs): a FIFO never blocks.
   uint64_t bytes = 0;
-  auto fd = OpenForRead(path, &bytes);
+  auto fd = files::OpenForRead(path, &bytes);
   if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("safetensors: ", fd.status().message()));
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
         absl::StrCat("safetensors: '", path, "': header length ", n, " runs beyond the file (", f->size_, " bytes)"));
   }
   const std::string header(reinterpret_cast<const char*>(f->map_ + 8), n);
-  auto entries = ParseSafetensorsHeader(header, f->size_ - 8 - n, &f->metadata_);
+  auto entries = files::ParseSafetensorsHeader(header, f->size_ - 8 - n, &f->metadata_);
   if (!entries.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", entries.status().message()));
   }

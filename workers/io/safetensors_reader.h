@@ -6,7 +6,7 @@
 //
 // Contract: an open file is immutable; Read() is const and thread-safe. The mapping is private
 // and copy-on-write: a write through a View() copies the page it touches (the file never
-// changes, nothing faults). ParseSafetensorsHeader is a pure function (the fuzz target).
+// changes, nothing faults). files::ParseSafetensorsHeader is a pure function (the fuzz target).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "workers/io/safetensors_header.h"
+#include "workers/files/safetensors_header.h"
 
 namespace rp::workers::io {
 

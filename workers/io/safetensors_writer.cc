@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "workers/io/confined_fs.h"
+#include "workers/files/confined_fs.h"
 
 namespace rp::workers::io {
 
@@ -67,7 +67,7 @@ absl::Status SafetensorsWriter::Open(const std::string& path, const std::vector<
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
   // A new file beneath the daemon's roots (confined_fs): never replaces or follows what exists.
-  auto fd = OpenConfined(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  auto fd = files::OpenConfined(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
   if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("cannot create ", fd.status().message()));
   f_ = ::fdopen(fd->get(), "wb");
   if (!f_) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));

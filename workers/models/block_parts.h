@@ -34,7 +34,7 @@ at::Tensor AttendMask(const TokenLayout& layout, int64_t s, int64_t window, c10:
 // A router's choice from its scores [T, E] (the softmax, or GPT-OSS's logits): the top-k experts
 // (through the test hook when one is set, test_hooks.h), or replay's; fills r.experts and
 // r.counts and returns the scores at the chosen experts [T, k], with their gradient.
-at::Tensor SelectExperts(const TransformerConfig& cfg, const at::Tensor& scores, const RoutingDecision* replay,
+at::Tensor SelectExperts(const spec::ModelConfig& cfg, const at::Tensor& scores, const RoutingDecision* replay,
                          MoeRouting& r);
 
 // One expert's view of a stacked expert adapter (ExpertLoraTargets): A_e [r, in], B_e [out, r]
@@ -44,6 +44,6 @@ struct ExpertAdapterViews {
 };
 ExpertAdapterViews PerExpert(const at::Tensor& a, const at::Tensor& b, int64_t num_experts);
 // xe·W_eᵀ's adapter term (alpha/r)·(xe·A_eᵀ)·B_eᵀ for expert e, or undefined without one.
-at::Tensor AdapterTerm(const TransformerConfig& cfg, const ExpertAdapterViews& v, int64_t expert, const at::Tensor& xe);
+at::Tensor AdapterTerm(const spec::ModelConfig& cfg, const ExpertAdapterViews& v, int64_t expert, const at::Tensor& xe);
 
 }  // namespace rp::workers::models::parts

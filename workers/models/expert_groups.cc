@@ -127,7 +127,7 @@ at::Tensor GroupedProduct(const ExpertGroups& g, const at::Tensor& in, const at:
   return PerExpertProduct(g, x, w);
 }
 
-at::Tensor GroupedAdapterTerm(const TransformerConfig& c, const ExpertAdapterViews& v, const ExpertGroups& g,
+at::Tensor GroupedAdapterTerm(const spec::ModelConfig& c, const ExpertAdapterViews& v, const ExpertGroups& g,
                               const at::Tensor& in) {
   if (v.a.empty()) return {};
   std::vector<at::Tensor> outs;

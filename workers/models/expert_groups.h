@@ -42,7 +42,7 @@ at::Tensor GroupedProduct(const ExpertGroups& g, const at::Tensor& in, const at:
 
 // The expert adapters' term (alpha/r)·(x·A_eᵀ)·B_eᵀ of every row, or undefined without adapters
 // (per expert: an adapter's rank is usually too narrow for the grouped op's 16-byte strides).
-at::Tensor GroupedAdapterTerm(const TransformerConfig& cfg, const ExpertAdapterViews& v, const ExpertGroups& g,
+at::Tensor GroupedAdapterTerm(const spec::ModelConfig& cfg, const ExpertAdapterViews& v, const ExpertGroups& g,
                               const at::Tensor& in);
 
 // Whether the grouped op runs for `in`'s device and dtype with these widths (16-byte strides).

@@ -36,7 +36,7 @@ at::Tensor SinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
       .narrow(-1, 0, d);
 }
 
-MoeRouting GptOssRoute(const TransformerConfig& c, const at::Tensor& weight, const at::Tensor& bias,
+MoeRouting GptOssRoute(const spec::ModelConfig& c, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& x, const RoutingDecision* replay) {
   const at::Tensor logits = at::linear(x.reshape({-1, x.size(-1)}), weight, bias);  // [T, E]
   MoeRouting r;
@@ -46,7 +46,7 @@ MoeRouting GptOssRoute(const TransformerConfig& c, const at::Tensor& weight, con
   return r;
 }
 
-at::Tensor GptOssExperts(const TransformerConfig& c, const GptOssExpertWeights& w, const at::Tensor& x,
+at::Tensor GptOssExperts(const spec::ModelConfig& c, const GptOssExpertWeights& w, const at::Tensor& x,
                          const MoeRouting& routing, const ExpertAdapters& lora) {
   // x·W stacked weights: one grouped product each; biases per row by its expert.
   const parts::ExpertGroups g = parts::GroupByExpert(x, routing, c.num_experts, c.experts_per_token);

@@ -10,7 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "workers/models/layers.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::workers::models {
 
@@ -26,7 +26,7 @@ at::Tensor SinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // weights softmax(top-k logits) (in the logits' dtype). With `replay` the experts (and counts)
 // are replay's and the weights the softmax of the logits gathered at them. `probs` (the fp32
 // softmax over all experts, the auxiliary loss's input) is set only when the model has an aux loss.
-MoeRouting GptOssRoute(const TransformerConfig& cfg, const at::Tensor& weight, const at::Tensor& bias,
+MoeRouting GptOssRoute(const spec::ModelConfig& cfg, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& x, const RoutingDecision* replay = nullptr);
 
 // A GPT-OSS block's expert tensors (the hub's and transformers' layout).
@@ -39,7 +39,7 @@ struct GptOssExpertWeights {
 // The experts' output for x [.., h] under `routing`, grouped by expert as MoeExperts:
 // per expert (clamp(up, ±limit) + 1) · g·sigmoid(alpha·g), g = min(gate, limit), times down.
 // `lora` adds each expert's adapters (layers.h ExpertLoraTargets).
-at::Tensor GptOssExperts(const TransformerConfig& cfg, const GptOssExpertWeights& w, const at::Tensor& x,
+at::Tensor GptOssExperts(const spec::ModelConfig& cfg, const GptOssExpertWeights& w, const at::Tensor& x,
                          const MoeRouting& routing, const ExpertAdapters& lora = {});
 
 }  // namespace rp::workers::models

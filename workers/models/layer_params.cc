@@ -15,7 +15,7 @@
 
 namespace rp::workers::models {
 
-std::vector<ParamSpec> ModelParams(const TransformerConfig& cfg) {
+std::vector<ParamSpec> ModelParams(const spec::ModelConfig& cfg) {
   std::vector<ParamSpec> out;
   for (int l = 0; l < cfg.num_layers(); ++l) {
     for (ParamSpec& p : LayerParams(cfg, l)) {
@@ -30,7 +30,7 @@ std::vector<ParamSpec> ModelParams(const TransformerConfig& cfg) {
 namespace {
 
 // A block's attention weights, in the order BlockForward takes them.
-void AttentionParams(const TransformerConfig& c, const std::string& p, std::vector<ParamSpec>* out) {
+void AttentionParams(const spec::ModelConfig& c, const std::string& p, std::vector<ParamSpec>* out) {
   const int64_t h = c.hidden, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
   out->push_back({p + "input_layernorm.weight", {h}, true});
   const std::pair<const char*, std::vector<int64_t>> projections[] = {
@@ -48,7 +48,7 @@ void AttentionParams(const TransformerConfig& c, const std::string& p, std::vect
 }
 
 // A block's MLP: dense, Qwen3-MoE's stacked experts (transformers >= 5's layout) or GPT-OSS's.
-void MlpParams(const TransformerConfig& c, int block, const std::string& p, std::vector<ParamSpec>* out) {
+void MlpParams(const spec::ModelConfig& c, int block, const std::string& p, std::vector<ParamSpec>* out) {
   const int64_t h = c.hidden, e = c.num_experts, i = c.expert_intermediate;
   if (c.gpt_oss()) {
     out->push_back({p + "mlp.router.weight", {e, h}});
@@ -70,7 +70,7 @@ void MlpParams(const TransformerConfig& c, int block, const std::string& p, std:
 
 }  // namespace
 
-std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
+std::vector<ParamSpec> LayerParams(const spec::ModelConfig& c, int layer) {
   const int64_t h = c.hidden;
   if (layer == 0) return {{"model.embed_tokens.weight", {c.vocab, h}}};
   if (layer == c.head_layer()) {
@@ -101,7 +101,7 @@ std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
   return out;
 }
 
-std::vector<ExpertLora> ExpertLoraTargets(const TransformerConfig& c, int block) {
+std::vector<ExpertLora> ExpertLoraTargets(const spec::ModelConfig& c, int block) {
   std::vector<ExpertLora> out;
   if (c.lora.rank <= 0 || !c.SparseBlock(block)) return out;
   const bool gate_up = c.lora.Targets("experts.gate_up_proj"), down = c.lora.Targets("experts.down_proj");
@@ -116,7 +116,7 @@ std::vector<ExpertLora> ExpertLoraTargets(const TransformerConfig& c, int block)
   return out;
 }
 
-at::Tensor ExpertLoraDelta(const TransformerConfig& c, const at::Tensor& a, const at::Tensor& b) {
+at::Tensor ExpertLoraDelta(const spec::ModelConfig& c, const at::Tensor& a, const at::Tensor& b) {
   const int64_t e = c.num_experts, r = c.lora.rank;
   const at::Tensor a3 = a.view({e, r, a.size(1)});                     // [E, r, in]
   const at::Tensor b3 = b.view({b.size(0), r, e}).permute({2, 0, 1});  // [E, out, r]

@@ -21,7 +21,7 @@ namespace {
 
 // Llama-3: long wavelengths are divided by `factor`, short ones kept, the band between
 // interpolated smoothly.
-at::Tensor Llama3Frequencies(const RopeScaling& rs, const at::Tensor& inv_freq) {
+at::Tensor Llama3Frequencies(const spec::RopeScaling& rs, const at::Tensor& inv_freq) {
   const double old_len = static_cast<double>(rs.original_max_position);
   const double low_wavelen = old_len / rs.low_freq_factor;
   const double high_wavelen = old_len / rs.high_freq_factor;
@@ -36,7 +36,7 @@ at::Tensor Llama3Frequencies(const RopeScaling& rs, const at::Tensor& inv_freq) 
 // YaRN: dimensions that turn more than beta_fast times over the original context keep their
 // frequency, those turning fewer than beta_slow times are divided by `factor`, and a linear ramp
 // blends the dimensions between.
-at::Tensor YarnFrequencies(const RopeScaling& rs, double theta, int64_t dim, const at::Tensor& inv_freq) {
+at::Tensor YarnFrequencies(const spec::RopeScaling& rs, double theta, int64_t dim, const at::Tensor& inv_freq) {
   const double old_len = static_cast<double>(rs.original_max_position);
   auto correction_dim = [&](double rotations) {
     return static_cast<double>(dim) * std::log(old_len / (rotations * 2 * M_PI)) / (2 * std::log(theta));
@@ -56,11 +56,11 @@ at::Tensor YarnFrequencies(const RopeScaling& rs, double theta, int64_t dim, con
 
 }  // namespace
 
-Rope MakeRope(const TransformerConfig& c, int64_t seq, c10::Device device) {
+Rope MakeRope(const spec::ModelConfig& c, int64_t seq, c10::Device device) {
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   at::Tensor inv_freq =
       1.0 / at::pow(c.rope_theta, at::arange(0, c.head_dim, 2, f64) / static_cast<double>(c.head_dim));
-  const RopeScaling& rs = c.rope_scaling;
+  const spec::RopeScaling& rs = c.rope_scaling;
   double scale = 1;
   if (rs.factor > 0 && rs.yarn) {
     inv_freq = YarnFrequencies(rs, c.rope_theta, c.head_dim, inv_freq);
@@ -123,7 +123,7 @@ at::Tensor AttendMask(const TokenLayout& layout, int64_t s, int64_t window, c10:
   return mask;
 }
 
-at::Tensor SelectExperts(const TransformerConfig& c, const at::Tensor& scores, const RoutingDecision* replay,
+at::Tensor SelectExperts(const spec::ModelConfig& c, const at::Tensor& scores, const RoutingDecision* replay,
                          MoeRouting& r) {
   if (replay) {
     r.experts = replay->experts;
@@ -148,7 +148,7 @@ ExpertAdapterViews PerExpert(const at::Tensor& a, const at::Tensor& b, int64_t n
   return {a.view({num_experts, r, a.size(1)}).unbind(0), b.view({b.size(0), r, num_experts}).unbind(2)};
 }
 
-at::Tensor AdapterTerm(const TransformerConfig& c, const ExpertAdapterViews& v, int64_t expert, const at::Tensor& xe) {
+at::Tensor AdapterTerm(const spec::ModelConfig& c, const ExpertAdapterViews& v, int64_t expert, const at::Tensor& xe) {
   if (v.a.empty()) return {};
   const size_t e = static_cast<size_t>(expert);
   return at::linear(at::linear(xe, v.a[e]), v.b[e]) * (c.lora.alpha / c.lora.rank);
@@ -156,7 +156,7 @@ at::Tensor AdapterTerm(const TransformerConfig& c, const ExpertAdapterViews& v, 
 
 }  // namespace parts
 
-MoeRouting RouteTokens(const TransformerConfig& c, const at::Tensor& router_weight, const at::Tensor& x,
+MoeRouting RouteTokens(const spec::ModelConfig& c, const at::Tensor& router_weight, const at::Tensor& x,
                        const RoutingDecision* replay) {
   const at::Tensor flat = x.reshape({-1, x.size(-1)});
   const at::Tensor logits = at::linear(flat, router_weight);  // [T, E]
@@ -188,7 +188,7 @@ RoutingDecision UnpackRouting(const at::Tensor& packed, int64_t num_experts, int
   return d;
 }
 
-at::Tensor MoeExperts(const TransformerConfig& c, const at::Tensor& gate_up, const at::Tensor& down,
+at::Tensor MoeExperts(const spec::ModelConfig& c, const at::Tensor& gate_up, const at::Tensor& down,
                       const at::Tensor& x, const MoeRouting& routing, const ExpertAdapters& lora) {
   // Stacked x·Wᵀ weights, read as x·W through transposed views: one grouped product each.
   const parts::ExpertGroups g = parts::GroupByExpert(x, routing, c.num_experts, c.experts_per_token);
@@ -220,7 +220,7 @@ struct BlockWeights {
   ExpertAdapters experts;                                             // LoRA on the stacked experts
 };
 
-BlockWeights SplitBlockWeights(const TransformerConfig& c, int block, const std::vector<at::Tensor>& w) {
+BlockWeights SplitBlockWeights(const spec::ModelConfig& c, int block, const std::vector<at::Tensor>& w) {
   BlockWeights bw;
   size_t i = 0;
   bw.in_norm = w[i++];
@@ -256,7 +256,7 @@ BlockWeights SplitBlockWeights(const TransformerConfig& c, int block, const std:
 }
 
 // The block's attention output (before o_proj) for the normed input hn [b, s, h].
-at::Tensor BlockAttention(const TransformerConfig& c, int block, const BlockWeights& bw, const at::Tensor& hn,
+at::Tensor BlockAttention(const spec::ModelConfig& c, int block, const BlockWeights& bw, const at::Tensor& hn,
                           const TokenLayout& layout,
                           const std::function<at::Tensor(const at::Tensor&, int, const char*)>& linear) {
   const int64_t b = hn.size(0), s = hn.size(1), d = c.head_dim;
@@ -284,7 +284,7 @@ at::Tensor BlockAttention(const TransformerConfig& c, int block, const BlockWeig
 
 }  // namespace
 
-at::Tensor BlockForward(const TransformerConfig& c, int block, const std::vector<at::Tensor>& w, const at::Tensor& x,
+at::Tensor BlockForward(const spec::ModelConfig& c, int block, const std::vector<at::Tensor>& w, const at::Tensor& x,
                         const TokenLayout& layout, const RoutingDecision* replay, RoutingDecision* record) {
   const BlockWeights bw = SplitBlockWeights(c, block, w);
   const double lora_scale = c.lora.rank > 0 ? c.lora.alpha / c.lora.rank : 0.0;
@@ -319,7 +319,7 @@ at::Tensor BlockForward(const TransformerConfig& c, int block, const std::vector
   return h1 + adapted(at::silu(gate) * up, m[2], {}, "down_proj");
 }
 
-at::Tensor FinalNorm(const TransformerConfig& c, const at::Tensor& norm_weight, const at::Tensor& x) {
+at::Tensor FinalNorm(const spec::ModelConfig& c, const at::Tensor& norm_weight, const at::Tensor& x) {
   return parts::RmsNorm(x, norm_weight, c.rms_eps, /*scale_in_fp32=*/c.gpt_oss());
 }
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::workers::models {
 
@@ -41,24 +41,24 @@ struct ExpertLora {
   int64_t in = 0, out = 0;  // one expert's features
 };
 // The expert adapters of block `block` (0-based) in LayerParams order; empty for a dense block.
-std::vector<ExpertLora> ExpertLoraTargets(const TransformerConfig& cfg, int block);
+std::vector<ExpertLora> ExpertLoraTargets(const spec::ModelConfig& cfg, int block);
 // Every expert's (alpha/r)·B_e·A_e in its base tensor's layout ([E, out, in]; GPT-OSS [E, in, out]).
-at::Tensor ExpertLoraDelta(const TransformerConfig& cfg, const at::Tensor& a, const at::Tensor& b);
+at::Tensor ExpertLoraDelta(const spec::ModelConfig& cfg, const at::Tensor& a, const at::Tensor& b);
 
 // Parameters of engine layer `layer` in the order the forward functions take them. With tied
 // embeddings the head lists model.embed_tokens.weight (the same parameter as layer 0). With LoRA
 // a block's adapters (A then B per targeted module, LoraModules() order, then ExpertLoraTargets)
 // follow its base weights, named like PEFT's: model.layers.0.self_attn.q_proj.lora_A.weight.
-std::vector<ParamSpec> LayerParams(const TransformerConfig& cfg, int layer);
+std::vector<ParamSpec> LayerParams(const spec::ModelConfig& cfg, int layer);
 // Every parameter of the model in engine order (layer by layer), a tied one once: what a
 // HostModelStore holds, known without allocating it.
-std::vector<ParamSpec> ModelParams(const TransformerConfig& cfg);
+std::vector<ParamSpec> ModelParams(const spec::ModelConfig& cfg);
 
 // Rotary tables for positions 0..seq-1: cos and sin of shape [seq, head_dim] (fp32).
 struct Rope {
   at::Tensor cos, sin;
 };
-Rope MakeRope(const TransformerConfig& cfg, int64_t seq, c10::Device device);
+Rope MakeRope(const spec::ModelConfig& cfg, int64_t seq, c10::Device device);
 
 // Where the tokens of a micro-batch sit and what they may see. From a Rope alone: every row at
 // positions 0..s-1 under the causal mask. From per-token positions (packed documents): the
@@ -97,7 +97,7 @@ RoutingDecision UnpackRouting(const at::Tensor& packed, int64_t num_experts, int
 // x [b, s, h] -> [b, s, h]; w in LayerParams(cfg, block + 1) order. A sparse block routes with
 // `replay` when given (its experts on x's device), else live; `record`, when given, receives the
 // routing used. Dense blocks ignore both.
-at::Tensor BlockForward(const TransformerConfig& cfg, int block, const std::vector<at::Tensor>& w, const at::Tensor& x,
+at::Tensor BlockForward(const spec::ModelConfig& cfg, int block, const std::vector<at::Tensor>& w, const at::Tensor& x,
                         const TokenLayout& layout, const RoutingDecision* replay = nullptr,
                         RoutingDecision* record = nullptr);
 
@@ -112,7 +112,7 @@ struct MoeRouting {
   at::Tensor counts;  // [E] int64 on the host
   at::Tensor probs;   // [T, E] fp32: the router's softmax (with its graph under autograd)
 };
-MoeRouting RouteTokens(const TransformerConfig& cfg, const at::Tensor& router_weight, const at::Tensor& x,
+MoeRouting RouteTokens(const spec::ModelConfig& cfg, const at::Tensor& router_weight, const at::Tensor& x,
                        const RoutingDecision* replay = nullptr);
 // A sparse block's expert adapters (ExpertLoraTargets), undefined where not targeted.
 struct ExpertAdapters {
@@ -125,11 +125,11 @@ struct ExpertAdapters {
 // Whether the experts' products run as grouped GEMMs (at::_grouped_mm) on this device and dtype
 // (probed once, forward and backward; expert_groups.h). Any thread; for reports and benchmarks.
 bool GroupedExpertGemmRuns(const at::TensorOptions& options);
-at::Tensor MoeExperts(const TransformerConfig& cfg, const at::Tensor& gate_up, const at::Tensor& down,
+at::Tensor MoeExperts(const spec::ModelConfig& cfg, const at::Tensor& gate_up, const at::Tensor& down,
                       const at::Tensor& x, const MoeRouting& routing, const ExpertAdapters& lora = {});
 
 // The final RMSNorm (differentiable), applied before the chunked head.
-at::Tensor FinalNorm(const TransformerConfig& cfg, const at::Tensor& norm_weight, const at::Tensor& x);
+at::Tensor FinalNorm(const spec::ModelConfig& cfg, const at::Tensor& norm_weight, const at::Tensor& x);
 
 // Cross-entropy of the LM head over `hn` [T, h] (the normed hidden states, no autograd) and
 // `labels` [T] (int64, -100 = ignored), in chunks of `chunk` tokens. Returns the summed loss and

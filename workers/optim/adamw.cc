@@ -14,17 +14,6 @@
 
 namespace rp::workers {
 
-double LrSchedule::At(double base_lr, int64_t step) const {
-  if (kind == Kind::kConstant) return base_lr;
-  if (warmup_steps > 0 && step <= warmup_steps) {
-    return base_lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
-  }
-  const int64_t decay = std::max<int64_t>(1, total_steps - warmup_steps);
-  const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(decay));
-  const double min_lr = base_lr * min_lr_ratio;
-  return min_lr + (base_lr - min_lr) * 0.5 * (1 + std::cos(M_PI * progress));
-}
-
 double AdamW::GradNorm(const HostModelStore& store) {
   if (store.pacer()) return 0;  // a data-free store has no gradient values
   double sq = 0;
@@ -51,13 +40,13 @@ std::optional<std::vector<int64_t>> AdafactorStateShape(char which, const std::v
 
 StateReserve StateBytesPerElement(const AdamWOptions& o) {
   switch (o.algorithm) {
-    case OptimizerAlgorithm::kAdamW:
+    case spec::OptimizerAlgorithm::kAdamW:
       return {o.bf16_moments ? 4 : (o.amsgrad ? 12 : 8)};
-    case OptimizerAlgorithm::kSgd:
+    case spec::OptimizerAlgorithm::kSgd:
       return {o.momentum != 0 ? 4 : 0};
-    case OptimizerAlgorithm::kLion:
+    case spec::OptimizerAlgorithm::kLion:
       return {4};
-    case OptimizerAlgorithm::kAdafactor:
+    case spec::OptimizerAlgorithm::kAdafactor:
       return {0};
   }
   return {0};
@@ -137,12 +126,12 @@ void AdamW::StepParamUnaccounted(HostModelStore& store, int i, const at::Tensor&
                                                               : MasterDtype::kFloat32;
   }
   switch (opt_.algorithm) {
-    case OptimizerAlgorithm::kAdafactor:
+    case spec::OptimizerAlgorithm::kAdafactor:
       return StepAdafactor(ps);
-    case OptimizerAlgorithm::kSgd:
-    case OptimizerAlgorithm::kLion:
+    case spec::OptimizerAlgorithm::kSgd:
+    case spec::OptimizerAlgorithm::kLion:
       return StepMomentum(ps);
-    case OptimizerAlgorithm::kAdamW:
+    case spec::OptimizerAlgorithm::kAdamW:
       return StepAdamW(ps);
   }
 }
@@ -197,13 +186,13 @@ void AdamW::StepMomentum(const ParamStep& ps) {
   at::Tensor& m = m_[static_cast<size_t>(ps.index)];
   MomentumBuffers b{p.fp32.data_ptr<float>(), ps.grad.data_ptr<float>(), nullptr,
                     ps.write_master ? p.master.data_ptr() : nullptr, ps.master_dtype};
-  const bool has_buffer = opt_.algorithm == OptimizerAlgorithm::kLion || opt_.momentum != 0;
+  const bool has_buffer = opt_.algorithm == spec::OptimizerAlgorithm::kLion || opt_.momentum != 0;
   const bool first = has_buffer && !m.defined();  // SGD's first step copies the gradient in
   if (has_buffer) {
     m = PlaceState(p, ps.reserved, /*slot=*/0, at::kFloat, p.fp32.sizes(), m);
     b.buffer = m.data_ptr<float>();
   }
-  if (opt_.algorithm == OptimizerAlgorithm::kSgd) {
+  if (opt_.algorithm == spec::OptimizerAlgorithm::kSgd) {
     SgdHyper h;
     h.lr = static_cast<float>(ps.lr);
     h.momentum = static_cast<float>(opt_.momentum);

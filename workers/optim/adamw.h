@@ -21,18 +21,10 @@
 #include "absl/status/statusor.h"
 #include "workers/optim/cpu_adamw.h"
 #include "workers/optim/optimizer_threads.h"
+#include "workers/spec/optimizer_spec.h"
 #include "workers/store/host_model_store.h"
 
 namespace rp::workers {
-
-enum class OptimizerAlgorithm {
-  kAdamW,  // torch.optim.AdamW
-  kSgd,    // torch.optim.SGD: momentum, dampening, nesterov, L2 weight decay
-  kLion,   // Chen et al. 2023: sign of beta1-interpolated momentum, decoupled weight decay
-  // torch.optim.Adafactor: factored second moments (a row and a column vector per matrix, a
-  // full buffer for vectors), relative step size, RMS-clipped updates (cpu_adafactor.h).
-  kAdafactor,
-};
 
 // The shapes of Adafactor's state for a parameter of `shape` (torch.optim.Adafactor's): "m" the
 // row variances (shape with its last dimension 1), "v" the column variances (shape with its
@@ -40,53 +32,24 @@ enum class OptimizerAlgorithm {
 // Empty optional: no such buffer.
 std::optional<std::vector<int64_t>> AdafactorStateShape(char which, const std::vector<int64_t>& shape);
 
-struct AdamWOptions {
-  OptimizerAlgorithm algorithm = OptimizerAlgorithm::kAdamW;
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-  double max_grad_norm = 0;  // 0 = no clipping
-  bool amsgrad = false;
-  bool maximize = false;
+// The job's update rule (spec::OptimizerSpec: algorithm, coefficients, clipping) and how this
+// process runs it.
+struct AdamWOptions : spec::OptimizerSpec {
+  bool amsgrad = false;   // AdamW only (torch.optim.AdamW's meaning)
+  bool maximize = false;  // AdamW only
   // The optimizer's own threads for the fused step (optimizer_threads.h); 0 = every core.
   int threads = 0;
   // The kernels' vector width (cpu_adamw.h SimdPath): kAuto = the widest this CPU has; tests and
   // benchmarks force the narrower paths that other hosts run.
   SimdPath simd = SimdPath::kAuto;
-  // Moments stored as bf16 with stochastic rounding seeded by `rounding_seed`
-  // (cpu_adamw.h, FusedAdamWBf16Moments); no amsgrad.
-  bool bf16_moments = false;
+  // With bf16_moments: the stochastic rounding's seed (cpu_adamw.h, FusedAdamWBf16Moments).
   uint64_t rounding_seed = 0;
-  // SGD only (torch.optim.SGD's meaning); Lion uses beta1 and beta2.
-  double momentum = 0;
-  double dampening = 0;
-  bool nesterov = false;
-  // Adafactor only (torch.optim.Adafactor's meaning and defaults; `weight_decay` is decoupled,
-  // times lr): beta2_t = 1 - t^beta2_decay; eps1 (<= 0: float32's epsilon) floors the variance
-  // estimate, eps2 the parameter RMS of the relative step; d clips the update's RMS.
-  double beta2_decay = -0.8;
-  double eps1 = 0;
-  double eps2 = 1e-3;
-  double clip_threshold = 1.0;
 };
 
 // The bytes per trainable element the optimizer's state takes, for HostModelStore to reserve in
 // its layer slabs (host_model_store.h StateReserve): the state then lives beside each
 // parameter's fp32 copy, one allocation per layer. Adafactor reserves nothing (factored state).
 StateReserve StateBytesPerElement(const AdamWOptions& o);
-
-// Learning-rate schedules: constant, or linear warm-up then cosine decay to min_lr.
-struct LrSchedule {
-  enum class Kind { kConstant, kWarmupCosine };
-  Kind kind = Kind::kConstant;
-  int64_t warmup_steps = 0;
-  int64_t total_steps = 0;
-  double min_lr_ratio = 0;  // min_lr = lr * min_lr_ratio
-  // Learning rate for optimizer step `step` (1-based).
-  double At(double base_lr, int64_t step) const;
-};
 
 // Everything AdamW carries between steps (a checkpoint saves it): the step count (bias
 // correction) and the first/second moments per parameter index (undefined = not stepped yet).

@@ -45,18 +45,17 @@ at::Tensor TakeStateView(const HostParam& p, int64_t offset, at::ScalarType dtyp
   return p.state_reserve.narrow(0, offset, bytes).view(dtype).view(shape);
 }
 
-HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
+HostModelStore::HostModelStore(const spec::ModelConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
                                double init_std, FrozenInit frozen, StateReserve reserve)
     : HostModelStore(cfg, master_dtype, seed, init_std, frozen, reserve, nullptr) {}
 
-std::unique_ptr<HostModelStore> HostModelStore::DataFree(const models::TransformerConfig& cfg,
-                                                         at::ScalarType master_dtype,
+std::unique_ptr<HostModelStore> HostModelStore::DataFree(const spec::ModelConfig& cfg, at::ScalarType master_dtype,
                                                          std::shared_ptr<const Pacer> pacer) {
   return std::unique_ptr<HostModelStore>(
       new HostModelStore(cfg, master_dtype, 0, 0.02, FrozenInit::kRandom, {}, std::move(pacer)));
 }
 
-HostModelStore::HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
+HostModelStore::HostModelStore(const spec::ModelConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
                                double init_std, FrozenInit frozen, StateReserve reserve,
                                std::shared_ptr<const Pacer> pacer)
     : cfg_(cfg), master_dtype_(master_dtype), pacer_(std::move(pacer)) {

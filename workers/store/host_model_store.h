@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "workers/base/mutex.h"
 #include "workers/device/pacer.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::workers {
 
@@ -72,18 +72,18 @@ class HostModelStore {
  public:
   // Random initialisation (normal(0, init_std) for matrices, ones for norms) from `seed`.
   // Throws std::bad_alloc (c10::Error) when host memory runs out.
-  HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed,
-                 double init_std = 0.02, FrozenInit frozen = FrozenInit::kRandom, StateReserve reserve = {});
+  HostModelStore(const spec::ModelConfig& cfg, at::ScalarType master_dtype, uint64_t seed, double init_std = 0.02,
+                 FrozenInit frozen = FrozenInit::kRandom, StateReserve reserve = {});
 
   // A data-free store for paced benchmarks (device/paced_device.h): every tensor lives on the
   // meta device (shapes and byte counts, no memory), AccumulateGrad does nothing and the
   // optimizers take `pacer`'s time instead of stepping. Never for training.
-  static std::unique_ptr<HostModelStore> DataFree(const models::TransformerConfig& cfg, at::ScalarType master_dtype,
+  static std::unique_ptr<HostModelStore> DataFree(const spec::ModelConfig& cfg, at::ScalarType master_dtype,
                                                   std::shared_ptr<const Pacer> pacer);
   // Non-null for a data-free store.
   const Pacer* pacer() const { return pacer_.get(); }
 
-  const models::TransformerConfig& config() const { return cfg_; }
+  const spec::ModelConfig& config() const { return cfg_; }
   at::ScalarType master_dtype() const { return master_dtype_; }
   int num_params() const { return static_cast<int>(params_.size()); }
   HostParam& param(int i) { return params_[static_cast<size_t>(i)]; }
@@ -128,10 +128,10 @@ class HostModelStore {
   int64_t SlabBytes() const;
 
  private:
-  HostModelStore(const models::TransformerConfig& cfg, at::ScalarType master_dtype, uint64_t seed, double init_std,
+  HostModelStore(const spec::ModelConfig& cfg, at::ScalarType master_dtype, uint64_t seed, double init_std,
                  FrozenInit frozen, StateReserve reserve, std::shared_ptr<const Pacer> pacer);
 
-  models::TransformerConfig cfg_;
+  spec::ModelConfig cfg_;
   at::ScalarType master_dtype_;
   std::shared_ptr<const Pacer> pacer_;  // data-free store (null: a real one)
   std::vector<HostParam> params_;

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "workers/base/json_depth.h"
-#include "workers/io/bounded_json.h"
+#include "workers/files/bounded_json.h"
 #include "workers/text/bpe_model.h"
 #include "workers/text/byte_level.h"
 #include "workers/text/pre_tokenizer.h"
@@ -20,7 +20,7 @@ namespace rp::workers::text {
 namespace {
 
 using json = nlohmann::json;
-using workers::io::MemberOrNull;
+using files::MemberOrNull;
 
 absl::Status Unsupported(absl::string_view where, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", where, ": ", what, " is not supported"));

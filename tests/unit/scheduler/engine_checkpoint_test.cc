@@ -15,7 +15,7 @@
 
 #include "nlohmann/json.hpp"
 #include "scheduler/job_files.h"
-#include "scheduler/planning/model_config.h"
+
 #include "scheduler/runtime/engine_impl.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "tests/support/engine_values.h"
@@ -83,7 +83,7 @@ TEST(EngineCheckpoint, ResumeContinuesBitIdenticallySyncAndAsync) {
   for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
     JobSpec spec = TinyJob();
     spec.optimizer_mode = mode;
-    spec.lr_schedule = {LrScheduleSpec::Kind::kWarmupCosine, 2, 6, 0.1};  // the schedule position matters
+    spec.lr_schedule = {spec::LrSchedule::Kind::kWarmupCosine, 2, 6, 0.1};  // the schedule position matters
     spec.checkpoint_root = root + (mode == planning::OptimizerMode::kSync ? "/sync" : "/async");
     // Straight through, checkpointing (on request) after 3 batches on the way.
     auto straight = Train(spec, data, 3);
@@ -177,19 +177,19 @@ TEST(EngineCheckpoint, SgdLionAndAdafactorResumeBitIdentically) {
   adamw.checkpoint_root = root + "/adamw";
   const auto reference = Train(adamw, data);
   for (auto algorithm :
-       {OptimizerSpec::Algorithm::kSgd, OptimizerSpec::Algorithm::kLion, OptimizerSpec::Algorithm::kAdafactor}) {
+       {spec::OptimizerAlgorithm::kSgd, spec::OptimizerAlgorithm::kLion, spec::OptimizerAlgorithm::kAdafactor}) {
     for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
       const std::string tag =
-          runtime::OptimizerName(algorithm) + (mode == planning::OptimizerMode::kSync ? "-sync" : "-async");
+          std::string(spec::OptimizerName(algorithm)) + (mode == planning::OptimizerMode::kSync ? "-sync" : "-async");
       SCOPED_TRACE(tag);
       JobSpec spec = TinyJob();
       spec.optimizer.algorithm = algorithm;
       spec.optimizer_mode = mode;
-      if (algorithm == OptimizerSpec::Algorithm::kSgd) {
+      if (algorithm == spec::OptimizerAlgorithm::kSgd) {
         spec.optimizer.lr = 0.05;
         spec.optimizer.momentum = 0.9;
         spec.optimizer.nesterov = true;
-      } else if (algorithm == OptimizerSpec::Algorithm::kLion) {
+      } else if (algorithm == spec::OptimizerAlgorithm::kLion) {
         spec.optimizer.beta2 = 0.99;
       } else {
         spec.optimizer.lr = 1e-2;
@@ -202,7 +202,7 @@ TEST(EngineCheckpoint, SgdLionAndAdafactorResumeBitIdentically) {
       EXPECT_TRUE(differs) << "trains like AdamW";
       auto state = workers::io::SafetensorsFile::Open(spec.checkpoint_root + "/step-2/optimizer.safetensors");
       ASSERT_TRUE(state.ok()) << state.status();
-      if (algorithm != OptimizerSpec::Algorithm::kAdafactor) {
+      if (algorithm != spec::OptimizerAlgorithm::kAdafactor) {
         for (const auto& t : (*state)->tensors()) EXPECT_EQ(t.name.rfind("m.", 0), 0u) << t.name;  // one buffer
       } else {
         // A matrix [r, c] keeps m [r, 1] and v [1, c]; a vector its full variance in v.

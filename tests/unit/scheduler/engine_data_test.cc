@@ -15,7 +15,7 @@
 
 #include "nlohmann/json.hpp"
 #include "scheduler/job_files.h"
-#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/presets.h"
 #include "scheduler/runtime/engine_impl.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "tests/support/engine_values.h"
@@ -221,7 +221,7 @@ void ExpectTrainsLikeTheReference(Engine& engine, const JobSpec& spec, const std
   const int64_t batches = (static_cast<int64_t>(tokens.size()) - 1) / S / B;
   ASSERT_EQ(static_cast<int64_t>(got.size()), batches);
   ASSERT_GE(batches, 5);
-  workers::HostModelStore init(rp::testing::ConfigOf(spec.model), at::kFloat, spec.seed);
+  workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
   rp::testing::ReferenceModel ref(init, runtime::ToAdamW(spec.optimizer));
   int64_t masked = 0;
   for (int64_t b = 0; b < batches; ++b) {

@@ -17,7 +17,8 @@
 
 #include "nlohmann/json.hpp"
 #include "scheduler/job_files.h"
-#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/host_state.h"
+#include "scheduler/planning/presets.h"
 #include "scheduler/runtime/engine_impl.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "tests/support/bf16_model_dir.h"
@@ -88,7 +89,7 @@ TEST(EngineHostMemory, ALoraBaseInTheJobsDtypeIsMappedNotCopied) {
   spec.model.lora.rank = 4;
   spec.precision = Precision::kBFloat16;
   spec.hf_dir = dir;
-  const int64_t file = rp::testing::WriteBf16ModelDir(dir, rp::testing::ConfigOf(spec.model));
+  const int64_t file = rp::testing::WriteBf16ModelDir(dir, spec.model);
   ASSERT_GT(file, int64_t{100} << 20);
   auto [mapped_growth, mapped_stats] = AnonGrowthOfALoraJob(spec);
   JobSpec fp32 = spec;
@@ -121,7 +122,7 @@ TEST(EngineHostMemory, AdmissionCountsAMappedBaseAsNothing) {
   spec.model.lora.rank = 16;
   spec.precision = Precision::kBFloat16;
   spec.hf_dir = dir;
-  const int64_t file = rp::testing::WriteBf16ModelDir(dir, rp::testing::ConfigOf(spec.model), /*sparse=*/true);
+  const int64_t file = rp::testing::WriteBf16ModelDir(dir, spec.model, /*sparse=*/true);
   EXPECT_GT(file, int64_t{14} << 30);
   auto mapped = PredictHostStateBytes(spec);
   ASSERT_TRUE(mapped.ok()) << mapped.status();

@@ -17,7 +17,7 @@
 
 #include "nlohmann/json.hpp"
 #include "scheduler/job_files.h"
-#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/presets.h"
 #include "scheduler/runtime/engine_impl.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "tests/support/engine_values.h"
@@ -40,7 +40,7 @@ TEST(Engine, TrainsAJobAndMatchesTheReference) {
   auto id = (*engine)->Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
   // The reference starts from the same initial weights.
-  workers::HostModelStore init(rp::testing::ConfigOf(spec.model), at::kFloat, spec.seed);
+  workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
   rp::testing::ReferenceModel ref(init, runtime::ToAdamW(spec.optimizer));
   std::vector<double> want;
   for (int it = 0; it < 3; ++it) {
@@ -198,7 +198,7 @@ TEST(Engine, AsyncJobMatchesTheStaleness1Reference) {
   spec.microbatches = 2;
   spec.optimizer_mode = planning::OptimizerMode::kAsync;
   spec.max_queued_batches = 8;
-  workers::HostModelStore init(rp::testing::ConfigOf(spec.model), at::kFloat, spec.seed);
+  workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
   rp::testing::ReferenceModel ref(init, runtime::ToAdamW(spec.optimizer));
   auto id = *engine->Submit(spec);
   std::vector<double> want;
@@ -319,7 +319,7 @@ TEST(Engine, PauseHoldsARunningJobBetweenIterationsAndResumeContinuesExactly) {
     spec.optimizer_mode = mode;
     auto id = (*engine)->Submit(spec);
     ASSERT_TRUE(id.ok());
-    workers::HostModelStore init(rp::testing::ConfigOf(spec.model), at::kFloat, spec.seed);
+    workers::HostModelStore init(spec.model, at::kFloat, spec.seed);
     rp::testing::ReferenceModel ref(init, runtime::ToAdamW(spec.optimizer));
     std::vector<at::Tensor> data;
     for (int it = 0; it < 4; ++it) data.push_back(RandomTokens(4, 8, spec.model.vocab, 70 + it));

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 
+#include "scheduler/planning/host_state.h"
 #include "scheduler/runtime/token_dataset.h"
 #include "server/config.h"
 #include "server/host_memory.h"
@@ -17,9 +18,9 @@
 #include "server/status_util.h"
 #include "tests/support/npy_bytes.h"
 #include "tests/support/temp_dir.h"
+#include "workers/files/npy_header.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/hf_config.h"
-#include "workers/io/npy_header.h"
 
 namespace rp::server {
 namespace {
@@ -32,8 +33,8 @@ std::string Npy(const std::string& descr, const std::string& shape, size_t paylo
   return rp::testing::NpyBytes(descr, shape, std::string(payload_bytes, '\x01'));
 }
 
-absl::StatusOr<workers::io::NpyLayout> Parse(const std::string& bytes) {
-  return workers::io::ParseNpyHeader(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+absl::StatusOr<files::NpyLayout> Parse(const std::string& bytes) {
+  return files::ParseNpyHeader(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
 }
 
 TEST(NpyHeader, ShapesThatOverflowAreRefusedNotWrapped) {
@@ -114,13 +115,13 @@ TEST(HfConfig, SizesBeyondIntAndNonFiniteNumbersAreRefused) {
         std::string(R"("num_hidden_layers": 2, "rope_theta": 1e999)"),
         std::string(R"("num_hidden_layers": 2, "rms_norm_eps": 5)"), std::string(R"("num_hidden_layers": 2000000)"),
         std::string(R"("num_hidden_layers": 2, "hidden_act": 7)")}) {
-    auto c = workers::io::ParseHfConfig("{" + base + ", " + extra + "}");
+    auto c = files::ParseHfConfig("{" + base + ", " + extra + "}");
     EXPECT_FALSE(c.ok()) << extra;
     if (!c.ok()) {
       EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << extra;
     }
   }
-  EXPECT_TRUE(workers::io::ParseHfConfig("{" + base + R"(, "num_hidden_layers": 2})").ok());
+  EXPECT_TRUE(files::ParseHfConfig("{" + base + R"(, "num_hidden_layers": 2})").ok());
 }
 
 JobSpecContext Ctx(const fs::path& root) {
@@ -231,7 +232,7 @@ TEST(JobSpec, AStreamedBatchMustFitInOneMessage) {
 }
 
 TEST(JobSpec, TheHostEstimateSaturatesInsteadOfWrapping) {
-  planning::ModelConfig m;
+  spec::ModelConfig m;
   m.family = "llama";
   m.vocab = int64_t{1} << 57;
   m.hidden = int64_t{1} << 40;

@@ -20,6 +20,7 @@
 
 #include "prometheus/registry.h"
 #include "scheduler/engine.h"
+#include "scheduler/planning/host_state.h"
 #include "server/job_manager.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
@@ -177,7 +178,7 @@ class Mutator {
 
 void CheckAccepted(const ResolvedJob& r, const v1::JobSpec& spec) {
   const auto& e = r.engine;
-  ASSERT_TRUE(scheduler::ValidateModel(e.model).ok()) << spec.DebugString();
+  ASSERT_TRUE(e.model.Validate().ok()) << spec.DebugString();
   EXPECT_TRUE(std::isfinite(e.optimizer.lr) && e.optimizer.lr > 0 && e.optimizer.lr <= 1) << e.optimizer.lr;
   EXPECT_TRUE(std::isfinite(e.optimizer.eps) && std::isfinite(e.optimizer.weight_decay) &&
               std::isfinite(e.optimizer.max_grad_norm));

@@ -7,7 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/host_state.h"
+#include "scheduler/planning/presets.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
 #include "tests/support/temp_dir.h"
@@ -85,7 +86,7 @@ TEST(JobSpec, PresetsDefaultsAndOverrides) {
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_TRUE(bf16->engine.optimizer.bf16_moments);
   // The update rule: AdamW unless asked; SGD's and Lion's options, their defaults and refusals.
-  using Algorithm = scheduler::OptimizerSpec::Algorithm;
+  using Algorithm = spec::OptimizerAlgorithm;
   EXPECT_EQ(r->engine.optimizer.algorithm, Algorithm::kAdamW);
   EXPECT_EQ(ResolveJobSpec(s, Ctx(d)).value().engine.optimizer.beta2, 0.999);
   {  // validated in the optimizer's precision: below 1 as a double but 1 as a float is refused
@@ -280,7 +281,7 @@ TEST(JobSpec, TheShippedExampleIsAcceptedByTheDaemonRules) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->streamed());
   EXPECT_EQ(r->engine.max_steps, 200);
-  EXPECT_EQ(r->engine.lr_schedule.kind, scheduler::LrScheduleSpec::Kind::kWarmupCosine);
+  EXPECT_EQ(r->engine.lr_schedule.kind, spec::LrSchedule::Kind::kWarmupCosine);
   // The checkpoint policy reaches the engine; checkpoints live under the output dir.
   spec.mutable_checkpoint()->set_every_steps(50);
   auto with_policy = ResolveJobSpec(spec, Ctx(d));

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/presets.h"
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/planning/report.h"
 
@@ -67,7 +67,7 @@ TEST(Section581, MoePresetsArePartitionedWithinTheMemoryCapCountingEveryExpert) 
   const DeviceProfile dev = *DevicePreset("rtx4090");
   const int64_t cap = (dev.memory_bytes - (int64_t{2} << 30)) / 2;
   for (const char* name : {"qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b"}) {
-    const ModelConfig m = *ModelPreset(name);
+    const spec::ModelConfig m = *ModelPreset(name);
     auto costs = AnalyticCostModel(m, dev, {});
     ASSERT_TRUE(costs.ok()) << name << ": " << costs.status();
     const int64_t experts_bytes = 2 * int64_t{m.num_experts} * 3 * m.hidden * m.expert_intermediate;
@@ -81,7 +81,7 @@ TEST(Section581, MoePresetsArePartitionedWithinTheMemoryCapCountingEveryExpert) 
       }
     }
   }
-  const ModelConfig big = *ModelPreset("qwen3-235b-a22b");
+  const spec::ModelConfig big = *ModelPreset("qwen3-235b-a22b");
   const auto costs = *AnalyticCostModel(big, dev, {});
   EXPECT_GT(costs.ForwardMemory(1) + costs.ForwardMemory(2) + costs.ForwardMemory(3), cap);  // the cap binds
 }

@@ -7,7 +7,7 @@
 #include <iterator>
 #include <string>
 
-#include "scheduler/planning/model_config.h"
+#include "scheduler/planning/presets.h"
 #include "scheduler/planning/profile_file.h"
 
 namespace rp::planning {
@@ -73,7 +73,7 @@ TEST(AnalyticCostModel, MatchesTheAuthorsMeasuredLayerTimesWithinFifteenPercent)
     std::ifstream in(std::string(RP_PROFILES_DIR) + "/" + name + ".json");
     auto measured = ParseProfile(std::string(std::istreambuf_iterator<char>(in), {}));
     ASSERT_TRUE(measured.ok()) << name << ": " << measured.status();
-    const ModelConfig m = *ModelPreset(name);
+    const spec::ModelConfig m = *ModelPreset(name);
     auto analytic = AnalyticCostModel(m, rtx4090, {});
     ASSERT_TRUE(analytic.ok()) << analytic.status();
     ASSERT_EQ(analytic->num_layers(), measured->costs.num_layers()) << name;
@@ -111,11 +111,11 @@ TEST(AnalyticCostModel, LoraFreezesTheBase) {
 }
 
 TEST(AnalyticCostModel, RejectsBadConfigs) {
-  ModelConfig m = *ModelPreset("llama-3.1-8b");
+  spec::ModelConfig m = *ModelPreset("llama-3.1-8b");
   m.intermediate = 0;
   EXPECT_FALSE(AnalyticCostModel(m, *DevicePreset("a800"), {}).ok());
   m = *ModelPreset("gpt-oss-20b");
-  m.active_experts = 64;
+  m.experts_per_token = 64;
   EXPECT_FALSE(AnalyticCostModel(m, *DevicePreset("a800"), {}).ok());
   AnalyticOptions o;
   o.sequence_length = 0;

@@ -54,8 +54,8 @@ TEST(DispatchPlan, EveryMicrobatchAndLayerRunsForwardAndBackwardOnce) {
   for (const StageSlot& s : plan.slots) {
     for (int m = s.first_microbatch; m < s.first_microbatch + s.num_microbatches; ++m) {
       for (int l = s.first_layer; l < s.first_layer + s.num_layers; ++l) {
-        if (s.kind != SlotKind::kBackward) ++fwd[{s.iteration, m, l}];
-        if (s.kind != SlotKind::kForward) ++bwd[{s.iteration, m, l}];
+        if (s.kind != spec::StageKind::kBackward) ++fwd[{s.iteration, m, l}];
+        if (s.kind != spec::StageKind::kForward) ++bwd[{s.iteration, m, l}];
       }
     }
   }
@@ -84,7 +84,7 @@ TEST(DispatchPlan, DependenciesPointBackwardsAndFollowTheDataFlow) {
           EXPECT_EQ(s.first_layer + s.num_layers, p.first_layer);
           break;
         case SlotDependency::Reason::kCheckpoint:  // the forward slot that computed first_layer-1
-          EXPECT_EQ(p.kind, SlotKind::kForward);
+          EXPECT_EQ(p.kind, spec::StageKind::kForward);
           EXPECT_LE(p.first_layer, s.first_layer - 1);
           EXPECT_GT(p.first_layer + p.num_layers, s.first_layer - 1);
           break;
@@ -93,7 +93,7 @@ TEST(DispatchPlan, DependenciesPointBackwardsAndFollowTheDataFlow) {
   }
   // Slot layout: F_1 [0,3), F_2 [3,5), B_1 [5,7), B_2 [4,5), B_3 [2,4), B_4 [0,2).
   ASSERT_EQ(plan.slots.size(), 6u);
-  EXPECT_EQ(plan.slots[2].kind, SlotKind::kFused);
+  EXPECT_EQ(plan.slots[2].kind, spec::StageKind::kFused);
   EXPECT_EQ(plan.slots[2].first_layer, 5);
   EXPECT_EQ(plan.slots[3].first_layer, 4);
   EXPECT_EQ(plan.slots[4].first_layer, 2);

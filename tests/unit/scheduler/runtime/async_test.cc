@@ -25,10 +25,10 @@
 namespace rp::scheduler {
 namespace {
 
-using workers::models::TransformerConfig;
+using spec::ModelConfig;
 
-TransformerConfig Llama() {
-  TransformerConfig c;
+spec::ModelConfig Llama() {
+  spec::ModelConfig c;
   c.vocab = 47;
   c.hidden = 24;
   c.intermediate = 40;
@@ -39,8 +39,8 @@ TransformerConfig Llama() {
   return c;
 }
 
-TransformerConfig Qwen3Tied() {
-  TransformerConfig c = Llama();
+spec::ModelConfig Qwen3Tied() {
+  spec::ModelConfig c = Llama();
   c.family = "qwen3";
   c.qk_norm = true;
   c.tied_embeddings = true;
@@ -51,7 +51,7 @@ TransformerConfig Qwen3Tied() {
 using rp::testing::RandomTokens;
 
 // Runs K pipelined async iterations and compares with the staleness-1 reference.
-void ExpectStaleness1(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR, int K,
+void ExpectStaleness1(const spec::ModelConfig& cfg, int N, const planning::Partition& p, int M, int MR, int K,
                       double tol = 1e-5) {
   SCOPED_TRACE(::testing::Message() << cfg.family << " N=" << N << " M=" << M << " M_R=" << MR << " " << p.ToString());
   workers::AdamWOptions adamw;
@@ -96,20 +96,20 @@ void ExpectStaleness1(const TransformerConfig& cfg, int N, const planning::Parti
 }
 
 TEST(AsyncEquivalence, MatchesTheStaleness1Reference) {
-  const TransformerConfig llama = Llama();  // 6 layers
+  const spec::ModelConfig llama = Llama();  // 6 layers
   ExpectStaleness1(llama, 1, {{2, 2}, 2, {1, 1, 2}}, 2, 1, 5);
   ExpectStaleness1(llama, 2, {{2, 2}, 2, {1, 1, 2}}, 4, 2, 5);                 // S = 6, two rounds
   ExpectStaleness1(llama, 2, {{1, 1, 1, 1, 1}, 1, {1, 1, 1, 1, 1}}, 3, 0, 4);  // S = 11
   ExpectStaleness1(llama, 3, {{3, 1}, 2, {4}}, 3, 0, 5);                       // S = 4, asymmetric
   ExpectStaleness1(llama, 3, {{5}, 1, {1, 1, 1, 1, 1}}, 6, 3, 4);              // S = 7, two rounds
-  const TransformerConfig qwen = Qwen3Tied();                                  // 5 layers, tied embedding/head
+  const spec::ModelConfig qwen = Qwen3Tied();                                  // 5 layers, tied embedding/head
   ExpectStaleness1(qwen, 2, {{1, 1, 1, 1}, 1, {4}}, 2, 0, 5);
   ExpectStaleness1(qwen, 3, {{2, 1}, 2, {2, 1}}, 7, 0, 4);
 }
 
 TEST(AsyncEquivalence, SyncModeStillMatchesPlainTraining) {
   // The same controller code in sync mode keeps the ordinary (non-stale) semantics.
-  const TransformerConfig cfg = Llama();
+  const spec::ModelConfig cfg = Llama();
   workers::AdamWOptions adamw;
   adamw.eps = 1e-6;
   ControllerOptions o;
@@ -154,7 +154,7 @@ TEST(AsyncStress, RandomDelaysDoNotChangeTheResult) {
 }
 
 TEST(AsyncSchedule, DispatchFlowsAcrossTheIterationBoundary) {
-  const TransformerConfig cfg = Llama();
+  const spec::ModelConfig cfg = Llama();
   ControllerOptions o;
   o.partition = {{2, 2}, 2, {1, 1, 2}};  // S = 6
   o.microbatches = 3;
@@ -196,7 +196,7 @@ TEST(AsyncSchedule, DispatchFlowsAcrossTheIterationBoundary) {
 }
 
 TEST(AsyncErrors, DestroyingAControllerWithIterationsInFlightDoesNotHang) {
-  const TransformerConfig cfg = Llama();
+  const spec::ModelConfig cfg = Llama();
   ControllerOptions o;
   o.partition = {{2, 2}, 2, {1, 1, 2}};
   o.microbatches = 2;
@@ -213,7 +213,7 @@ TEST(AsyncErrors, DestroyingAControllerWithIterationsInFlightDoesNotHang) {
 }
 
 TEST(AsyncErrors, TooManyInFlightAndFlushOrder) {
-  const TransformerConfig cfg = Llama();
+  const spec::ModelConfig cfg = Llama();
   ControllerOptions o;
   o.partition = {{2, 2}, 2, {1, 1, 2}};
   o.microbatches = 1;
@@ -247,8 +247,8 @@ namespace {
 // Two CPU workers training a 5-block Llama whose 30000-token head is clearly its heaviest layer,
 // and the plain-LibTorch reference of the same training.
 struct HeavyHeadRig {
-  static TransformerConfig Config() {
-    TransformerConfig c = Llama();
+  static spec::ModelConfig Config() {
+    spec::ModelConfig c = Llama();
     c.vocab = 30000;
     c.num_blocks = 5;
     return c;
@@ -258,7 +258,7 @@ struct HeavyHeadRig {
     a.eps = 1e-6;
     return a;
   }
-  TransformerConfig cfg = Config();
+  spec::ModelConfig cfg = Config();
   workers::Timeline tl;
   std::vector<std::unique_ptr<workers::Device>> devs = *workers::CreateDevices("cpu:2", &tl);
   workers::HostModelStore store{cfg, at::kFloat, 8};
@@ -275,7 +275,7 @@ TEST(AutoPartition, ProfilesThenSwitchesAndStaysExact) {
   for (auto mode : {planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync}) {
     SCOPED_TRACE(planning::OptimizerModeName(mode));
     HeavyHeadRig r;
-    const TransformerConfig& cfg = r.cfg;
+    const spec::ModelConfig& cfg = r.cfg;
     workers::HostModelStore& store = r.store;
     rp::testing::ReferenceModel& ref = r.ref;
     const workers::AdamWOptions& adamw = r.adamw;
@@ -324,7 +324,7 @@ TEST(AutoPartition, ProfilesThenSwitchesAndStaysExact) {
 // stays exactly the reference across the switch, and a fixed round or partition refuses it.
 TEST(AutoPartition, TheRoundSizeChosenWithThePartitionIsTheOneRunAndStaysExact) {
   HeavyHeadRig r;
-  const TransformerConfig& cfg = r.cfg;
+  const spec::ModelConfig& cfg = r.cfg;
   workers::HostModelStore& store = r.store;
   rp::testing::ReferenceModel& ref = r.ref;
   const workers::AdamWOptions& adamw = r.adamw;

@@ -21,13 +21,13 @@ namespace {
 
 using rp::testing::RandomTokens;
 using rp::testing::TinyLlama;
-using workers::models::TransformerConfig;
+using spec::ModelConfig;
 
 // The automatic partition under a per-stage memory cap counts the activations autograd keeps
 // (from the model shape at the profiled batches' micro-batch shape), not only the weights: with
 // long sequences and a cap far above the whole model's weights the plan must still split.
 TEST(ControllerAutoPartition, MemoryCapCountsActivationsAtTheBatchShape) {
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   ControllerOptions o;
   o.auto_partition = true;
   o.profile_iterations = 2;
@@ -59,7 +59,7 @@ TEST(ControllerAutoPartition, MemoryCapCountsActivationsAtTheBatchShape) {
   int fused_or_backward = 0;
   for (const planning::StageShape& st : planning::DescribeStages(p, *costs)) {
     EXPECT_LE(st.memory_bytes, o.stage_memory_cap) << p.ToString();
-    fused_or_backward += st.kind != planning::StageShape::Kind::kForward;
+    fused_or_backward += st.kind != spec::StageKind::kForward;
   }
   EXPECT_GE(fused_or_backward, 2) << p.ToString();
 }
@@ -68,7 +68,7 @@ TEST(ControllerAutoPartition, MemoryCapCountsActivationsAtTheBatchShape) {
 // min_stages slots (the free choice has fewer), and with a window of 1 its slowest slot is the
 // least possible one of the measured costs. Bad values are refused before anything runs.
 TEST(ControllerAutoPartition, MinStagesIsAFloorForThePlannedPartition) {
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   auto planned = [&](int min_stages, double window) {
     ControllerOptions o;
     o.auto_partition = true;
@@ -114,7 +114,7 @@ TEST(ControllerAutoPartition, MinStagesIsAFloorForThePlannedPartition) {
 // A cap no single layer fits: the job goes on with the smallest stages there are (one layer per
 // slot) and every iteration says why.
 TEST(ControllerAutoPartition, AnImpossibleCapKeepsOneLayerPerSlotAndSaysWhy) {
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   ControllerOptions o;
   o.auto_partition = true;
   o.profile_iterations = 2;

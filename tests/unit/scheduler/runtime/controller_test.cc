@@ -20,11 +20,11 @@ namespace {
 
 using rp::testing::TinyLlama;
 using rp::testing::TinyQwen3;
-using workers::models::TransformerConfig;
+using spec::ModelConfig;
 
 using rp::testing::RandomTokens;
 
-std::unique_ptr<rp::testing::Rig> MakeEngine(const TransformerConfig& cfg, int N, const planning::Partition& p, int M,
+std::unique_ptr<rp::testing::Rig> MakeEngine(const spec::ModelConfig& cfg, int N, const planning::Partition& p, int M,
                                              int MR, const workers::AdamWOptions& adamw, int64_t chunk = 5) {
   ControllerOptions o;
   o.partition = p;
@@ -35,7 +35,7 @@ std::unique_ptr<rp::testing::Rig> MakeEngine(const TransformerConfig& cfg, int N
   return rp::testing::MakeRig(cfg, N, o, at::kFloat, /*seed=*/7);
 }
 
-void ExpectMatchesReference(const TransformerConfig& cfg, int N, const planning::Partition& p, int M, int MR) {
+void ExpectMatchesReference(const spec::ModelConfig& cfg, int N, const planning::Partition& p, int M, int MR) {
   SCOPED_TRACE(::testing::Message() << cfg.family << " N=" << N << " M=" << M << " M_R=" << MR << " " << p.ToString());
   workers::AdamWOptions adamw;
   adamw.lr = 1e-3;
@@ -65,7 +65,7 @@ void ExpectMatchesReference(const TransformerConfig& cfg, int N, const planning:
 }
 
 TEST(ControllerEquivalence, LlamaMatchesPlainTraining) {
-  const TransformerConfig cfg = TinyLlama();  // 6 layers
+  const spec::ModelConfig cfg = TinyLlama();  // 6 layers
   const std::vector<planning::Partition> parts = {
       {{2, 2}, 2, {1, 1, 2}},                 // S = 6
       {{1, 1, 1, 1, 1}, 1, {1, 1, 1, 1, 1}},  // S = 11, one layer per slot
@@ -80,7 +80,7 @@ TEST(ControllerEquivalence, LlamaMatchesPlainTraining) {
 }
 
 TEST(ControllerEquivalence, Qwen3WithTiedEmbeddingsMatchesPlainTraining) {
-  const TransformerConfig cfg = TinyQwen3();  // 5 layers
+  const spec::ModelConfig cfg = TinyQwen3();  // 5 layers
   const std::vector<planning::Partition> parts = {
       {{2, 1}, 2, {2, 1}},     // S = 5
       {{1, 1, 1, 1}, 1, {4}},  // embedding + head in different stages (tied weight shared)
@@ -94,7 +94,7 @@ TEST(ControllerEquivalence, Qwen3WithTiedEmbeddingsMatchesPlainTraining) {
 }
 
 TEST(ControllerSchedule, TimelineShowsRoundRobinAndPipelining) {
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   const planning::Partition p{{2, 2}, 2, {1, 1, 2}};  // S = 6
   const int N = 4, M = 8;
   auto e = MakeEngine(cfg, N, p, M, 4, {});
@@ -148,7 +148,7 @@ TEST(ControllerSchedule, TimelineShowsRoundRobinAndPipelining) {
 // (Every equivalence test above and in async_test runs with the rule on: losses and weights are
 // still the plain reference's.)
 TEST(ControllerSchedule, BackwardStagesRecomputeBeforeTheirGradientArrives) {
-  TransformerConfig cfg = TinyLlama();
+  spec::ModelConfig cfg = TinyLlama();
   cfg.vocab = 30000;
   const planning::Partition p{{3, 1}, 2, {1, 1, 2}};  // B_2, B_3 one block each, B_4 one and the embedding
   for (bool ahead : {true, false}) {
@@ -239,7 +239,7 @@ ChunkSchedule ReadChunkSchedule(const workers::Timeline& tl, const std::string& 
 // Priority-aware weight upload (paper §4.2.2): a stage's weights go up in M_R chunks, chunk j
 // only after the input upload of micro-batch j of the stage running before it on that worker.
 TEST(ControllerSchedule, WeightChunksFillTheWindowsBetweenTheRunningStagesInputUploads) {
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   const planning::Partition p{{2, 2}, 2, {1, 1, 2}};  // S = 6
   const int N = 2, M = 8, MR = 4;
   auto e = MakeEngine(cfg, N, p, M, MR, {});
@@ -278,7 +278,7 @@ TEST(ControllerSchedule, WeightChunksFillTheWindowsBetweenTheRunningStagesInputU
 // chunks between the activation downloads of the next stage on that worker (chunk j after its
 // output j); the last training stage of a worker in the iteration is flushed in one chunk.
 TEST(ControllerSchedule, GradientChunksFillTheWindowsBetweenTheNextStagesOutputDownloads) {
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   const planning::Partition p{{2, 2}, 2, {1, 1, 2}};  // S = 6
   const int N = 2, M = 8, MR = 4;
   auto e = MakeEngine(cfg, N, p, M, MR, {});
@@ -308,7 +308,7 @@ TEST(ControllerSchedule, GradientChunksFillTheWindowsBetweenTheNextStagesOutputD
 }
 
 TEST(ControllerErrors, BadBatchesAreRejectedAndTheEngineStaysUsable) {
-  const TransformerConfig cfg = TinyQwen3();
+  const spec::ModelConfig cfg = TinyQwen3();
   auto e = MakeEngine(cfg, 2, {{2, 1}, 2, {2, 1}}, 2, 0, {});
   const int64_t V = cfg.vocab;
   auto expect_invalid = [&](const at::Tensor& t, const std::string& needle,
@@ -369,7 +369,7 @@ struct PrecisionCase {
 };
 
 TEST(ControllerPrecision, LowPrecisionMasterCopiesTrainAndTrackTheReference) {
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   for (const PrecisionCase& pc :
        {PrecisionCase{at::kFloat, false, 0.5, 1e-5}, PrecisionCase{at::kBFloat16, false, 0.5, 3e-2},
         PrecisionCase{at::kHalf, true, 0.5, 1e-2}}) {
@@ -415,7 +415,7 @@ TEST(ControllerPrecision, LowPrecisionMasterCopiesTrainAndTrackTheReference) {
 }
 
 TEST(ControllerPrecision, Fp16OverflowSkipsTheStepAndBacksOff) {
-  const TransformerConfig cfg = TinyQwen3();
+  const spec::ModelConfig cfg = TinyQwen3();
   workers::Timeline tl;
   auto devs = *workers::CreateDevices("cpu:1", &tl);
   workers::HostModelStore store(cfg, at::kHalf, 3);

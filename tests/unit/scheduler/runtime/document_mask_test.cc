@@ -21,7 +21,7 @@ namespace rp::scheduler {
 namespace {
 
 using rp::testing::TinyLlama;
-using workers::models::TransformerConfig;
+using spec::ModelConfig;
 
 at::Tensor Longs(std::vector<int64_t> v) { return at::tensor(v, at::kLong); }
 
@@ -55,7 +55,7 @@ Packed Pack(const std::vector<std::vector<int64_t>>& rows, int64_t vocab, uint64
 
 void ExpectPackedEqualsDocuments(int N, const planning::Partition& part, int M) {
   SCOPED_TRACE(::testing::Message() << "N=" << N << " M=" << M << " " << part.ToString());
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   workers::AdamWOptions adamw;
   adamw.lr = 1e-3;
   adamw.eps = 1e-6;  // see controller_test.cc
@@ -101,7 +101,7 @@ TEST(DocumentMasks, APackedBatchTrainsLikeItsDocumentsRunOneByOne) {
 
 TEST(DocumentMasks, TheBlockSeesOnlyItsOwnDocument) {
   // One block, two documents in a row, against each document through the block on its own.
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   workers::HostModelStore store(cfg, at::kFloat, 3);
   std::vector<at::Tensor> w;
   for (int id : store.layer_params(1)) w.push_back(store.param(id).fp32);
@@ -122,7 +122,7 @@ TEST(DocumentMasks, TheBlockSeesOnlyItsOwnDocument) {
 }
 
 TEST(DocumentMasks, PositionsAreValidated) {
-  const TransformerConfig cfg = TinyLlama();
+  const spec::ModelConfig cfg = TinyLlama();
   ControllerOptions o;
   o.partition = {{2, 2}, 2, {1, 1, 2}};
   o.microbatches = 2;

@@ -21,7 +21,7 @@ namespace rp::scheduler {
 namespace {
 
 using rp::testing::TinyQwen3;
-using workers::models::TransformerConfig;
+using spec::ModelConfig;
 
 using rp::testing::RandomTokens;
 
@@ -35,7 +35,7 @@ void ExpectEvaluationMatches(planning::OptimizerMode mode, int N, const planning
   const bool async = mode == planning::OptimizerMode::kAsync;
   SCOPED_TRACE(::testing::Message() << (async ? "async" : "sync") << " N=" << N << " M=" << M << " "
                                     << part.ToString());
-  const TransformerConfig cfg = TinyQwen3();
+  const spec::ModelConfig cfg = TinyQwen3();
   workers::AdamWOptions adamw;
   adamw.lr = 2e-3;
   adamw.eps = 1e-6;  // see controller_test.cc
@@ -105,7 +105,7 @@ TEST(Evaluate, EqualsTheReferenceLossAndLeavesTrainingUntouched) {
 }
 
 TEST(Evaluate, RefusedWhileAnIterationIsInFlight) {
-  const TransformerConfig cfg = TinyQwen3();
+  const spec::ModelConfig cfg = TinyQwen3();
   ControllerOptions o;
   o.partition = {{2, 1}, 2, {2, 1}};
   o.microbatches = 2;

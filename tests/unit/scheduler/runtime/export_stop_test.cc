@@ -16,8 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-workers::models::TransformerConfig Tiny(int lora_rank) {
-  workers::models::TransformerConfig c;
+spec::ModelConfig Tiny(int lora_rank) {
+  spec::ModelConfig c;
   c.family = "llama";
   c.vocab = 16;
   c.hidden = 8;
@@ -51,7 +51,7 @@ TEST(ExportStop, AStopBeforeAnyTensorEndsTheExportWithItsStatusAndLeavesNothing)
   };
   for (const Case& k :
        {Case{0, ExportKind::kHfModel}, Case{4, ExportKind::kPeftAdapter}, Case{4, ExportKind::kMergedLora}}) {
-    const workers::models::TransformerConfig config = Tiny(k.lora_rank);
+    const spec::ModelConfig config = Tiny(k.lora_rank);
     workers::HostModelStore store(config, at::kFloat, 1);
     std::vector<ParameterShape> shapes;
     for (int i = 0; i < store.num_params(); ++i) shapes.push_back({store.param(i).name, store.param(i).shape});

@@ -29,8 +29,8 @@ planning::Profile Profile24() {
   return p;
 }
 
-workers::models::TransformerConfig Model24() {
-  workers::models::TransformerConfig c;
+spec::ModelConfig Model24() {
+  spec::ModelConfig c;
   c.vocab = 512;
   c.hidden = 64;
   c.intermediate = 128;

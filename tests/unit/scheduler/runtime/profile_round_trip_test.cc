@@ -33,8 +33,8 @@ double Median(std::vector<double> v) {
 
 // A model whose layers take tens of milliseconds on one CPU thread, so the engine's own
 // dispatch costs are small beside them (the prediction has no term for them).
-workers::models::TransformerConfig MidSizeLlama() {
-  workers::models::TransformerConfig c = rp::testing::TinyLlama();
+spec::ModelConfig MidSizeLlama() {
+  spec::ModelConfig c = rp::testing::TinyLlama();
   c.vocab = 2048;
   c.hidden = 256;
   c.intermediate = 704;
@@ -47,7 +47,7 @@ workers::models::TransformerConfig MidSizeLlama() {
 // One job: profiled, planned, measured; its profile written, read back (every time and the hop
 // compared) and replayed. Returns predicted / measured iteration time, and says what it saw.
 double RoundTrip(int attempt, std::string* seen) {
-  const workers::models::TransformerConfig cfg = MidSizeLlama();
+  const spec::ModelConfig cfg = MidSizeLlama();
   ControllerOptions o;
   o.auto_partition = true;
   o.profile_iterations = 2;

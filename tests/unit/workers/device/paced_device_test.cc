@@ -96,7 +96,7 @@ TEST(PacedDevice, PacedWorkersNeedAProfile) {
 }
 
 TEST(DataFreeStore, HoldsShapesAndNoMemory) {
-  models::TransformerConfig c;
+  spec::ModelConfig c;
   c.vocab = 151936;
   c.hidden = 4096;
   c.intermediate = 12288;

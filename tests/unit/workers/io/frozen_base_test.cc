@@ -29,8 +29,8 @@ TEST(FrozenBase, PiecewiseCrcEqualsOnePassOverTheBytes) {
   EXPECT_EQ(TensorCrc32(at::empty({0}, at::kFloat)), 0u);
 }
 
-models::TransformerConfig LoraModel() {
-  models::TransformerConfig c;
+spec::ModelConfig LoraModel() {
+  spec::ModelConfig c;
   c.family = "llama";
   c.vocab = 32;
   c.hidden = 16;
@@ -86,7 +86,7 @@ TEST(FrozenBase, DescribesTheFrozenParametersAndFindsEveryChange) {
   HostModelStore half(LoraModel(), at::kHalf, 3);
   st = SameFrozenBase(base, DescribeFrozenBase(half), "c");
   EXPECT_NE(st.message().find("was BF16, this job's is F16"), std::string::npos) << st;
-  models::TransformerConfig wider = LoraModel();
+  spec::ModelConfig wider = LoraModel();
   wider.lora.targets = {"q_proj"};  // v_proj stays frozen: this job freezes more
   HostModelStore more(wider, at::kBFloat16, 3);
   FrozenBase m = DescribeFrozenBase(more);
@@ -94,7 +94,7 @@ TEST(FrozenBase, DescribesTheFrozenParametersAndFindsEveryChange) {
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_FALSE(SameFrozenBase(m, base, "c").ok());
   // Nothing frozen: an empty record (full fine-tuning).
-  models::TransformerConfig full = LoraModel();
+  spec::ModelConfig full = LoraModel();
   full.lora.rank = 0;
   EXPECT_TRUE(DescribeFrozenBase(HostModelStore(full, at::kFloat, 3)).empty());
 }

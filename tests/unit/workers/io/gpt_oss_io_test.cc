@@ -30,7 +30,7 @@ constexpr int kGptOssExpertTensors = 12;
 
 TEST_F(HfModels, GptOssTrainsLikeTransformersOnEveryPartitionAndMode) {
   const std::string dir = dir_ + "/gptoss";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_TRUE(cfg->gpt_oss());
   EXPECT_TRUE(cfg->attention_bias);
@@ -69,7 +69,7 @@ TEST_F(HfModels, GptOssTrainsLikeTransformersOnEveryPartitionAndMode) {
       auto index = ReadWholeFile(out + "/model.safetensors.index.json");
       EXPECT_NE(index.find("model.layers.2.mlp.experts.gate_up_proj_bias"), std::string::npos);
       EXPECT_NE(index.find("model.layers.0.self_attn.sinks"), std::string::npos);
-      auto again = ReadHfConfig(out);
+      auto again = files::ReadHfConfig(out);
       ASSERT_TRUE(again.ok()) << again.status();
       EXPECT_EQ(again->sliding_layers, cfg->sliding_layers);
       EXPECT_DOUBLE_EQ(again->rope_scaling.attention_factor, cfg->rope_scaling.attention_factor);
@@ -81,7 +81,7 @@ TEST_F(HfModels, GptOssTrainsLikeTransformersOnEveryPartitionAndMode) {
 // trains like transformers and exports with the flag kept and no attention bias tensors.
 TEST_F(HfModels, GptOssWithoutAttentionBiasesTrainsLikeTransformersAndExportsSo) {
   const std::string dir = dir_ + "/gptoss_nobias";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_TRUE(cfg->gpt_oss());
   EXPECT_FALSE(cfg->attention_bias);
@@ -94,7 +94,7 @@ TEST_F(HfModels, GptOssWithoutAttentionBiasesTrainsLikeTransformersAndExportsSo)
   const std::string out = dir + "-export";
   ExpectExportLoadsInTransformers(run, *cfg, out, "model.layers.2.mlp.experts.gate_up_proj");
   EXPECT_EQ(ReadWholeFile(out + "/model.safetensors.index.json").find("self_attn.q_proj.bias"), std::string::npos);
-  auto again = ReadHfConfig(out);
+  auto again = files::ReadHfConfig(out);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(again->attention_bias);
 }
@@ -104,7 +104,7 @@ TEST_F(HfModels, GptOssWithoutAttentionBiasesTrainsLikeTransformersAndExportsSo)
 // like transformers' model holding those weights.
 TEST_F(HfModels, GptOssMxfp4CheckpointLoadsAsTransformersDequantisesItAndTrains) {
   const std::string dir = dir_ + "/gptoss_mxfp4";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   auto ref = SafetensorsFile::Open(dir + "/reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
@@ -157,7 +157,7 @@ TEST_F(HfModels, BrokenGptOssDirectoriesAreRefusedNamingTheFieldOrTensor) {
     std::string t = text;
     EXPECT_NE(t.find(from), std::string::npos) << from;
     if (t.find(from) != std::string::npos) t.replace(t.find(from), from.size(), to);
-    return ParseHfConfig(t).status();
+    return files::ParseHfConfig(t).status();
   };
   ExpectRefused(edited("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5"),
                 "num_experts_per_tok 5 is above num_local_experts 4");
@@ -172,7 +172,7 @@ TEST_F(HfModels, BrokenGptOssDirectoriesAreRefusedNamingTheFieldOrTensor) {
                 "quantization_config: quant_method 'fp8'");
   // Weights: half an MXFP4 pair, a misshapen MXFP4 block, a misshapen stacked bias.
   const std::string dir = dir_ + "/gptoss_mxfp4";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   RewriteWeights(dir, dir_ + "/gptoss-broken-0", [](const TensorInfo& t, at::Tensor&) {
     return t.name != "model.layers.1.mlp.experts.down_proj_scales";

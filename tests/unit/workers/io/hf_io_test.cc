@@ -37,7 +37,7 @@ using rp::testing::ReadWholeFile;
 using rp::testing::RunCommand;
 
 void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect_scaling) {
-  auto cfg = ReadHfConfig(model_dir);
+  auto cfg = files::ReadHfConfig(model_dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_EQ(cfg->tied_embeddings, expect_tied);
   EXPECT_EQ(cfg->qk_norm, expect_tied);  // the Qwen3 model is the tied one
@@ -52,7 +52,7 @@ void TrainAndCompare(const std::string& model_dir, bool expect_tied, bool expect
   auto engine = scheduler::Engine::Create({"cpu:2"});
   ASSERT_TRUE(engine.ok());
   scheduler::JobSpec spec;
-  spec.model = rp::testing::ModelOf(*cfg);
+  spec.model = *cfg;
   spec.hf_dir = model_dir;
   spec.precision = scheduler::Precision::kFloat32;
   spec.optimizer.lr = 1e-3;
@@ -122,7 +122,7 @@ TEST_F(HfModels, Qwen3WithTiedEmbeddingsMatchesTransformers) { TrainAndCompare(d
 // Then the export: hub layout again, loaded by transformers with equal weights.
 TEST_F(HfModels, Qwen3MoeTrainsLikeTransformersOnEveryPartitionAndMode) {
   const std::string dir = dir_ + "/qwen3moe";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_EQ(cfg->num_experts, 6);
   EXPECT_EQ(cfg->experts_per_token, 2);
@@ -169,7 +169,7 @@ TEST_F(HfModels, Qwen3MoeTrainsLikeTransformersOnEveryPartitionAndMode) {
 // term.
 TEST_F(HfModels, Qwen3MoeRouterAuxLossTrainsLikeTransformers) {
   const std::string dir = dir_ + "/qwen3moe_aux";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_DOUBLE_EQ(cfg->router_aux_loss_coef, 0.05);
   auto ref = SafetensorsFile::Open(dir + "/reference.safetensors");
@@ -186,7 +186,7 @@ TEST_F(HfModels, Qwen3MoeRouterAuxLossTrainsLikeTransformers) {
       ExpectTrainedLikeReference(run, async ? **ref_async : **ref, partition, async, 4);
     }
   }
-  models::TransformerConfig off = *cfg;
+  spec::ModelConfig off = *cfg;
   off.router_aux_loss_coef = 0;
   const MoeRun run = RunTwoSteps(off, dir, "cpu:1", {{3}, 2, {3}}, planning::OptimizerMode::kSync, tokens);
   ASSERT_EQ(run.stats.size(), 2u);
@@ -208,7 +208,7 @@ TEST_F(HfModels, Qwen3MoeRouterAuxLossTrainsLikeTransformers) {
 //     checked by disabling the replay).
 TEST_F(HfModels, RecomputeReplaysTheForwardsRoutingWhereARerunWouldRouteOtherwise) {
   const std::string dir = dir_ + "/qwen3moe_ties";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   ASSERT_EQ(cfg->experts_per_token, 1);
   auto ref = SafetensorsFile::Open(dir + "/reference.safetensors");
@@ -251,14 +251,14 @@ TEST_F(HfModels, RecomputeReplaysTheForwardsRoutingWhereARerunWouldRouteOtherwis
 // expert tensor, a misshapen one.
 TEST_F(HfModels, BrokenQwen3MoeDirectoriesAreRefusedNamingTheFieldOrTensor) {
   const std::string dir = dir_ + "/qwen3moe";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok());
   std::string text = ReadWholeFile(dir + "/config.json");
   const std::string key = "\"num_experts_per_tok\": 2";
   ASSERT_NE(text.find(key), std::string::npos) << text;
   std::string bad = text;
   bad.replace(bad.find(key), key.size(), "\"num_experts_per_tok\": 9");
-  auto parsed = ParseHfConfig(bad);
+  auto parsed = files::ParseHfConfig(bad);
   ASSERT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(parsed.status().message().find("num_experts_per_tok 9 is above num_local_experts 6"), std::string::npos)
       << parsed.status();
@@ -266,14 +266,14 @@ TEST_F(HfModels, BrokenQwen3MoeDirectoriesAreRefusedNamingTheFieldOrTensor) {
   const std::string router = "\"output_router_logits\": false";
   ASSERT_NE(bad.find(router), std::string::npos);
   bad.replace(bad.find(router), router.size(), "\"output_router_logits\": true");
-  EXPECT_DOUBLE_EQ(ParseHfConfig(bad)->router_aux_loss_coef, 0.001);  // Qwen3MoeConfig's default
+  EXPECT_DOUBLE_EQ(files::ParseHfConfig(bad)->router_aux_loss_coef, 0.001);  // Qwen3MoeConfig's default
   const std::string coef = "\"router_aux_loss_coef\": 0.001";
   ASSERT_NE(bad.find(coef), std::string::npos);
   bad.replace(bad.find(coef), coef.size(), "\"router_aux_loss_coef\": -1");
-  EXPECT_NE(ParseHfConfig(bad).status().message().find("router_aux_loss_coef must be a finite number >= 0"),
+  EXPECT_NE(files::ParseHfConfig(bad).status().message().find("router_aux_loss_coef must be a finite number >= 0"),
             std::string::npos);
   bad.replace(bad.find("\"router_aux_loss_coef\": -1"), 26, "\"router_aux_loss_coef\": 0");
-  EXPECT_DOUBLE_EQ(ParseHfConfig(bad)->router_aux_loss_coef, 0);  // on, but adding nothing: off
+  EXPECT_DOUBLE_EQ(files::ParseHfConfig(bad)->router_aux_loss_coef, 0);  // on, but adding nothing: off
   // Weights: rewrite the file without one expert's up projection, then with a misshapen down.
   auto file = SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(file.ok());
@@ -365,7 +365,7 @@ TEST(HfDirCorrupt, ConfigAndShardDefectsAreCleanErrors) {
   const fs::path d = fs::temp_directory_path() / ("rp_hf_corrupt_" + std::to_string(getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
-  models::TransformerConfig c;
+  spec::ModelConfig c;
   c.family = "llama";
   c.vocab = 16;
   c.hidden = 8;
@@ -401,12 +401,12 @@ TEST(HfDirCorrupt, ConfigAndShardDefectsAreCleanErrors) {
            {R"({"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
                 "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "dynamic"}})",
             "not supported"}}) {
-    auto r = ParseHfConfig(json);
+    auto r = files::ParseHfConfig(json);
     ASSERT_FALSE(r.ok()) << json;
     EXPECT_NE(r.status().message().find(needle), std::string::npos) << json << ": " << r.status();
   }
   // Shape mismatch with config.json: a model with a different width.
-  models::TransformerConfig wider = c;
+  spec::ModelConfig wider = c;
   wider.intermediate = 24;
   HostModelStore mismatch(wider, at::kFloat, 3);
   auto st = LoadHfWeights((d / "m").string(), &mismatch);

@@ -42,24 +42,24 @@ void HfModels::SetUp() {
   ASSERT_TRUE(error_.empty()) << "the oracle make_hf_models.py (transformers, peft, safetensors) failed: " << error_;
 }
 
-MoeRun RunTwoSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
+MoeRun RunTwoSteps(const spec::ModelConfig& cfg, const std::string& model_dir, const std::string& devices,
                    const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens) {
-  scheduler::OptimizerSpec adamw;
+  spec::OptimizerSpec adamw;
   adamw.lr = 1e-3;
   adamw.weight_decay = 0;
   adamw.eps = 1e-8;
   return RunSteps(cfg, model_dir, devices, partition, mode, tokens, adamw, 2);
 }
 
-MoeRun RunSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
+MoeRun RunSteps(const spec::ModelConfig& cfg, const std::string& model_dir, const std::string& devices,
                 const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens,
-                const scheduler::OptimizerSpec& optimizer, int steps, int microbatches) {
+                const spec::OptimizerSpec& optimizer, int steps, int microbatches) {
   MoeRun r;
   auto engine = scheduler::Engine::Create({devices});
   EXPECT_TRUE(engine.ok()) << engine.status();
   r.engine = *std::move(engine);
   scheduler::JobSpec spec;
-  spec.model = rp::testing::ModelOf(cfg);
+  spec.model = cfg;
   spec.hf_dir = model_dir;
   spec.precision = scheduler::Precision::kFloat32;
   spec.optimizer = optimizer;
@@ -124,7 +124,7 @@ void ExpectTrainedLikeReference(const MoeRun& run, SafetensorsFile& ref, const p
   EXPECT_EQ(experts_checked, expert_tensors);
 }
 
-void ExpectExportLoadsInTransformers(const MoeRun& run, const models::TransformerConfig& cfg, const std::string& out,
+void ExpectExportLoadsInTransformers(const MoeRun& run, const spec::ModelConfig& cfg, const std::string& out,
                                      const std::string& check_param) {
   auto shapes = run.engine->ParameterShapes(run.id);
   ASSERT_TRUE(shapes.ok());
@@ -152,7 +152,7 @@ void ExpectExportLoadsInTransformers(const MoeRun& run, const models::Transforme
             0)
       << log;
   // And our own loader reads the export back.
-  auto again_cfg = ReadHfConfig(out);
+  auto again_cfg = files::ReadHfConfig(out);
   ASSERT_TRUE(again_cfg.ok()) << again_cfg.status();
   HostModelStore again(*again_cfg, at::kFloat, 99);
   ASSERT_TRUE(LoadHfWeights(out, &again).ok());

@@ -12,7 +12,7 @@
 
 #include "scheduler/engine.h"
 #include "workers/io/safetensors_reader.h"
-#include "workers/models/transformer_config.h"
+#include "workers/spec/model_config.h"
 
 namespace rp::workers::io {
 
@@ -31,12 +31,12 @@ struct MoeRun {
   scheduler::JobId id = 0;
   std::vector<scheduler::IterationStats> stats;
 };
-MoeRun RunTwoSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
+MoeRun RunTwoSteps(const spec::ModelConfig& cfg, const std::string& model_dir, const std::string& devices,
                    const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens);
 // The same with any optimizer and number of iterations (each on `tokens`).
-MoeRun RunSteps(const models::TransformerConfig& cfg, const std::string& model_dir, const std::string& devices,
+MoeRun RunSteps(const spec::ModelConfig& cfg, const std::string& model_dir, const std::string& devices,
                 const planning::Partition& partition, planning::OptimizerMode mode, const at::Tensor& tokens,
-                const scheduler::OptimizerSpec& optimizer, int steps, int microbatches = 4);
+                const spec::OptimizerSpec& optimizer, int steps, int microbatches = 4);
 
 // Losses and gradient norms of both steps, and every weight after them, against a reference
 // made by transformers; `expert_tensors` of the parameters are expert tensors (mlp.experts.*).
@@ -46,7 +46,7 @@ void ExpectTrainedLikeReference(const MoeRun& run, SafetensorsFile& ref, const p
 // Exports the run's weights in the hub's layout to `out` (fp32, shards of 40 KiB), has
 // transformers load the export and compare it with the engine's weights bit for bit, and reads
 // it back with our own loader: `check_param` must come back equal.
-void ExpectExportLoadsInTransformers(const MoeRun& run, const models::TransformerConfig& cfg, const std::string& out,
+void ExpectExportLoadsInTransformers(const MoeRun& run, const spec::ModelConfig& cfg, const std::string& out,
                                      const std::string& check_param);
 
 }  // namespace rp::workers::io

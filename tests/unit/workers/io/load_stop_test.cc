@@ -16,7 +16,7 @@ namespace {
 
 TEST_F(HfModels, ARaisedStopEndsAWeightLoadBetweenTensors) {
   const std::string dir = dir_ + "/llama";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   std::atomic<bool> stop{true};
   HostModelStore stopped(*cfg, at::kFloat, 1);

@@ -44,9 +44,9 @@ using rp::testing::RunCommand;
 // exports are checked by peft itself.
 void LoraTrainsLikePeft(const std::string& set, int expected_adapters) {
   const std::string base = set + "/base", adapter = set + "/adapter";
-  auto cfg = ReadHfConfig(base);
+  auto cfg = files::ReadHfConfig(base);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
-  auto lora = ReadPeftConfig(adapter);
+  auto lora = files::ReadPeftConfig(adapter);
   ASSERT_TRUE(lora.ok()) << lora.status();
   cfg->lora = *lora;
   EXPECT_EQ(cfg->lora.rank, 4);
@@ -55,7 +55,7 @@ void LoraTrainsLikePeft(const std::string& set, int expected_adapters) {
   at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
   auto engine = scheduler::Engine::Create({"cpu:2"});
   scheduler::JobSpec spec;
-  spec.model = rp::testing::ModelOf(*cfg);
+  spec.model = *cfg;
   spec.hf_dir = base;
   spec.lora_adapter_dir = adapter;
   spec.precision = scheduler::Precision::kFloat32;
@@ -169,16 +169,16 @@ TEST_F(HfModels, AFinishedLoraJobReadsItsBaseFromTheModelDirAndNoticesAChange) {
   const std::string base = dir_ + "/lora/base-copy";
   fs::remove_all(base);
   fs::copy(dir_ + "/lora/base", base);
-  auto cfg = ReadHfConfig(base);
+  auto cfg = files::ReadHfConfig(base);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
-  auto lora = ReadPeftConfig(dir_ + "/lora/adapter");
+  auto lora = files::ReadPeftConfig(dir_ + "/lora/adapter");
   ASSERT_TRUE(lora.ok()) << lora.status();
   cfg->lora = *lora;
   auto ref = SafetensorsFile::Open(dir_ + "/lora/reference.safetensors");
   ASSERT_TRUE(ref.ok());
   auto engine = scheduler::Engine::Create({"cpu:2"});
   scheduler::JobSpec spec;
-  spec.model = rp::testing::ModelOf(*cfg);
+  spec.model = *cfg;
   spec.hf_dir = base;
   spec.precision = scheduler::Precision::kBFloat16;
   spec.checkpoint_root = dir_ + "/lora/ckpt";
@@ -236,7 +236,7 @@ TEST_F(HfModels, AFinishedLoraJobReadsItsBaseFromTheModelDirAndNoticesAChange) {
 }
 
 TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
-  models::TransformerConfig c;
+  spec::ModelConfig c;
   c.family = "llama";
   c.vocab = 32;
   c.hidden = 64;
@@ -245,7 +245,7 @@ TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = 16;
-  models::TransformerConfig lora = c;
+  spec::ModelConfig lora = c;
   lora.lora = {8, 16, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}};
   HostModelStore full(c, at::kBFloat16, 1), adapted(lora, at::kBFloat16, 1);
   int64_t base_params = 0, adapter_params = 0;
@@ -290,7 +290,7 @@ TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
     return std::make_pair(*id, losses);
   };
   scheduler::JobSpec full_ft;
-  full_ft.model = rp::testing::ModelOf(c);
+  full_ft.model = c;
   full_ft.precision = scheduler::Precision::kFloat32;
   full_ft.optimizer.lr = 1e-2;
   full_ft.microbatches = 2;
@@ -306,7 +306,7 @@ TEST(Lora, TheBaseKeepsOnlyItsMasterCopyAndASyntheticTaskTrains) {
       ExportHfModel(dir, c, rp::testing::NamedShapes(*shapes), rp::testing::ParameterFetch(**engine, base_id), fp32)
           .ok());
   scheduler::JobSpec adapt;
-  adapt.model = rp::testing::ModelOf(lora);
+  adapt.model = lora;
   adapt.hf_dir = dir;
   adapt.precision = scheduler::Precision::kBFloat16;
   adapt.optimizer.lr = 1e-2;

@@ -24,8 +24,8 @@
 namespace rp::workers::io {
 namespace {
 
-models::TransformerConfig TinyLora() {
-  models::TransformerConfig c = rp::testing::TinyLlama();
+spec::ModelConfig TinyLora() {
+  spec::ModelConfig c = rp::testing::TinyLlama();
   c.lora.rank = 2;
   c.lora.alpha = 4;
   c.lora.targets = {"q_proj", "v_proj"};

@@ -34,11 +34,11 @@ std::map<std::string, at::Tensor> Weights(const MoeRun& run) {
   return out;
 }
 
-std::map<std::string, at::Tensor> EngineGradients(const models::TransformerConfig& cfg, const std::string& dir,
+std::map<std::string, at::Tensor> EngineGradients(const spec::ModelConfig& cfg, const std::string& dir,
                                                   const std::string& devices, const planning::Partition& partition,
                                                   const at::Tensor& tokens, int microbatches) {
-  scheduler::OptimizerSpec sgd;
-  sgd.algorithm = scheduler::OptimizerSpec::Algorithm::kSgd;
+  spec::OptimizerSpec sgd;
+  sgd.algorithm = spec::OptimizerAlgorithm::kSgd;
   sgd.weight_decay = 0;
   sgd.momentum = 0;
   sgd.lr = 1e4;
@@ -76,7 +76,7 @@ struct Case {
 
 // `microbatches`: how the reference split the batch (4: a sequence each; 1: the whole batch).
 void ExpectEveryGradient(const std::string& dir, const std::vector<Case>& cases, int microbatches) {
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   auto ref = SafetensorsFile::Open(dir + "/reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
@@ -122,13 +122,13 @@ TEST_F(HfModels, GptOssGradientsEqualTransformersWithTheAuxLoss) {
 // far the weights moved, so a gradient error in any of the three steps shows.
 TEST_F(HfModels, Qwen3MoeWithTheAuxLossTrainsThreeGradientLinearStepsLikeTransformers) {
   const std::string dir = dir_ + "/qwen3moe_aux_batch";
-  auto cfg = ReadHfConfig(dir);
+  auto cfg = files::ReadHfConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   auto ref = SafetensorsFile::Open(dir + "/reference_linear.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
   const at::Tensor tokens = *(*ref)->Read("tokens", at::kLong);
   const at::Tensor losses = *(*ref)->Read("losses", at::kDouble);
-  scheduler::OptimizerSpec adamw;
+  spec::OptimizerSpec adamw;
   adamw.lr = 1e-2;
   adamw.eps = 0.1;
   adamw.weight_decay = 0;

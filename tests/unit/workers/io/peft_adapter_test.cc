@@ -22,53 +22,53 @@ namespace {
 // used to load silently).
 TEST_F(HfModels, AnAdapterOfAnotherRankAlphaOrTargetsIsRefused) {
   const std::string base = dir_ + "/lora/base", adapter = dir_ + "/lora/adapter";
-  auto cfg = ReadHfConfig(base);
+  auto cfg = files::ReadHfConfig(base);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
-  auto lora = ReadPeftConfig(adapter);
+  auto lora = files::ReadPeftConfig(adapter);
   ASSERT_TRUE(lora.ok()) << lora.status();
   auto engine = scheduler::Engine::Create({"cpu:1"});
   ASSERT_TRUE(engine.ok());
-  auto submit = [&](const models::LoraConfig& l) {
-    models::TransformerConfig c = *cfg;
+  auto submit = [&](const spec::LoraSpec& l) {
+    spec::ModelConfig c = *cfg;
     c.lora = l;
     scheduler::JobSpec spec;
-    spec.model = rp::testing::ModelOf(c);
+    spec.model = c;
     spec.hf_dir = base;
     spec.lora_adapter_dir = adapter;
     return (*engine)->Submit(spec).status();
   };
   EXPECT_TRUE(submit(*lora).ok()) << submit(*lora);
-  models::LoraConfig alpha = *lora;
+  spec::LoraSpec alpha = *lora;
   alpha.alpha *= 2;
   EXPECT_NE(submit(alpha).message().find("adapter_config.json has r = 4, lora_alpha = 8"), std::string::npos)
       << submit(alpha);
-  models::LoraConfig targets = *lora;
+  spec::LoraSpec targets = *lora;
   targets.targets.pop_back();
   EXPECT_NE(submit(targets).message().find("adapter_config.json targets ["), std::string::npos) << submit(targets);
 }
 
 TEST(PeftBaseModel, NamesAreComparedByTheirLastComponentOrTheirPath) {
-  EXPECT_EQ(*ParsePeftBaseModel(R"({"base_model_name_or_path": "Qwen/Qwen3-1.7B"})"), "Qwen/Qwen3-1.7B");
-  EXPECT_EQ(*ParsePeftBaseModel(R"({"base_model_name_or_path": null})"), "");
-  EXPECT_EQ(*ParsePeftBaseModel("{}"), "");
-  EXPECT_EQ(ParsePeftBaseModel(R"({"base_model_name_or_path": 7})").status().code(),
+  EXPECT_EQ(*files::ParsePeftBaseModel(R"({"base_model_name_or_path": "Qwen/Qwen3-1.7B"})"), "Qwen/Qwen3-1.7B");
+  EXPECT_EQ(*files::ParsePeftBaseModel(R"({"base_model_name_or_path": null})"), "");
+  EXPECT_EQ(*files::ParsePeftBaseModel("{}"), "");
+  EXPECT_EQ(files::ParsePeftBaseModel(R"({"base_model_name_or_path": 7})").status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParsePeftBaseModel(std::string(100000, '[')).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(SameBaseModel("Qwen/Qwen3-1.7B", "/models/qwen3-1.7b/"));
-  EXPECT_TRUE(SameBaseModel("/data/models/../models/llama", "/data/models/llama"));
-  EXPECT_TRUE(SameBaseModel("", "/models/llama"));
-  EXPECT_TRUE(SameBaseModel("meta-llama/Llama-3.2-1B", ""));
-  EXPECT_FALSE(SameBaseModel("Qwen/Qwen3-1.7B", "/models/Qwen3-4B"));
-  EXPECT_FALSE(SameBaseModel("/data/a/base", "/data/b/other"));
+  EXPECT_EQ(files::ParsePeftBaseModel(std::string(100000, '[')).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(files::SameBaseModel("Qwen/Qwen3-1.7B", "/models/qwen3-1.7b/"));
+  EXPECT_TRUE(files::SameBaseModel("/data/models/../models/llama", "/data/models/llama"));
+  EXPECT_TRUE(files::SameBaseModel("", "/models/llama"));
+  EXPECT_TRUE(files::SameBaseModel("meta-llama/Llama-3.2-1B", ""));
+  EXPECT_FALSE(files::SameBaseModel("Qwen/Qwen3-1.7B", "/models/Qwen3-4B"));
+  EXPECT_FALSE(files::SameBaseModel("/data/a/base", "/data/b/other"));
 }
 
 // An adapter whose adapter_config.json names another base (shapes, rank, alpha and targets all
 // agree) loads, and the job says so in a warning; one naming this base does not warn.
 TEST_F(HfModels, AnAdapterNamingAnotherBaseModelIsWarnedAbout) {
   const std::string base = dir_ + "/lora/base";
-  auto cfg = ReadHfConfig(base);
+  auto cfg = files::ReadHfConfig(base);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
-  auto lora = ReadPeftConfig(dir_ + "/lora/adapter");
+  auto lora = files::ReadPeftConfig(dir_ + "/lora/adapter");
   ASSERT_TRUE(lora.ok()) << lora.status();
   auto engine = scheduler::Engine::Create({"cpu:1"});
   ASSERT_TRUE(engine.ok());
@@ -80,10 +80,10 @@ TEST_F(HfModels, AnAdapterNamingAnotherBaseModelIsWarnedAbout) {
     nlohmann::json j = nlohmann::json::parse(std::ifstream(tmp / "adapter_config.json"));
     j["base_model_name_or_path"] = named;
     std::ofstream(tmp / "adapter_config.json") << j.dump();
-    models::TransformerConfig c = *cfg;
+    spec::ModelConfig c = *cfg;
     c.lora = *lora;
     scheduler::JobSpec spec;
-    spec.model = rp::testing::ModelOf(c);
+    spec.model = c;
     spec.hf_dir = base;
     spec.lora_adapter_dir = tmp.string();
     auto id = (*engine)->Submit(spec);

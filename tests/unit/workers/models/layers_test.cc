@@ -41,13 +41,13 @@ TEST(ChunkedHead, LossAndGradientsEqualFullLogitsAutograd) {
 
 // Llama-3 rope scaling, checked per frequency against the published rule.
 TEST(Rope, Llama3ScalingBands) {
-  TransformerConfig c;
+  spec::ModelConfig c;
   c.head_dim = 64;
   c.rope_theta = 500000;
   c.rope_scaling = {8.0, 1.0, 4.0, 8192};
   const int64_t P = 1999;  // a late position: angle errors grow with the position
   Rope r = MakeRope(c, P + 1, c10::Device(c10::kCPU));
-  Rope plain = MakeRope(TransformerConfig{.head_dim = 64, .rope_theta = 500000}, P + 1, c10::Device(c10::kCPU));
+  Rope plain = MakeRope(spec::ModelConfig{.head_dim = 64, .rope_theta = 500000}, P + 1, c10::Device(c10::kCPU));
   ASSERT_EQ(r.cos.sizes(), (at::IntArrayRef{P + 1, 64}));
   for (int i = 0; i < 32; ++i) {
     const double inv = 1.0 / std::pow(500000.0, 2.0 * i / 64);
@@ -70,7 +70,7 @@ TEST(Rope, Llama3ScalingBands) {
 }
 
 TEST(Layers, ParamSpecsAndShapes) {
-  TransformerConfig c;
+  spec::ModelConfig c;
   c.family = "qwen3";
   c.vocab = 10;
   c.hidden = 8;
@@ -106,7 +106,7 @@ TEST(Layers, ShiftLabels) {
 // A routing record survives its host form bit for bit, a replay gives top-k's own weights and
 // gradients, and a damaged record is refused rather than replayed.
 TEST(MoeRouting, ReplayEqualsLiveRoutingAndDamagedRecordsAreRefused) {
-  TransformerConfig c;
+  spec::ModelConfig c;
   c.num_experts = 5;
   c.experts_per_token = 2;
   c.norm_topk_prob = true;
@@ -196,7 +196,7 @@ namespace {
 // expert adapters), with grouped products on or off.
 std::vector<at::Tensor> ExpertsAndGrads(bool gpt_oss, bool grouped, at::ScalarType dtype, int64_t width) {
   SetGroupedExpertGemmForTest(grouped);
-  TransformerConfig c;
+  spec::ModelConfig c;
   c.num_experts = 5;
   c.experts_per_token = 2;
   c.lora.rank = 2;

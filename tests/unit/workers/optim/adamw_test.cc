@@ -10,8 +10,8 @@
 namespace rp::workers {
 namespace {
 
-models::TransformerConfig Tiny() {
-  models::TransformerConfig c;
+spec::ModelConfig Tiny() {
+  spec::ModelConfig c;
   c.vocab = 11;
   c.hidden = 8;
   c.intermediate = 12;
@@ -81,13 +81,13 @@ TEST(AdamW, NonFiniteGradientsAreRejectedWithoutTouchingWeights) {
 }
 
 TEST(LrSchedule, WarmupThenCosine) {
-  LrSchedule s{LrSchedule::Kind::kWarmupCosine, 10, 110, 0.1};
+  spec::LrSchedule s{spec::LrSchedule::Kind::kWarmupCosine, 10, 110, 0.1};
   EXPECT_DOUBLE_EQ(s.At(1.0, 1), 0.1);
   EXPECT_DOUBLE_EQ(s.At(1.0, 10), 1.0);
   EXPECT_NEAR(s.At(1.0, 60), 0.1 + 0.9 * 0.5, 1e-12);  // half-way through the decay
   EXPECT_NEAR(s.At(1.0, 110), 0.1, 1e-12);
   EXPECT_NEAR(s.At(1.0, 500), 0.1, 1e-12);
-  EXPECT_DOUBLE_EQ(LrSchedule{}.At(0.3, 77), 0.3);
+  EXPECT_DOUBLE_EQ(spec::LrSchedule{}.At(0.3, 77), 0.3);
 }
 
 }  // namespace

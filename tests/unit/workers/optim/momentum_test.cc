@@ -15,8 +15,8 @@
 namespace rp::workers {
 namespace {
 
-models::TransformerConfig Small() {
-  models::TransformerConfig c;
+spec::ModelConfig Small() {
+  spec::ModelConfig c;
   c.vocab = 300;  // the embedding is 300 x 64: slices on the pool's threads
   c.hidden = 64;
   c.intermediate = 96;
@@ -57,7 +57,7 @@ struct SgdCase {
 
 AdamWOptions SgdOptions(const SgdCase& c) {
   AdamWOptions o;
-  o.algorithm = OptimizerAlgorithm::kSgd;
+  o.algorithm = spec::OptimizerAlgorithm::kSgd;
   o.lr = 0.05;
   o.momentum = c.momentum;
   o.dampening = c.dampening;
@@ -122,7 +122,7 @@ TEST(Lion, MatchesAWrittenOutReferenceOverManySteps) {
         m.push_back(at::zeros_like(p.back()));
       }
       AdamWOptions o;
-      o.algorithm = OptimizerAlgorithm::kLion;
+      o.algorithm = spec::OptimizerAlgorithm::kLion;
       o.lr = 1e-3;
       o.beta1 = 0.9;
       o.beta2 = 0.99;

@@ -14,7 +14,7 @@
 namespace rp::workers {
 namespace {
 
-models::TransformerConfig Tiny() { return rp::testing::TinyLlama(); }
+spec::ModelConfig Tiny() { return rp::testing::TinyLlama(); }
 
 const void* StorageOf(const at::Tensor& t) { return t.storage().data_ptr().get(); }
 
@@ -35,15 +35,15 @@ std::vector<Case> EveryOptimizer() {
   o.rounding_seed = 3;
   cases.push_back({"adamw bf16 moments", o});
   o.bf16_moments = false;
-  o.algorithm = OptimizerAlgorithm::kSgd;
+  o.algorithm = spec::OptimizerAlgorithm::kSgd;
   o.momentum = 0.9;
   o.dampening = 0.1;
   o.nesterov = false;
   cases.push_back({"sgd momentum", o});
-  o.algorithm = OptimizerAlgorithm::kLion;
+  o.algorithm = spec::OptimizerAlgorithm::kLion;
   o.lr = 1e-3;
   cases.push_back({"lion", o});
-  o.algorithm = OptimizerAlgorithm::kAdafactor;
+  o.algorithm = spec::OptimizerAlgorithm::kAdafactor;
   cases.push_back({"adafactor", o});
   return cases;
 }
@@ -60,7 +60,7 @@ TEST(LayerSlab, EveryLayerTrainsFromOneAllocationThatAlsoHoldsItsOptimizerState)
   AdamWOptions o;
   const StateReserve reserve = StateBytesPerElement(o);
   ASSERT_EQ(reserve.bytes_per_element, 8);
-  const models::TransformerConfig cfg = Tiny();
+  const spec::ModelConfig cfg = Tiny();
   HostModelStore store(cfg, at::kBFloat16, 5, 0.02, FrozenInit::kRandom, reserve);
   EXPECT_EQ(store.num_slabs(), cfg.num_layers());
   int64_t needed = 0;
@@ -164,7 +164,7 @@ TEST(LayerSlab, ASecondOptimizerOnTheSameStoreKeepsItsStateApart) {
 // A LoRA store has slabs only for the layers that train something (the adapters); its frozen
 // base has no fp32 copy, gradient or reserve.
 TEST(LayerSlab, ALoraBaseReservesNothing) {
-  models::TransformerConfig cfg = Tiny();
+  spec::ModelConfig cfg = Tiny();
   cfg.lora.rank = 2;
   cfg.lora.alpha = 4;
   HostModelStore store(cfg, at::kBFloat16, 5, 0.02, FrozenInit::kRandom, StateReserve{8});
