@@ -58,10 +58,7 @@ void JobManager::Publish(Managed& job, v1::JobEvent event, bool last) {
   job.mu.AssertHeld();
   event.set_job_id(job.id);
   if (!event.has_time()) *event.mutable_time() = Now();
-  auto& subs = job.subscribers;
-  subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const auto& s) { return !s->OnEvent(event, last); }),
-             subs.end());
-  if (last) subs.clear();
+  job.watchers.Publish(event, last);
 }
 
 absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
@@ -412,7 +409,7 @@ absl::Status JobManager::Subscribe(const std::string& id, std::shared_ptr<JobSub
   const bool last = IsTerminal(job->record.state());
   now.set_job_id(job->id);
   *now.mutable_time() = Now();
-  if (subscriber->OnEvent(now, last) && !last) job->subscribers.push_back(std::move(subscriber));
+  job->watchers.Add(std::move(subscriber), now, last);
   return absl::OkStatus();
 }
 
@@ -420,9 +417,7 @@ void JobManager::Unsubscribe(const std::string& id, JobSubscriber* subscriber) {
   auto job = Find(id);
   if (!job) return;
   absl::MutexLock lock(&job->mu);
-  auto& subs = job->subscribers;
-  subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const auto& s) { return s.get() == subscriber; }),
-             subs.end());
+  job->watchers.Remove(subscriber);
 }
 
 bool JobManager::draining() const {

@@ -3,7 +3,8 @@
 // events for watchers, metrics, pause/resume/cancel, export, drain and restart recovery.
 // Proto messages stop here: the engine below only sees engine types (ARCHITECTURE §1). Its parts
 // live in classes of their own: BackgroundTasks (request work off the gRPC threads),
-// ExportJournal (a killed export leaves nothing), JobGauges (jobs per state), JobEventTracker
+// ExportJournal (a killed export leaves nothing), JobGauges (jobs per state), JobWatchers (a job's
+// WatchJob streams), JobEventTracker
 // (engine events -> the job's record), JobStore (SQLite).
 //
 // Contract: every public method is thread-safe and returns quickly (never waits for training);
@@ -36,17 +37,10 @@
 #include "server/job_gauges.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
+#include "server/job_watchers.h"
 #include "server/metrics.h"
 
 namespace rp::server {
-
-class JobSubscriber {
- public:
-  virtual ~JobSubscriber() = default;
-  // `last`: the job ended; no further events follow.
-  // Returns false once the subscriber is gone (the manager then drops it).
-  virtual bool OnEvent(const roundpipe::v1::JobEvent& event, bool last) = 0;
-};
 
 struct JobManagerOptions {
   JobSpecContext spec;   // default_output_dir is replaced per job by <jobs_dir>/<id>

@@ -54,7 +54,7 @@ struct JobManager::Managed {
   std::atomic<int> threads_running{0};         // the pump is still inside its loop (reaped at 0)
   bool stop ABSL_GUARDED_BY(mu) = false;       // daemon shutdown: threads leave without touching the record
   bool drained ABSL_GUARDED_BY(mu) = false;    // paused by Drain (not by a user)
-  std::vector<std::shared_ptr<JobSubscriber>> subscribers ABSL_GUARDED_BY(mu);
+  JobWatchers watchers ABSL_GUARDED_BY(mu);
   std::thread pump;                             // joined under JobManager::reap_mu_
   JobEventTracker tracker ABSL_GUARDED_BY(mu);  // engine events -> record (the pump only)
 };

@@ -205,13 +205,7 @@ void JobManager::Shutdown() {
     j->stop = true;
     j->cv.SignalAll();
     // Watchers learn that the daemon is going away (their stream ends with UNAVAILABLE).
-    for (auto& s : j->subscribers) {
-      v1::JobEvent e;
-      e.set_job_id(j->id);
-      e.set_message("daemon shutting down");
-      s->OnEvent(e, true);
-    }
-    j->subscribers.clear();
+    j->watchers.CloseAll(j->id, "daemon shutting down");
   }
   {
     absl::MutexLock reap(&reap_mu_);

@@ -1,5 +1,6 @@
 // The job manager's parts, each on its own: the bounded background-task runner, the export
-// journal that makes a killed export leave nothing behind, and the per-state job gauge.
+// journal that makes a killed export leave nothing behind, the per-state job gauge and a job's
+// watchers.
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
@@ -13,6 +14,7 @@
 #include "server/background_tasks.h"
 #include "server/export_journal.h"
 #include "server/job_gauges.h"
+#include "server/job_watchers.h"
 
 namespace rp::server {
 namespace {
@@ -108,6 +110,61 @@ TEST(JobGauges, AbsoluteCountsThenMovesPerTransition) {
   EXPECT_EQ(Value(family, "paused"), 1);
   EXPECT_EQ(Value(family, "cancelled"), 1);
   EXPECT_EQ(JobGauges::Label(v1::JOB_STATE_SUCCEEDED), "succeeded");
+}
+
+// A subscriber that records what it heard and goes away after `stay` events.
+class Recorder : public JobSubscriber {
+ public:
+  explicit Recorder(int stay) : stay_(stay) {}
+  bool OnEvent(const v1::JobEvent& event, bool last) override {
+    heard.push_back(event.message() + (last ? " (last)" : ""));
+    return static_cast<int>(heard.size()) < stay_;
+  }
+  std::vector<std::string> heard;
+
+ private:
+  int stay_;
+};
+
+v1::JobEvent Event(const std::string& message) {
+  v1::JobEvent e;
+  e.set_message(message);
+  return e;
+}
+
+TEST(JobWatchers, EachHearsTheStateThenEveryEventUntilItLeavesOrTheJobEnds) {
+  JobWatchers w;
+  auto stays = std::make_shared<Recorder>(100);
+  auto leaves = std::make_shared<Recorder>(2);  // gone after its second event
+  auto removed = std::make_shared<Recorder>(100);
+  w.Add(stays, Event("queued"), false);
+  w.Add(leaves, Event("queued"), false);
+  w.Add(removed, Event("queued"), false);
+  auto late = std::make_shared<Recorder>(100);
+  EXPECT_EQ(w.size(), 3u);
+  w.Publish(Event("step 1"), false);
+  EXPECT_EQ(w.size(), 2u);  // `leaves` declined
+  w.Remove(removed.get());
+  w.Publish(Event("step 2"), false);
+  w.Publish(Event("succeeded"), true);
+  EXPECT_EQ(w.size(), 0u);
+  w.Add(late, Event("succeeded"), true);  // joins an ended job: hears the end, is not kept
+  EXPECT_EQ(w.size(), 0u);
+  EXPECT_EQ(stays->heard, (std::vector<std::string>{"queued", "step 1", "step 2", "succeeded (last)"}));
+  EXPECT_EQ(leaves->heard, (std::vector<std::string>{"queued", "step 1"}));
+  EXPECT_EQ(removed->heard, (std::vector<std::string>{"queued", "step 1"}));
+  EXPECT_EQ(late->heard, (std::vector<std::string>{"succeeded (last)"}));
+}
+
+TEST(JobWatchers, ADaemonGoingAwayEndsEveryStream) {
+  JobWatchers w;
+  auto a = std::make_shared<Recorder>(100), b = std::make_shared<Recorder>(100);
+  w.Add(a, Event("running"), false);
+  w.Add(b, Event("running"), false);
+  w.CloseAll("7", "daemon shutting down");
+  EXPECT_EQ(w.size(), 0u);
+  EXPECT_EQ(a->heard.back(), "daemon shutting down (last)");
+  EXPECT_EQ(b->heard.back(), "daemon shutting down (last)");
 }
 
 }  // namespace
