@@ -38,7 +38,6 @@ std::vector<CheckpointInfo> ListJobCheckpoints(const std::string& root, std::vec
 absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, const JobSpec& job,
                                          const std::string& out_dir, ExportKind kind, const StopCheck& stop) {
   if (absl::Status st = job.model.Validate(); !st.ok()) return st;
-  const spec::ModelConfig* config = &job.model;
   auto f = io::SafetensorsFile::Open(checkpoint_dir + "/weights.safetensors");
   if (!f.ok()) return f.status();
   auto record = io::ReadCheckpointBase(checkpoint_dir);
@@ -47,10 +46,10 @@ absl::StatusOr<int64_t> ExportCheckpoint(const std::string& checkpoint_dir, cons
   std::vector<ParameterShape> shapes;
   for (const auto& t : (*f)->tensors()) shapes.push_back({t.name, t.shape});
   for (const auto& t : record->tensors) shapes.push_back({t.name, t.shape});
-  runtime::BaseSource base(*config, dtype, job.hf_dir, job.seed, std::move(*record));
+  runtime::BaseSource base(job.model, dtype, job.hf_dir, job.seed, std::move(*record));
   io::SafetensorsFile* weights = f->get();
   return runtime::WriteExport(
-      out_dir, *config, shapes,
+      out_dir, job.model, shapes,
       [weights, &base](const std::string& name) -> absl::StatusOr<at::Tensor> {
         if (weights->Find(name)) return weights->Read(name, at::kFloat);
         return base.Read(name);

@@ -153,8 +153,7 @@ absl::StatusOr<int64_t> PredictHostStateBytes(const JobSpec& job) {
   bool mapped = false;
   if (job.model.lora.rank > 0 && !job.hf_dir.empty()) {
     if (absl::Status st = job.model.Validate(); !st.ok()) return st;
-    const spec::ModelConfig* config = &job.model;
-    auto stored = workers::io::HfBaseIsStoredAs(job.hf_dir, *config, ToScalarType(job.precision));
+    auto stored = workers::io::HfBaseIsStoredAs(job.hf_dir, job.model, ToScalarType(job.precision));
     if (!stored.ok()) return stored.status();
     mapped = *stored;
   }
@@ -167,7 +166,6 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   // memory and Submit returns at once.
   JobSpec spec = spec_in;
   if (absl::Status st = spec.model.Validate(); !st.ok()) return st;
-  const spec::ModelConfig* model = &spec.model;
   if (spec.max_queued_batches < 1) return absl::InvalidArgumentError("job: max_queued_batches must be >= 1");
   if (spec.max_steps < 0) return absl::InvalidArgumentError("job: max_steps must be >= 0");
   const int N = static_cast<int>(devices.size());
@@ -177,7 +175,7 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     if (!p.ok()) return p.status();
     spec.partition = *p;
   }
-  job->model = *model;
+  job->model = spec.model;
   job->dtype = ToScalarType(spec.precision);
   if (!spec.hf_dir.empty()) {
     if (absl::Status st = workers::io::CheckHfWeights(spec.hf_dir, job->model); !st.ok()) return st;
