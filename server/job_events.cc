@@ -51,6 +51,7 @@ void JobEventTracker::ApplyState(const scheduler::JobEvent& e, bool drained, v1:
   fx.from = rec.state();
   fx.to = s;
   rec.set_state(s);
+  rec.set_paused_by_drain(s == v1::JOB_STATE_PAUSED && drained);
   if (s != v1::JOB_STATE_PAUSED) {
     rec.set_message(message);
   } else if (drained) {

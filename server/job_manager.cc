@@ -16,6 +16,7 @@
 #include "server/job_manager_internal.h"
 #include "server/paths.h"
 #include "server/status_util.h"
+#include "server/stream_batch.h"
 
 namespace rp::server {
 
@@ -41,27 +42,21 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(scheduler::Engine
 
 JobManager::~JobManager() { Shutdown(); }
 
-std::shared_ptr<JobManager::Managed> JobManager::Find(const std::string& id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  return it == jobs_.end() ? nullptr : it->second;
-}
-
-void JobManager::Persist(Managed& job) {
+void JobManager::Persist(ManagedJob& job) {
   job.mu.AssertHeld();
   if (absl::Status st = store_->Put(job.seq, job.record); !st.ok()) {
     JobLog()->error("[{}] job store: {}", job.id, std::string(st.message()));
   }
 }
 
-void JobManager::Publish(Managed& job, v1::JobEvent event, bool last) {
+void JobManager::Publish(ManagedJob& job, v1::JobEvent event, bool last) {
   job.mu.AssertHeld();
   event.set_job_id(job.id);
   if (!event.has_time()) *event.mutable_time() = Now();
   job.watchers.Publish(event, last);
 }
 
-absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
+absl::Status JobManager::Admit(const std::shared_ptr<ManagedJob>& job) {
   auto eid = engine_->Submit(job->resolved.engine);
   if (!eid.ok()) return eid.status();
   auto info = engine_->Info(*eid);
@@ -89,11 +84,7 @@ absl::Status JobManager::Admit(const std::shared_ptr<Managed>& job) {
 }
 
 void JobManager::ReapJobThreads() {
-  std::vector<std::shared_ptr<Managed>> jobs;
-  {
-    absl::MutexLock lock(&mu_);
-    jobs = order_;
-  }
+  const std::vector<std::shared_ptr<ManagedJob>> jobs = table_.All();
   absl::MutexLock reap(&reap_mu_);
   for (const auto& j : jobs) {
     if (j->threads_running.load() != 0) continue;
@@ -103,17 +94,13 @@ void JobManager::ReapJobThreads() {
 
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   ReapJobThreads();  // ended jobs keep no threads
-  int64_t seq;
   {
     absl::MutexLock lock(&mu_);
     if (draining_ || shutdown_) return absl::UnavailableError("the daemon is draining and admits no new jobs");
-    seq = next_seq_++;
   }
-  auto job = std::make_shared<Managed>();
-  job->seq = seq;
-  char id[32];
-  std::snprintf(id, sizeof(id), "job-%06lld", static_cast<long long>(seq));
-  job->id = id;
+  auto job = std::make_shared<ManagedJob>();
+  job->seq = table_.ReserveSeq();
+  job->id = JobTable::IdOf(job->seq);
   JobSpecContext ctx = options_.spec;
   ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
   auto resolved = ResolveJobSpec(spec, ctx);
@@ -141,11 +128,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     absl::MutexLock lock(&job->mu);
     Persist(*job);
   }
-  {
-    absl::MutexLock lock(&mu_);
-    jobs_[job->id] = job;
-    order_.push_back(job);
-  }
+  if (absl::Status st = table_.Add(job); !st.ok()) return st;  // a reserved seq is never listed yet
   gauges_.Move(v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_QUEUED);
   JobLog()->info(
       "[{}] submitted: name '{}', {} blocks x {} hidden, batch {} x {}, {}", job->id, spec.name(),
@@ -155,49 +138,21 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   return Snapshot(job);
 }
 
-absl::StatusOr<v1::Job> JobManager::Snapshot(const std::shared_ptr<Managed>& job) {
+absl::StatusOr<v1::Job> JobManager::Snapshot(const std::shared_ptr<ManagedJob>& job) {
   absl::MutexLock lock(&job->mu);
   return job->record;
 }
 
 absl::StatusOr<v1::Job> JobManager::Get(const std::string& id) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   return Snapshot(job);
 }
 
-absl::StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest& req) {
-  if (req.page_size() < 0) return absl::InvalidArgumentError("page_size must not be negative");
-  const int page = req.page_size() > 0 ? std::min(req.page_size(), 1000) : 100;
-  int64_t after = 0;
-  if (!req.page_token().empty() && !absl::SimpleAtoi(req.page_token(), &after)) {
-    return absl::InvalidArgumentError("page_token: not a token this daemon issued");
-  }
-  std::vector<std::shared_ptr<Managed>> jobs;
-  {
-    absl::MutexLock lock(&mu_);
-    jobs = order_;
-  }
-  v1::ListJobsResponse out;
-  for (const auto& job : jobs) {
-    if (job->seq <= after) continue;
-    absl::MutexLock lock(&job->mu);
-    if (!req.states().empty() &&
-        std::find(req.states().begin(), req.states().end(), job->record.state()) == req.states().end()) {
-      continue;
-    }
-    if (out.jobs_size() == page) {
-      out.set_next_page_token(std::to_string(after));
-      break;
-    }
-    *out.add_jobs() = job->record;
-    after = job->seq;
-  }
-  return out;
-}
+absl::StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest& req) { return table_.Page(req); }
 
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   std::optional<scheduler::JobId> eid;
   {
@@ -222,9 +177,9 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
   return Snapshot(job);
 }
 
-absl::StatusOr<std::pair<std::shared_ptr<JobManager::Managed>, scheduler::JobId>> JobManager::LiveJob(
-    const std::string& id, const char* action) {
-  auto job = Find(id);
+absl::StatusOr<std::pair<std::shared_ptr<ManagedJob>, scheduler::JobId>> JobManager::LiveJob(const std::string& id,
+                                                                                             const char* action) {
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   absl::MutexLock lock(&job->mu);
   if (IsTerminal(job->record.state())) {
@@ -257,7 +212,7 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& id) {
 }
 
 absl::Status JobManager::OpenStream(const std::string& id) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("StreamBatches: no job '", id, "'"));
   absl::MutexLock lock(&job->mu);
   if (!job->engine_id) return absl::FailedPreconditionError(absl::StrCat("job ", id, ": ", job->record.message()));
@@ -273,35 +228,15 @@ absl::Status JobManager::OpenStream(const std::string& id) {
 }
 
 absl::Status JobManager::FeedAsync(const std::string& id, const v1::Batch& b, std::function<void(absl::Status)> done) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("StreamBatches: no job '", id, "'"));
   const ResolvedJob& r = job->resolved;  // immutable once admitted
-  auto bad = [&](std::string msg) {
+  auto converted = ToEngineBatch(b, r.global_batch, r.sequence_length);
+  if (!converted.ok()) {
     metrics_->batches_rejected.Increment();
-    return absl::InvalidArgumentError(std::move(msg));
-  };
-  if (b.batch() != r.global_batch || b.sequence() != r.sequence_length) {
-    return bad(absl::StrCat("batch: shape ", b.batch(), " x ", b.sequence(),
-                            " does not match the job's global_batch x ", "sequence_length = ", r.global_batch, " x ",
-                            r.sequence_length));
+    return converted.status();
   }
-  const int64_t n = r.global_batch * r.sequence_length;
-  if (b.tokens_size() != n) {
-    return bad(absl::StrCat("batch: ", b.tokens_size(), " token ids for a ", b.batch(), " x ", b.sequence(),
-                            " batch (expected ", n, ")"));
-  }
-  if (b.loss_mask_size() != 0 && b.loss_mask_size() != n) {
-    return bad(absl::StrCat("batch: loss_mask has ", b.loss_mask_size(), " entries, expected 0 or ", n));
-  }
-  // Token ranges and the micro-batch split are the engine's to check (once, FeedBatchAsync).
-  scheduler::Batch batch;
-  batch.rows = b.batch();
-  batch.cols = b.sequence();
-  batch.tokens.assign(b.tokens().begin(), b.tokens().end());
-  if (b.loss_mask_size() > 0) {
-    const std::vector<bool> mask(b.loss_mask().begin(), b.loss_mask().end());
-    batch.labels = scheduler::ShiftedLabels(batch.rows, batch.cols, batch.tokens, mask);
-  }
+  scheduler::Batch batch = *std::move(converted);
   std::optional<scheduler::JobId> eid;
   {
     absl::MutexLock lock(&job->mu);
@@ -321,7 +256,7 @@ absl::Status JobManager::FeedAsync(const std::string& id, const v1::Batch& b, st
 }
 
 absl::Status JobManager::EndStream(const std::string& id, bool keep_open) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   if (keep_open) return absl::OkStatus();
   std::optional<scheduler::JobId> eid;
@@ -334,7 +269,7 @@ absl::Status JobManager::EndStream(const std::string& id, bool keep_open) {
   return absl::OkStatus();
 }
 
-void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
+void JobManager::PumpLoop(const std::shared_ptr<ManagedJob>& job) {
   scheduler::JobId eid;
   {
     absl::MutexLock lock(&job->mu);
@@ -385,22 +320,8 @@ void JobManager::PumpLoop(const std::shared_ptr<Managed>& job) {
   }
 }
 
-void JobManager::UpdateJobGauges() {
-  std::map<v1::JobState, int> counts;
-  std::vector<std::shared_ptr<Managed>> jobs;
-  {
-    absl::MutexLock lock(&mu_);
-    jobs = order_;
-  }
-  for (const auto& j : jobs) {
-    absl::MutexLock lock(&j->mu);
-    ++counts[j->record.state()];
-  }
-  gauges_.SetCounts(counts);
-}
-
 absl::Status JobManager::Subscribe(const std::string& id, std::shared_ptr<JobSubscriber> subscriber) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   absl::MutexLock lock(&job->mu);
   v1::JobEvent now;
@@ -414,7 +335,7 @@ absl::Status JobManager::Subscribe(const std::string& id, std::shared_ptr<JobSub
 }
 
 void JobManager::Unsubscribe(const std::string& id, JobSubscriber* subscriber) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return;
   absl::MutexLock lock(&job->mu);
   job->watchers.Remove(subscriber);
@@ -425,15 +346,7 @@ bool JobManager::draining() const {
   return draining_;
 }
 
-int JobManager::active_jobs() const {
-  absl::MutexLock lock(&mu_);
-  int n = 0;
-  for (const auto& j : order_) {
-    absl::MutexLock jl(&j->mu);
-    if (!IsTerminal(j->record.state())) ++n;
-  }
-  return n;
-}
+int JobManager::active_jobs() const { return table_.CountNotEnded(); }
 
 absl::Status JobManager::RunInBackground(std::function<void()> task) { return tasks_.Run(std::move(task)); }
 

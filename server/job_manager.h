@@ -1,11 +1,15 @@
 // job_manager.h — the daemon's jobs: admission (spec -> engine), the SQLite job store, data
 // feeding (streamed batches through a bounded queue, or a server-side token file), progress and
 // events for watchers, metrics, pause/resume/cancel, export, drain and restart recovery.
-// Proto messages stop here: the engine below only sees engine types (ARCHITECTURE §1). Its parts
-// live in classes of their own: BackgroundTasks (request work off the gRPC threads),
-// ExportJournal (a killed export leaves nothing), JobGauges (jobs per state), JobWatchers (a job's
-// WatchJob streams), JobEventTracker
-// (engine events -> the job's record), JobStore (SQLite).
+// Proto messages stop here: the engine below only sees engine types (ARCHITECTURE §1).
+//
+// JobManager composes parts that each hold one concept and are unit-tested on their own:
+// ManagedJob (one job's record and runtime), JobTable (the jobs by id and seq, ListJobs pages),
+// PlanRecovery & co (recovery_plan.h: what a restart does with each stored job), JobEventTracker
+// (engine events -> the job's record), JobWatchers (a job's WatchJob streams), JobGauges (jobs
+// per state), BackgroundTasks (request work off the gRPC threads), ExportJournal (a killed export
+// leaves nothing) and JobStore (SQLite). What remains here is the wiring: the engine calls, the
+// event pumps and the order of the steps.
 //
 // Contract: every public method is thread-safe and returns quickly (never waits for training);
 // gRPC handlers call it from callback threads. Per job, a pump thread turns engine events into
@@ -37,7 +41,9 @@
 #include "server/job_gauges.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
+#include "server/job_table.h"
 #include "server/job_watchers.h"
+#include "server/managed_job.h"
 #include "server/metrics.h"
 
 namespace rp::server {
@@ -99,46 +105,41 @@ class JobManager {
   void Shutdown();
 
  private:
-  struct Managed;
   JobManager(scheduler::Engine* engine, JobStore* store, DaemonMetrics* metrics, JobManagerOptions options);
-  // Restart recovery (job_recovery.cc): the store's records become jobs again. A job that never
-  // ran is admitted again; a started one resumes from its newest usable checkpoint or is listed
-  // PAUSED; one that cannot be either is FAILED with the reason. `pause_again`: it was paused by
-  // its user (not by the drain), so it stays paused.
+  // Restart recovery (job_recovery.cc): the store's records become jobs again, as PlanRecovery
+  // decides. A job that never ran is admitted again; a started one resumes from its newest
+  // usable checkpoint or is listed PAUSED; one that cannot be either is FAILED with the reason.
+  // `pause_again`: it was paused by its user (not by the drain), so it stays paused.
   absl::Status Recover();
   struct RecoveredJob {
-    std::shared_ptr<Managed> job;
+    std::shared_ptr<ManagedJob> job;
     bool pause_again = false;
   };
   void ContinueIdsAfterJobDirs(size_t listed);
-  static std::pair<roundpipe::v1::JobSpec, std::string> StoredSpec(Managed& job);
+  static std::pair<roundpipe::v1::JobSpec, std::string> StoredSpec(ManagedJob& job);
   void ReadmitAfterRestart(const RecoveredJob& r);
   void ResumeAfterRestart(const RecoveredJob& r);
-  void FailRecovered(Managed& job, const std::string& why);
-  absl::Status Admit(const std::shared_ptr<Managed>& job);
+  void FailRecovered(ManagedJob& job, const std::string& why);
+  absl::Status Admit(const std::shared_ptr<ManagedJob>& job);
   // A started job from the store: admit it from its newest usable checkpoint (false: none).
-  bool ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool paused);
-  std::shared_ptr<Managed> Find(const std::string& id) const;
+  bool ResumeFromCheckpoint(const std::shared_ptr<ManagedJob>& job, bool paused);
   // A job that has not ended and runs in this daemon's engine (NotFound / FailedPrecondition
   // saying why `action` is impossible otherwise).
-  absl::StatusOr<std::pair<std::shared_ptr<Managed>, scheduler::JobId>> LiveJob(const std::string& id,
-                                                                                const char* action);
+  absl::StatusOr<std::pair<std::shared_ptr<ManagedJob>, scheduler::JobId>> LiveJob(const std::string& id,
+                                                                                   const char* action);
   void ReapJobThreads();  // joins the pumps of jobs whose loops have returned
-  void PumpLoop(const std::shared_ptr<Managed>& job);
-  void Publish(Managed& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
-  void Persist(Managed& job);                                            // job.mu held
-  void UpdateJobGauges();  // absolute counts from the records (startup); gauges_.Move after
-  absl::StatusOr<roundpipe::v1::Job> Snapshot(const std::shared_ptr<Managed>& job);
+  void PumpLoop(const std::shared_ptr<ManagedJob>& job);
+  void Publish(ManagedJob& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
+  void Persist(ManagedJob& job);                                            // job.mu held
+  absl::StatusOr<roundpipe::v1::Job> Snapshot(const std::shared_ptr<ManagedJob>& job);
 
   scheduler::Engine* engine_;
   JobStore* store_;
   DaemonMetrics* metrics_;
   JobManagerOptions options_;
 
-  mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Managed>> jobs_ ABSL_GUARDED_BY(mu_);  // by id
-  std::vector<std::shared_ptr<Managed>> order_ ABSL_GUARDED_BY(mu_);           // by seq
-  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  JobTable table_;
+  mutable absl::Mutex mu_;  // the admission gate
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 

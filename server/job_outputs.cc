@@ -17,7 +17,7 @@ namespace v1 = roundpipe::v1;
 
 absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in, bool merge_lora,
                                                const std::function<bool()>& caller_gone) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   std::optional<scheduler::JobId> eid;
   int64_t step;
@@ -94,7 +94,7 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
 }
 
 absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string& id) {
-  auto job = Find(id);
+  auto job = table_.Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   scheduler::JobId eid;
   {
@@ -117,14 +117,14 @@ absl::StatusOr<v1::CheckpointResponse> JobManager::Checkpoint(const std::string&
 }
 
 int JobManager::Drain(std::chrono::seconds deadline) {
-  std::vector<std::shared_ptr<Managed>> jobs;
+  std::vector<std::shared_ptr<ManagedJob>> jobs;
   {
     absl::MutexLock lock(&mu_);
     draining_ = true;
-    jobs = order_;
+    jobs = table_.All();
   }
   int paused = 0;
-  std::vector<std::shared_ptr<Managed>> waiting;
+  std::vector<std::shared_ptr<ManagedJob>> waiting;
   for (const auto& j : jobs) {
     std::optional<scheduler::JobId> eid;
     bool user_paused = false;
@@ -161,6 +161,7 @@ int JobManager::Drain(std::chrono::seconds deadline) {
       if (j->record.state() == v1::JOB_STATE_PAUSED) {
         ++paused;  // counted (and logged below) once it really paused
         j->record.set_message("paused by a daemon drain");
+        j->record.set_paused_by_drain(true);
         Persist(*j);
         started = j->record.has_started();
         eid = j->engine_id;
@@ -178,12 +179,12 @@ int JobManager::Drain(std::chrono::seconds deadline) {
 }
 
 void JobManager::Shutdown() {
-  std::vector<std::shared_ptr<Managed>> jobs;
+  std::vector<std::shared_ptr<ManagedJob>> jobs;
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
-    jobs = order_;
+    jobs = table_.All();
   }
   // Feeds still waiting for room in a job's queue (a paused job's, a full one's) end now with a
   // status: their StreamBatches calls finish, so the gRPC server's shutdown never waits on them.

@@ -1,10 +1,10 @@
 // Restart recovery: the job store's records become jobs again (job_manager.h, Create).
 #include <filesystem>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/job_files.h"
 #include "server/job_manager_internal.h"
+#include "server/recovery_plan.h"
 #include "server/status_util.h"
 
 namespace rp::server {
@@ -14,42 +14,29 @@ namespace v1 = roundpipe::v1;
 absl::Status JobManager::Recover() {
   auto all = store_->LoadAll();
   if (!all.ok()) return all.status();
-  const char* kDrained = "paused by a daemon drain";
   std::vector<RecoveredJob> readmit;  // never ran
   std::vector<RecoveredJob> resume;   // started ones
   for (auto& [seq, record] : *all) {
-    auto job = std::make_shared<Managed>();
+    auto job = std::make_shared<ManagedJob>();
     job->id = record.id();
     job->seq = seq;
+    const RecoveryPlan plan = PlanRecovery(record);
     {
       absl::MutexLock lock(&job->mu);  // not published yet; the lock states the rule
       job->record = record;
+      // Listed as QUEUED until it runs again (the pump records what the engine does next).
+      if (plan.action != RecoveryAction::kList) job->record.set_state(v1::JOB_STATE_QUEUED);
     }
-    {
-      absl::MutexLock lock(&mu_);
-      next_seq_ = std::max(next_seq_, seq + 1);
-      jobs_[job->id] = job;
-      order_.push_back(job);
+    if (absl::Status st = table_.Add(job); !st.ok()) {
+      JobLog()->error("job store: {}; the later record is not listed", std::string(st.message()));
+      continue;
     }
-    const v1::JobState s = record.state();
-    const bool user_paused = s == v1::JOB_STATE_PAUSED && record.message() != kDrained;
-    if (!IsTerminal(s) && !record.has_started()) {
-      // Never ran: admit it again from its stored spec (a user's pause while queued stays).
-      readmit.push_back({job, user_paused});
-      if (s == v1::JOB_STATE_PAUSED) {
-        absl::MutexLock lock(&job->mu);
-        job->record.set_state(v1::JOB_STATE_QUEUED);
-      }
-    } else if (!IsTerminal(s)) {
-      // Started: it continues from its newest good checkpoint, if it has one (below).
-      resume.push_back({job, user_paused});
-      absl::MutexLock lock(&job->mu);
-      job->record.set_state(v1::JOB_STATE_QUEUED);
-    }
+    if (plan.action == RecoveryAction::kReadmit) readmit.push_back({job, plan.pause_again});
+    if (plan.action == RecoveryAction::kResume) resume.push_back({job, plan.pause_again});
   }
   ContinueIdsAfterJobDirs(all->size());
   export_journal_.RemoveTorn();
-  UpdateJobGauges();  // absolute counts before any pump moves them
+  gauges_.SetCounts(table_.CountByState());  // absolute counts before any pump moves them
   for (const RecoveredJob& r : readmit) ReadmitAfterRestart(r);
   for (const RecoveredJob& r : resume) ResumeAfterRestart(r);
   return absl::OkStatus();
@@ -58,24 +45,22 @@ absl::Status JobManager::Recover() {
 // Ids never restart: a damaged or replaced store must not hand out the id (and so the default
 // output dir and checkpoints) of a job that existed before.
 void JobManager::ContinueIdsAfterJobDirs(size_t listed) {
-  int64_t highest_dir = 0;
+  std::vector<std::string> names;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(options_.jobs_dir, ec)) {
-    const std::string n = entry.path().filename().string();
-    int64_t seq = 0;
-    if (n.rfind("job-", 0) == 0 && absl::SimpleAtoi(n.substr(4), &seq)) highest_dir = std::max(highest_dir, seq);
+    names.push_back(entry.path().filename().string());
   }
-  absl::MutexLock lock(&mu_);
-  if (highest_dir >= next_seq_) {
+  const int64_t highest_dir = HighestJobSeq(names);
+  if (highest_dir >= table_.next_seq()) {
     JobLog()->error(
-        "the job store lists {} job(s) but {} holds directories up to job-{:06d}: the store was damaged or "
+        "the job store lists {} job(s) but {} holds directories up to {}: the store was damaged or "
         "replaced; those jobs are not listed, new ids continue after them",
-        listed, options_.jobs_dir, highest_dir);
-    next_seq_ = highest_dir + 1;
+        listed, options_.jobs_dir, JobTable::IdOf(highest_dir));
+    table_.ContinueAfter(highest_dir);
   }
 }
 
-void JobManager::FailRecovered(Managed& job, const std::string& why) {
+void JobManager::FailRecovered(ManagedJob& job, const std::string& why) {
   absl::MutexLock lock(&job.mu);
   gauges_.Move(job.record.state(), v1::JOB_STATE_FAILED);
   job.record.set_state(v1::JOB_STATE_FAILED);
@@ -86,13 +71,13 @@ void JobManager::FailRecovered(Managed& job, const std::string& why) {
 }
 
 // A recovered job's stored spec and its output-dir owner token.
-std::pair<v1::JobSpec, std::string> JobManager::StoredSpec(Managed& job) {
+std::pair<v1::JobSpec, std::string> JobManager::StoredSpec(ManagedJob& job) {
   absl::MutexLock lock(&job.mu);
   return {job.record.spec(), OwnerToken(job.record)};
 }
 
 void JobManager::ReadmitAfterRestart(const RecoveredJob& r) {
-  const std::shared_ptr<Managed>& job = r.job;
+  const std::shared_ptr<ManagedJob>& job = r.job;
   JobSpecContext ctx = options_.spec;
   ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
   const auto stored = StoredSpec(*job);
@@ -114,7 +99,7 @@ void JobManager::ReadmitAfterRestart(const RecoveredJob& r) {
 }
 
 void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
-  const std::shared_ptr<Managed>& job = r.job;
+  const std::shared_ptr<ManagedJob>& job = r.job;
   bool resumed = false;
   absl::Status st = Guarded("restart recovery", [&]() -> absl::Status {
     resumed = ResumeFromCheckpoint(job, r.pause_again);
@@ -125,27 +110,26 @@ void JobManager::ResumeAfterRestart(const RecoveredJob& r) {
     return;
   }
   if (resumed) return;
-  bool stepped;
+  WithoutCheckpoint plan;
   {
     absl::MutexLock lock(&job->mu);
-    stepped = job->record.progress().step() > 0;
+    plan = PlanWithoutCheckpoint(job->record.progress().step());
   }
-  if (!stepped) {  // stopped while starting (tokenizing, loading): nothing is lost by starting over
+  if (plan.start_over) {
     ReadmitAfterRestart(r);
     return;
   }
   absl::MutexLock lock(&job->mu);
   gauges_.Move(job->record.state(), v1::JOB_STATE_PAUSED);
   job->record.set_state(v1::JOB_STATE_PAUSED);
-  job->record.set_message("interrupted by a daemon restart at step " + std::to_string(job->record.progress().step()) +
-                          " with no usable checkpoint; submit it again");
+  job->record.set_message(plan.message);
   *job->record.mutable_updated() = Now();
   Persist(*job);
   JobLog()->warn("[{}] interrupted at step {} and has no usable checkpoint; listed as PAUSED", job->id,
                  job->record.progress().step());
 }
 
-bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool paused) {
+bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<ManagedJob>& job, bool paused) {
   JobSpecContext ctx = options_.spec;
   ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
   const auto [spec, owner] = StoredSpec(*job);
@@ -166,16 +150,15 @@ bool JobManager::ResumeFromCheckpoint(const std::shared_ptr<Managed>& job, bool 
     const scheduler::CheckpointInfo* meta = &cp;
     job->resolved = *resolved;
     scheduler::JobSpec& e = job->resolved.engine;
-    if (e.max_steps > 0) {
-      if (meta->step >= e.max_steps) {  // it had finished; only the final record was lost
-        absl::MutexLock lock(&job->mu);
-        gauges_.Move(job->record.state(), v1::JOB_STATE_SUCCEEDED);
-        job->record.set_state(v1::JOB_STATE_SUCCEEDED);
-        Persist(*job);
-        return true;
-      }
-      e.max_steps -= meta->step;
+    const CheckpointResume at = ResumeAt(meta->step, e.max_steps);
+    if (at.already_finished) {  // only the final record was lost
+      absl::MutexLock lock(&job->mu);
+      gauges_.Move(job->record.state(), v1::JOB_STATE_SUCCEEDED);
+      job->record.set_state(v1::JOB_STATE_SUCCEEDED);
+      Persist(*job);
+      return true;
     }
+    e.max_steps = at.steps_left;
     e.resume_from = dir;
     e.start_paused = paused;  // a user-paused job is submitted paused: it never runs before Resume
     {

@@ -15,6 +15,8 @@ const char* SlotKindName(spec::StageKind k) {
       return "fused";
     case spec::StageKind::kBackward:
       return "backward";
+    case spec::StageKind::kEval:
+      return "eval";
   }
   return "?";
 }

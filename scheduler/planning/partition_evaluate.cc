@@ -25,6 +25,7 @@ std::vector<StageShape> DescribeStages(const Partition& p, const CostModel& cost
       const LayerCost& c = costs.layers[static_cast<size_t>(l)];
       switch (kind) {
         case spec::StageKind::kForward:
+        case spec::StageKind::kEval:  // a forward without saved activations; the planner makes none
           s.time_s += c.fwd_s;
           s.memory_bytes += costs.ForwardMemory(l);
           break;

@@ -61,12 +61,15 @@ TEST(JobEventTracker, StatesMessagesAndTransitions) {
   self.pause_cause = JobEvent::PauseCause::kByEngine;
   fx = t.Apply(self, now, false, &rec);
   EXPECT_EQ(rec.message(), "paused after 3 checkpoints in a row failed");
+  EXPECT_FALSE(rec.paused_by_drain());
   fx = t.Apply(State(JobState::kPaused), now, false, &rec);
   EXPECT_EQ(rec.message(), "paused");
+  EXPECT_FALSE(rec.paused_by_drain());
   fx = t.Apply(State(JobState::kPaused, "paused while starting; it starts again on resume"), now, false, &rec);
   EXPECT_EQ(rec.message(), "paused while starting; it starts again on resume");
   fx = t.Apply(State(JobState::kPaused, "paused before it started"), now, true, &rec);
   EXPECT_EQ(rec.message(), "paused by a daemon drain");
+  EXPECT_TRUE(rec.paused_by_drain());  // what a restart reads (never the message)
   // A profile written is recorded; one that failed is a warning and never taken for a path,
   // whatever its wording.
   fx = t.Apply(Other(JobEvent::Kind::kProfile, "could not-really/profile.json"), now, false, &rec);
@@ -77,6 +80,7 @@ TEST(JobEventTracker, StatesMessagesAndTransitions) {
   EXPECT_EQ(fx.log, EventEffect::Log::kWarn);
   fx = t.Apply(State(JobState::kRunning), now, false, &rec);
   EXPECT_TRUE(rec.message().empty());
+  EXPECT_FALSE(rec.paused_by_drain());
   // A checkpoint failure is counted and named in the final message.
   fx = t.Apply(Other(JobEvent::Kind::kCheckpointFailed, "checkpoint at step 4 failed: disk full"), now, false, &rec);
   EXPECT_EQ(fx.out.checkpoint_failed(), "checkpoint at step 4 failed: disk full");
