@@ -34,6 +34,13 @@ struct EngineOptions {
   // Benchmarks only (CUDA): upload each master tensor once and keep it (stale weights).
   bool keep_weights_resident = false;
   int64_t pinned_slab_bytes = int64_t{256} << 20;  // pinned host memory comes in slabs of this size (CUDA)
+  // Jobs that run side by side on the workers (each on its own lanes; the devices' compute
+  // shared by JobSpec::share). 1: one after another.
+  int max_running_jobs = 1;
+  // Host memory a job about to start may take now (bytes), beyond what running jobs hold: a job
+  // whose predicted model states exceed it waits while other jobs run (one always starts when
+  // nothing runs). Null: no check. Called with no engine lock held, from the runner threads.
+  std::function<int64_t()> host_memory_available;
 };
 
 class Engine {

@@ -125,6 +125,9 @@ struct JobSpec {
   // job together. FeedBatch waits (up to its timeout) while this many wait.
   int max_queued_batches = 4;
   int priority = 0;  // higher runs first; FIFO (submission order) among equals
+  // Its weight among the jobs running side by side (EngineOptions::max_running_jobs): each
+  // device's compute goes to the running jobs in proportion to their shares. > 0.
+  double share = 1;
   // Submitted paused (as if Pause came before the runner could take it): a job its user paused,
   // re-admitted after a daemon restart, never runs until Resume.
   bool start_paused = false;
@@ -180,12 +183,27 @@ struct EvalStats {
   std::string checkpoint;  // keep_best_checkpoint: the checkpoint kept for this best one
 };
 
+// Why a queued job has not started yet (JobEvent::Kind::kWaiting). Jobs start in priority order
+// (FIFO among equals): a job waits behind the queued job that goes first, for a free running
+// slot, or for host memory for its model states while other jobs run.
+struct JobWait {
+  enum class Cause { kNone, kBehind, kRunningLimit, kHostMemory } cause = Cause::kNone;
+  JobId ahead = 0;  // kBehind: the queued job that starts first
+  int ahead_priority = 0;
+  std::vector<JobId> running;  // kRunningLimit, kHostMemory: the jobs running now
+  int max_running = 0;         // kRunningLimit: EngineOptions::max_running_jobs
+  int64_t need_bytes = 0;      // kHostMemory: the job's predicted model states
+  int64_t free_bytes = 0;      // kHostMemory: what the host can give now
+  bool operator==(const JobWait&) const = default;
+};
+
 struct JobEvent {
   // kCheckpointFailed: a checkpoint (policy or requested) could not be written; `message` says
   // why. After kMaxCheckpointFailures policy failures in a row the job pauses. kProgress: what
   // a loading job is doing ("loading weights 37 %"), in `message`.
   // kEval: an evaluation on the validation source finished (`eval`). kProfile: the measured
   // profile was written to the path in `message`; kProfileFailed: it could not be, `message` says why.
+  // kWaiting: a queued job's reason for waiting changed (`wait`).
   enum class Kind {
     kState,
     kIteration,
@@ -195,7 +213,8 @@ struct JobEvent {
     kProgress,
     kEval,
     kProfile,
-    kProfileFailed
+    kProfileFailed,
+    kWaiting
   } kind = Kind::kState;
   JobState state = JobState::kQueued;
   IterationStats stats;                        // kIteration
@@ -203,6 +222,7 @@ struct JobEvent {
   std::chrono::system_clock::time_point time;  // when the engine emitted it
   CheckpointInfo checkpoint;                   // kCheckpoint
   EvalStats eval;                              // kEval
+  JobWait wait;                                // kWaiting: why it has not started (cause kNone: it starts now)
   // kState to kPaused: who paused the job. kRequested: a caller's Pause (a user or a drain),
   // before or while it ran; `message` only adds detail. kByEngine: the engine paused the job
   // itself (checkpoints kept failing); `message` says why.

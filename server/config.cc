@@ -43,6 +43,7 @@ void ApplyDefaults(roundpipe::v1::DaemonConfig* c) {
   if (c->max_message_bytes() == 0) c->set_max_message_bytes(int64_t{64} << 20);
   if (c->max_queued_batches() == 0) c->set_max_queued_batches(8);
   if (c->drain_deadline_seconds() == 0) c->set_drain_deadline_seconds(120);
+  if (c->max_running_jobs() == 0) c->set_max_running_jobs(1);
   if (c->log_level().empty()) c->set_log_level("info");
   // gRPC resolves "localhost" to both 127.0.0.1 and ::1 and cannot bind port 0 on both at once:
   // listen on the IPv4 loopback, which every client resolving "localhost" reaches.
@@ -129,6 +130,9 @@ absl::Status ValidateConfig(const roundpipe::v1::DaemonConfig& c) {
   }
   if (c.max_queued_batches() < 1) problems.push_back("max_queued_batches must be >= 1");
   if (c.drain_deadline_seconds() < 1) problems.push_back("drain_deadline_seconds must be >= 1");
+  if (c.max_running_jobs() < 1 || c.max_running_jobs() > 64) {
+    problems.push_back(absl::StrCat("max_running_jobs must lie in [1, 64] (got ", c.max_running_jobs(), ")"));
+  }
   const std::string& lv = c.log_level();
   if (lv != "trace" && lv != "debug" && lv != "info" && lv != "warn" && lv != "error") {
     problems.push_back(absl::StrCat("log_level '", lv, "': expected trace, debug, info, warn or error"));

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace rp::server {
 
@@ -37,7 +39,57 @@ bool IsTerminal(v1::JobState s) {
 
 namespace {
 void Stamp(v1::Job& rec) { *rec.mutable_updated() = TimeUtil::GetCurrentTime(); }
+
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30)); }
+
+std::string Running(const v1::JobWait& w) {
+  if (w.running_jobs().empty()) return "no other job runs";
+  std::string jobs = absl::StrJoin(w.running_jobs(), ", ");
+  return absl::StrCat(jobs, w.running_jobs_size() == 1 ? " runs" : " run");
+}
 }  // namespace
+
+v1::JobWait ToProto(const scheduler::JobWait& w, const JobNames& names) {
+  auto name = [&](scheduler::JobId id) { return names ? names(id) : absl::StrCat("engine job ", id); };
+  v1::JobWait out;
+  switch (w.cause) {
+    case scheduler::JobWait::Cause::kNone:
+      out.set_cause(v1::JobWait::CAUSE_UNSPECIFIED);
+      break;
+    case scheduler::JobWait::Cause::kBehind:
+      out.set_cause(v1::JobWait::BEHIND);
+      break;
+    case scheduler::JobWait::Cause::kRunningLimit:
+      out.set_cause(v1::JobWait::RUNNING_LIMIT);
+      break;
+    case scheduler::JobWait::Cause::kHostMemory:
+      out.set_cause(v1::JobWait::HOST_MEMORY);
+      break;
+  }
+  if (w.cause == scheduler::JobWait::Cause::kBehind) {
+    out.set_ahead_job(name(w.ahead));
+    out.set_ahead_priority(w.ahead_priority);
+  }
+  for (scheduler::JobId id : w.running) out.add_running_jobs(name(id));
+  out.set_max_running_jobs(w.max_running);
+  out.set_need_bytes(w.need_bytes);
+  out.set_free_bytes(w.free_bytes);
+  return out;
+}
+
+std::string WaitMessage(const v1::JobWait& w) {
+  switch (w.cause()) {
+    case v1::JobWait::BEHIND:
+      return absl::StrCat("waits behind ", w.ahead_job(), " (priority ", w.ahead_priority(), ")");
+    case v1::JobWait::RUNNING_LIMIT:
+      return absl::StrCat("waits for a running slot: ", Running(w), " (maxRunningJobs ", w.max_running_jobs(), ")");
+    case v1::JobWait::HOST_MEMORY:
+      return absl::StrCat("waits for host memory: needs ", GiB(w.need_bytes()), ", ", GiB(w.free_bytes()),
+                          " free while ", Running(w));
+    default:
+      return "queued";
+  }
+}
 
 void JobEventTracker::ApplyState(const scheduler::JobEvent& e, bool drained, v1::Job& rec, EventEffect& fx) {
   v1::JobEvent& out = fx.out;
@@ -61,6 +113,7 @@ void JobEventTracker::ApplyState(const scheduler::JobEvent& e, bool drained, v1:
   } else {
     rec.set_message(message.empty() ? "paused" : message);  // a caller's pause, with the engine's detail
   }
+  if (s != v1::JOB_STATE_QUEUED) rec.clear_waiting();
   if (s == v1::JOB_STATE_RUNNING) {
     rec.clear_message();
     if (!rec.has_started()) *rec.mutable_started() = out.time();
@@ -210,6 +263,17 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
       fx.log = EventEffect::Log::kWarn;
       fx.log_line = e.message;
       break;
+    case scheduler::JobEvent::Kind::kWaiting: {
+      const v1::JobWait w = ToProto(e.wait, names_);
+      *rec.mutable_waiting() = w;
+      rec.set_message(WaitMessage(w));
+      stamp();
+      fx.persist = true;
+      *out.mutable_waiting() = w;
+      fx.log = EventEffect::Log::kInfo;
+      fx.log_line = rec.message();
+      break;
+    }
     case scheduler::JobEvent::Kind::kBatchRejected:
       out.set_batch_rejected(e.message);
       fx.log = EventEffect::Log::kWarn;

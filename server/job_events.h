@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "roundpipe/v1/jobs.pb.h"
@@ -17,6 +18,13 @@ namespace rp::server {
 
 roundpipe::v1::JobState ToProto(scheduler::JobState s);
 bool IsTerminal(roundpipe::v1::JobState s);
+
+// The daemon's id of an engine job ("job-000007"), for what one job says of others.
+using JobNames = std::function<std::string(scheduler::JobId)>;
+roundpipe::v1::JobWait ToProto(const scheduler::JobWait& w, const JobNames& names);
+// "waits behind job-000009 (priority 5)", "waits for host memory: needs 41.2 GiB, 12.5 GiB free
+// while job-000007 runs", ...
+std::string WaitMessage(const roundpipe::v1::JobWait& w);
 
 // The effects the caller carries out.
 struct EventEffect {
@@ -36,6 +44,8 @@ class JobEventTracker {
   EventEffect Apply(const scheduler::JobEvent& e, std::chrono::steady_clock::time_point now, bool drained,
                     roundpipe::v1::Job* record);
   int checkpoint_failures() const { return checkpoint_failures_; }
+  // How engine job ids become the daemon's (kWaiting names other jobs); unset: "engine job N".
+  void set_names(JobNames names) { names_ = std::move(names); }
 
  private:
   // One kind of event each (Apply stamps the event's time and dispatches).
@@ -50,6 +60,7 @@ class JobEventTracker {
   int checkpoint_failures_ = 0;    // in this daemon run (the final message says so)
   std::string last_checkpoint_failure_;
   bool progress_message_ = false;  // record.message is the engine's loading progress
+  JobNames names_;
 };
 
 }  // namespace rp::server

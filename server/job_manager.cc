@@ -62,8 +62,13 @@ absl::Status JobManager::Admit(const std::shared_ptr<ManagedJob>& job) {
   auto info = engine_->Info(*eid);
   const scheduler::JobId engine_id = *eid;
   {
+    absl::MutexLock lock(&names_mu_);
+    names_[engine_id] = job->id;
+  }
+  {
     absl::MutexLock lock(&job->mu);
     job->engine_id = *eid;
+    job->tracker.set_names([this](scheduler::JobId id) { return NameOf(id); });
     // Steps of the whole job (resumed steps included): max_steps, capped by what a token file holds.
     const int64_t total = info.ok() ? info->total_steps : 0;
     job->record.set_total_steps(total > 0 ? total : job->record.spec().max_steps());
@@ -141,6 +146,12 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
 absl::StatusOr<v1::Job> JobManager::Snapshot(const std::shared_ptr<ManagedJob>& job) {
   absl::MutexLock lock(&job->mu);
   return job->record;
+}
+
+std::string JobManager::NameOf(scheduler::JobId engine_id) const {
+  absl::MutexLock lock(&names_mu_);
+  auto it = names_.find(engine_id);
+  return it == names_.end() ? absl::StrCat("engine job ", engine_id) : it->second;
 }
 
 absl::StatusOr<v1::Job> JobManager::Get(const std::string& id) {

@@ -132,6 +132,7 @@ class JobManager {
   void Publish(ManagedJob& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
   void Persist(ManagedJob& job);                                            // job.mu held
   absl::StatusOr<roundpipe::v1::Job> Snapshot(const std::shared_ptr<ManagedJob>& job);
+  std::string NameOf(scheduler::JobId engine_id) const;  // the daemon's id of an engine job
 
   scheduler::Engine* engine_;
   JobStore* store_;
@@ -142,6 +143,9 @@ class JobManager {
   mutable absl::Mutex mu_;  // the admission gate
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+
+  mutable absl::Mutex names_mu_;  // a leaf: taken under a job's mu (its pump names other jobs)
+  std::map<scheduler::JobId, std::string> names_ ABSL_GUARDED_BY(names_mu_);  // engine id -> job id
 
   absl::Mutex reap_mu_;  // serialises joining job threads (ReapJobThreads, Shutdown)
 

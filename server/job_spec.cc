@@ -292,6 +292,10 @@ absl::Status ResolveRun(const v1::JobSpec& spec, const JobSpecContext& ctx, Reso
   if (spec.max_steps() < 0) return absl::InvalidArgumentError("max_steps: must not be negative");
   e.max_steps = spec.max_steps();
   e.priority = spec.priority();
+  if (spec.share() != 0 && !(spec.share() > 0 && spec.share() <= 1000)) {  // NaN fails too
+    return absl::InvalidArgumentError(absl::StrCat("share: must lie in (0, 1000] (got ", spec.share(), ")"));
+  }
+  e.share = spec.share() != 0 ? spec.share() : 1;
   e.max_queued_batches = ctx.max_queued_batches;
   return absl::OkStatus();
 }

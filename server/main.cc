@@ -343,7 +343,16 @@ int main(int argc, char** argv) {
     config.set_devices(gpus > 0 ? "cuda" : "cpu:1");
     spdlog::info("devices=auto: {} GPU(s) visible, using {}", gpus, config.devices());
   }
-  auto engine = rp::scheduler::Engine::Create({config.devices()});
+  rp::scheduler::EngineOptions engine_options;
+  engine_options.devices = config.devices();
+  engine_options.max_running_jobs = config.max_running_jobs();
+  // What a job starting beside running ones may take: the host's memory free now (running jobs'
+  // states are already out of it), less what tokenizer parses in flight may still take.
+  engine_options.host_memory_available = [] {
+    return rp::server::AdmissionBudget(rp::server::HostMemoryBudgetNow(), 0,
+                                       rp::scheduler::TokenizerParseBytesInFlight());
+  };
+  auto engine = rp::scheduler::Engine::Create(engine_options);
   if (!engine.ok()) return Fail(ConfigError(std::string(engine.status().message())));
   auto manager =
       rp::server::JobManager::Create(engine->get(), std::get<std::unique_ptr<rp::server::JobStore>>(store).get(),

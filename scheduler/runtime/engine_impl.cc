@@ -47,6 +47,10 @@ TensorValue ToValue(const at::Tensor& t) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(const EngineOptions& options) {
+  if (options.max_running_jobs < 1 || options.max_running_jobs > kMaxRunningJobs) {
+    return absl::InvalidArgumentError(absl::StrCat("max_running_jobs must be between 1 and ", kMaxRunningJobs, " (got ",
+                                                   options.max_running_jobs, ")"));
+  }
   std::unique_ptr<Impl> e(new Impl());
   workers::DeviceOptions dopt;
   dopt.keep_weights_resident = options.keep_weights_resident;
@@ -54,7 +58,10 @@ absl::StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   auto devices = workers::CreateDevices(options.devices, &e->timeline_, dopt);  // they record into our timeline
   if (!devices.ok()) return devices.status();
   e->devices_ = std::move(*devices);
-  e->runner_ = std::thread([raw = e.get()] { raw->RunnerLoop(); });
+  for (size_t d = 0; d < e->devices_.size(); ++d) e->gates_.push_back(std::make_unique<workers::ComputeGate>());
+  e->max_running_ = options.max_running_jobs;
+  e->host_memory_available_ = options.host_memory_available;
+  for (int r = 0; r < e->max_running_; ++r) e->runners_.emplace_back([raw = e.get()] { raw->RunnerLoop(); });
   return e;
 }
 
@@ -90,6 +97,7 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   }
   jobs_[job->id] = job;
   pending_.push_back(job->id);
+  UpdateWaitsLocked(-1);  // says why at once when every runner is busy (memory: the runners' say)
   cv_.SignalAll();
   return job->id;
 }
@@ -148,6 +156,10 @@ absl::Status Engine::Impl::Resume(JobId id) {
     job->stop_starting = false;
     if (job->state == JobState::kPaused && !job->controller_started) job->SetState(JobState::kQueued);
     job->cv.SignalAll();
+  }
+  {
+    base::MutexLock lock(&mu_);
+    UpdateWaitsLocked(-1);
   }
   cv_.SignalAll();  // a job paused while queued may start now
   return absl::OkStatus();
@@ -298,79 +310,17 @@ EngineStats Engine::Impl::Stats() const {
   for (const auto& [id, job] : jobs_) {
     base::MutexLock jl(&job->mu);
     if (!job->terminal()) ++s.jobs_active;
-    if (job->state == JobState::kRunning && job->store) {
-      s.host_model_bytes = job->store->HostBytes();
-      s.host_mapped_bytes = job->store->MappedBytes();
-      s.host_registered_bytes = job->store->RegisteredBytes();
+    if (job->state == JobState::kRunning && job->store) {  // the running jobs' host state, summed
+      s.host_model_bytes += job->store->HostBytes();
+      s.host_mapped_bytes += job->store->MappedBytes();
+      s.host_registered_bytes += job->store->RegisteredBytes();
       if (job->controller) {
-        s.host_optimizer_bytes = job->controller->OptimizerStateBytes();
-        s.host_activation_bytes = job->controller->activations().live_bytes();
+        s.host_optimizer_bytes += job->controller->OptimizerStateBytes();
+        s.host_activation_bytes += job->controller->activations().live_bytes();
       }
     }
   }
   return s;
-}
-
-void Engine::Impl::RunnerLoop() {
-  for (;;) {
-    std::shared_ptr<Job> job;
-    {
-      base::MutexLock lock(&mu_);
-      while (!shutdown_ && (job = TakeRunnableLocked()) == nullptr) cv_.Wait(&mu_);
-      if (shutdown_) return;
-    }
-    try {  // the job's barrier: an unexpected exception fails this job, never the daemon
-      bool ended;
-      {  // on the workers from here: loading the host state is part of running the job
-        base::MutexLock lock(&job->mu);
-        ended = job->terminal();  // cancelled as it was taken
-        if (!ended) job->SetState(JobState::kRunning);
-      }
-      absl::Status built = absl::OkStatus();
-      if (!job->store && !ended) {  // Parameter() and friends wait for it (run_mu)
-        base::MutexLock run(&job->run_mu);
-        built = runtime::BuildJob(*job, RawDevices(), &timeline_);
-      }
-      if (built.ok()) {
-        runtime::JobRunner(*job).Run();
-      } else if (built.code() == absl::StatusCode::kCancelled && StartInterrupted(job)) {
-        continue;  // paused (or resumed) while starting: queued again, its feeds kept
-      } else {
-        base::MutexLock lock(&job->mu);
-        if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("could not start: ", built.message()));
-      }
-    } catch (const std::exception& e) {
-      base::MutexLock lock(&job->mu);
-      if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("internal error: ", e.what()));
-    }
-    // Checkpoint requests that raced with the end of the job: the store is final now. Feeds
-    // still waiting for room never get it.
-    std::deque<runtime::EngineJob::CheckpointRequest> reqs;
-    std::deque<runtime::WaitingFeed> waiting;
-    JobState state;
-    {
-      base::MutexLock lock(&job->mu);
-      reqs.swap(job->checkpoints);
-      waiting.swap(job->waiting);
-      job->batches.clear();
-      state = job->state;
-    }
-    for (auto& w : waiting) {
-      w.done(absl::FailedPreconditionError(absl::StrCat("job ", job->id, " has ended (", JobStateName(state), ")")));
-    }
-    base::MutexLock run(&job->run_mu);
-    for (auto& r : reqs) {
-      if (state == JobState::kFailed) {
-        if (r.done)
-          r.done->set_value(absl::FailedPreconditionError("the job failed; no consistent state to checkpoint"));
-      } else {
-        auto info = job->CheckpointNow(r.note);
-        if (r.done) r.done->set_value(info);
-      }
-    }
-    ReleaseEnded(*job);
-    ReleaseData(*job);
-  }
 }
 
 // A daemon job (it has a checkpoint root) costs host memory only while it runs: once it ended
@@ -389,30 +339,6 @@ void Engine::Impl::ReleaseEnded(Job& job) {
   base::MutexLock lock(&job.mu);
   job.controller.reset();
   job.store.reset();
-}
-
-std::shared_ptr<Engine::Impl::Job> Engine::Impl::TakeRunnableLocked() {
-  std::shared_ptr<Job> best;
-  size_t best_at = 0;
-  for (size_t i = 0; i < pending_.size();) {
-    auto& job = jobs_[pending_[i]];
-    base::MutexLock jl(&job->mu);
-    if (job->terminal()) {  // cancelled while queued
-      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-      continue;
-    }
-    if (!job->pause && (!best || job->spec.priority > best->spec.priority)) {
-      best = job;
-      best_at = i;
-    }
-    ++i;
-  }
-  if (best) {
-    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(best_at));
-    base::MutexLock jl(&best->mu);
-    best->controller_started = true;
-  }
-  return best;
 }
 
 }  // namespace rp::scheduler

@@ -1,7 +1,9 @@
-// engine_impl.h — (runtime) what stands behind the engine facade: the devices, the job table
-// (runtime::EngineJob), the feeds into each job's queue, the queries, and the runner thread that
-// builds (job_builder.h) and runs (job_runner.h) one job at a time. scheduler/engine.h forwards
-// every call here; only the runtime and its tests include this header.
+// engine_impl.h — (runtime) what stands behind the engine facade: the devices and their compute
+// gates, the job table (runtime::EngineJob), the feeds into each job's queue, the queries, and
+// the runner threads (engine_runner.cc) that start jobs in priority order, up to
+// max_running_jobs side by side, each on its own lanes of every device (lane_device.h), and
+// build (job_builder.h) and run (job_runner.h) them. scheduler/engine.h forwards every call
+// here; only the runtime and its tests include this header.
 //
 // Contract: the facade's (every method thread-safe). Locks: `mu_` guards the job table (checked:
 // ABSL_GUARDED_BY, deploy/thread-safety.sh); each job's `mu` guards its queue, events and state;
@@ -23,6 +25,7 @@
 #include "scheduler/runtime/engine_job.h"
 #include "scheduler/runtime/job_builder.h"
 #include "workers/base/mutex.h"
+#include "workers/device/compute_gate.h"
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
 
@@ -53,10 +56,18 @@ class Engine::Impl {
   void Shutdown();
 
   using Job = runtime::EngineJob;
+  static constexpr int kMaxRunningJobs = 64;
 
  private:
   Impl() = default;
-  void RunnerLoop();  // takes jobs by priority; builds (job_builder) and runs (job_runner) each
+  // The runner threads (engine_runner.cc): each takes the next job that may start (NextJob),
+  // runs it to its end (RunJob) and frees its slot.
+  void RunnerLoop();
+  std::shared_ptr<Job> NextJob() ABSL_LOCKS_EXCLUDED(mu_);  // null at shutdown
+  void RunJob(const std::shared_ptr<Job>& job);
+  // The job's lanes on every device (made once; freed with its controller, FreeLanes).
+  std::vector<workers::Device*> LanesOf(Job& job);
+  static void FreeLanes(Job& job);
   void ReleaseEnded(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.run_mu);
   bool StartInterrupted(const std::shared_ptr<Job>& job) ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseData(Job& job);
@@ -64,17 +75,29 @@ class Engine::Impl {
   std::shared_ptr<Job> Find(JobId id) const;
   // What both feeds check first (the job, its kind, its state, the batch), and the batch as tensors.
   absl::StatusOr<std::pair<std::shared_ptr<Job>, runtime::TensorBatch>> AcceptFeed(JobId id, const Batch& batch) const;
-  std::shared_ptr<Job> TakeRunnableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The queued job that starts next, taken off the queue and counted as running (null: none may
+  // start now). `available`: host memory a new job may take (-1: not checked). Every job left
+  // waiting is told why (UpdateWaitsLocked).
+  std::shared_ptr<Job> TakeRunnableLocked(int64_t available) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The queued job that would start first (priority, then submission order); drops ended ones.
+  std::shared_ptr<Job> HeadLocked(size_t* at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `head` cannot start now (cause kNone: it can).
+  JobWait HeadWaitLocked(const Job& head, int64_t available) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateWaitsLocked(int64_t available) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   workers::Timeline timeline_;
   std::vector<std::unique_ptr<workers::Device>> devices_;
+  std::vector<std::unique_ptr<workers::ComputeGate>> gates_;  // one per device, shared by its lanes
+  int max_running_ = 1;
+  std::function<int64_t()> host_memory_available_;
   mutable base::Mutex mu_;
   base::CondVar cv_;  // the runner waits on it for a runnable job
   std::map<JobId, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<JobId> pending_ ABSL_GUARDED_BY(mu_);  // not started yet (queued or paused while queued)
   JobId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread runner_;
+  std::vector<JobId> running_ ABSL_GUARDED_BY(mu_);  // taken by a runner, not yet finished
+  std::vector<std::thread> runners_;
 };
 
 }  // namespace rp::scheduler

@@ -50,6 +50,9 @@ struct EngineJob {
   at::ScalarType dtype = at::kFloat;  // spec.precision
   // The job's host state. Both are released (reset under run_mu and mu) once a daemon job has
   // ended and its final state is on disk; readers hold run_mu or copy the pointers under mu.
+  // The job's lanes on the engine's devices (lane_device.h), made when a runner takes the job and
+  // freed with its controller. Declared before the controller: destroyed after it. Runner only.
+  std::vector<std::unique_ptr<workers::Device>> lanes;
   std::shared_ptr<workers::HostModelStore> store;  // null until the runner builds the job
   std::shared_ptr<Controller> controller;
   ControllerOptions controller_options;  // decided at Submit, used by BuildJob
@@ -105,6 +108,7 @@ struct EngineJob {
   int64_t consumed ABSL_GUARDED_BY(mu) = 0;         // batches taken from the queue in this run
   int checkpoint_failures ABSL_GUARDED_BY(mu) = 0;  // policy checkpoints failed in a row
   std::string pause_reason ABSL_GUARDED_BY(mu);     // why the runner paused the job itself
+  JobWait wait ABSL_GUARDED_BY(mu);                 // why it has not started (the latest kWaiting)
 
   bool terminal() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return IsTerminal(state); }
   absl::StatusOr<at::Tensor> ReadParameter(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu);

@@ -85,7 +85,9 @@ void Engine::Impl::Shutdown() {
     }
   }
   cv_.SignalAll();
-  if (runner_.joinable()) runner_.join();
+  for (std::thread& r : runners_) {
+    if (r.joinable()) r.join();
+  }
   base::MutexLock lock(&mu_);
   for (auto& [id, job] : jobs_) {
     std::deque<runtime::WaitingFeed> waiting;

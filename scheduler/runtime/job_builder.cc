@@ -168,6 +168,9 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   if (absl::Status st = spec.model.Validate(); !st.ok()) return st;
   if (spec.max_queued_batches < 1) return absl::InvalidArgumentError("job: max_queued_batches must be >= 1");
   if (spec.max_steps < 0) return absl::InvalidArgumentError("job: max_steps must be >= 0");
+  if (!(spec.share > 0 && spec.share <= 1000)) {  // NaN fails too
+    return absl::InvalidArgumentError(absl::StrCat("job: share must be in (0, 1000] (got ", spec.share, ")"));
+  }
   const int N = static_cast<int>(devices.size());
   if (spec.microbatches == 0) spec.microbatches = N;
   if (!spec.partition && !spec.auto_partition) {

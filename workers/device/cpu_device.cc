@@ -68,10 +68,14 @@ void CpuStream::RunOp(Op& op) {
   }
 }
 
-CpuDevice::CpuDevice(int index, Timeline* timeline) : index_(index) {
+CpuDevice::CpuDevice(int index, Timeline* timeline) : index_(index), timeline_(timeline) {
   for (int k = 0; k < kNumStreamKinds; ++k) {
     streams_[k] = std::make_unique<CpuStream>(index, static_cast<StreamKind>(k), timeline);
   }
+}
+
+std::unique_ptr<Stream> CpuDevice::NewStream(StreamKind kind) {
+  return std::make_unique<CpuStream>(index_, kind, timeline_);
 }
 
 at::Tensor CpuDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {

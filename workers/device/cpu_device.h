@@ -33,6 +33,7 @@ class CpuDevice final : public Device {
   c10::Device torch_device() const override { return c10::Device(c10::kCPU); }
   std::string description() const override { return "CPU worker (LibTorch CPU backend)"; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
+  std::unique_ptr<Stream> NewStream(StreamKind kind) override;
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   at::Tensor Upload(const at::Tensor& host) override;
   at::Tensor Download(const at::Tensor& on_device) override;
@@ -41,6 +42,7 @@ class CpuDevice final : public Device {
 
  private:
   const int index_;
+  Timeline* const timeline_;
   std::unique_ptr<CpuStream> streams_[kNumStreamKinds];
 };
 

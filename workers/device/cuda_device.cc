@@ -105,7 +105,12 @@ void CudaStream::RunOp(Op& op) {
 
 CudaDevice::CudaDevice(int index, int gpu, std::string name, std::shared_ptr<PinnedArena> arena,
                        const DeviceOptions& options, Timeline* timeline)
-    : index_(index), gpu_(gpu), name_(std::move(name)), arena_(std::move(arena)), options_(options) {
+    : index_(index),
+      gpu_(gpu),
+      name_(std::move(name)),
+      arena_(std::move(arena)),
+      options_(options),
+      timeline_(timeline) {
   const auto dev = static_cast<c10::DeviceIndex>(gpu);
   // Initialise CUDA and the caching allocator for this GPU now (a tiny allocation), so Memory()
   // and the stream pool work before the first stage runs.
@@ -117,13 +122,17 @@ CudaDevice::CudaDevice(int index, int gpu, std::string name, std::shared_ptr<Pin
   } else {
     description_ = absl::StrCat("CUDA GPU ", gpu);
   }
-  for (int k = 0; k < kNumStreamKinds; ++k) {
-    const auto kind = static_cast<StreamKind>(k);
-    // Activation transfers gate compute (paper §4.2.2): their streams get the high priority.
-    const bool high = kind == StreamKind::kActivationUp || kind == StreamKind::kActivationDown;
-    streams_[k] = std::make_unique<CudaStream>(this, kind, c10::cuda::getStreamFromPool(high, dev), timeline);
-  }
+  for (int k = 0; k < kNumStreamKinds; ++k) streams_[k] = MakeStream(static_cast<StreamKind>(k));
 }
+
+std::unique_ptr<CudaStream> CudaDevice::MakeStream(StreamKind kind) {
+  // Activation transfers gate compute (paper §4.2.2): their streams get the high priority.
+  const bool high = kind == StreamKind::kActivationUp || kind == StreamKind::kActivationDown;
+  return std::make_unique<CudaStream>(
+      this, kind, c10::cuda::getStreamFromPool(high, static_cast<c10::DeviceIndex>(gpu_)), timeline_);
+}
+
+std::unique_ptr<Stream> CudaDevice::NewStream(StreamKind kind) { return MakeStream(kind); }
 
 CudaDevice::~CudaDevice() {
   for (auto& s : streams_) s.reset();  // drains and joins before the arena reference goes

@@ -87,6 +87,7 @@ class CudaDevice final : public Device {
   c10::Device torch_device() const override;
   std::string description() const override { return description_; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
+  std::unique_ptr<Stream> NewStream(StreamKind kind) override;
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   absl::StatusOr<std::shared_ptr<void>> RegisterHostMemory(void* base, int64_t bytes) override;
   at::Tensor Upload(const at::Tensor& host) override;
@@ -99,6 +100,8 @@ class CudaDevice final : public Device {
   int gpu() const { return gpu_; }
 
  private:
+  std::unique_ptr<CudaStream> MakeStream(StreamKind kind);
+
   const int index_;
   const int gpu_;
   const std::string name_;
@@ -106,6 +109,7 @@ class CudaDevice final : public Device {
   const DeviceOptions options_;
   std::string description_;
   int64_t total_bytes_ = 0;
+  Timeline* const timeline_;
   std::unique_ptr<CudaStream> streams_[kNumStreamKinds];
   base::Mutex resident_mu_;
   std::map<const void*, at::Tensor> resident_ ABSL_GUARDED_BY(resident_mu_);  // keep_weights_resident only

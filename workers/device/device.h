@@ -61,6 +61,11 @@ class Device {
   virtual std::string name() const = 0;          // "cpu:0", "cuda:1"
   virtual c10::Device torch_device() const = 0;  // where stage tensors live while a stage runs
   virtual Stream& stream(StreamKind kind) = 0;
+  // A further stream of `kind` on this device, owned by the caller (destroying it drains it):
+  // what a job's lane (lane_device.h) runs on, so that jobs sharing the device never queue
+  // behind each other's waits. On CUDA a new stream from the pool (same priority as the
+  // device's own stream of that kind).
+  virtual std::unique_ptr<Stream> NewStream(StreamKind kind) = 0;
 
   // Host memory the device copies from and to asynchronously: page-locked on CUDA (from a
   // pinned arena), ordinary memory on the CPU backend.

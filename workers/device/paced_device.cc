@@ -35,10 +35,14 @@ void PacedStream::RunOp(Op& op) {
 }
 
 PacedDevice::PacedDevice(int index, std::shared_ptr<const Pacer> pacer, Timeline* timeline)
-    : index_(index), pacer_(std::move(pacer)) {
+    : index_(index), pacer_(std::move(pacer)), timeline_(timeline) {
   for (int k = 0; k < kNumStreamKinds; ++k) {
     streams_[k] = std::make_unique<PacedStream>(index, static_cast<StreamKind>(k), timeline);
   }
+}
+
+std::unique_ptr<Stream> PacedDevice::NewStream(StreamKind kind) {
+  return std::make_unique<PacedStream>(index_, kind, timeline_);
 }
 
 at::Tensor PacedDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {

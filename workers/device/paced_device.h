@@ -40,6 +40,7 @@ class PacedDevice final : public Device {
   c10::Device torch_device() const override { return c10::Device(c10::kMeta); }
   std::string description() const override { return "paced worker (no data; times from a profile)"; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
+  std::unique_ptr<Stream> NewStream(StreamKind kind) override;
   const Pacer* pacer() const override { return pacer_.get(); }
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   at::Tensor Upload(const at::Tensor& host) override;
@@ -52,6 +53,7 @@ class PacedDevice final : public Device {
 
   const int index_;
   const std::shared_ptr<const Pacer> pacer_;
+  Timeline* const timeline_;
   std::unique_ptr<PacedStream> streams_[kNumStreamKinds];
 };
 

@@ -1,0 +1,60 @@
+#include "workers/device/fair_share.h"
+
+#include <algorithm>
+
+#include "workers/base/check.h"
+
+namespace rp::workers {
+
+int FairShare::AddLane(double weight) {
+  RP_CHECK(weight > 0) << "a lane's weight must be positive";
+  const int id = next_id_++;
+  lanes_[id] = Lane{weight, vclock_, false};
+  return id;
+}
+
+void FairShare::RemoveLane(int lane) { RP_CHECK(lanes_.erase(lane) == 1) << "unknown lane " << lane; }
+
+FairShare::Lane& FairShare::Get(int lane) {
+  auto it = lanes_.find(lane);
+  RP_CHECK(it != lanes_.end()) << "unknown lane " << lane;
+  return it->second;
+}
+
+void FairShare::Wait(int lane) {
+  Lane& l = Get(lane);
+  RP_CHECK(!l.waiting) << "lane " << lane << " already waits";
+  l.waiting = true;
+  l.vtime = std::max(l.vtime, vclock_);  // no credit banked while idle
+}
+
+std::optional<int> FairShare::Next() {
+  std::optional<int> best;
+  double best_vtime = 0;
+  for (const auto& [id, l] : lanes_) {
+    if (!l.waiting) continue;
+    if (!best || l.vtime < best_vtime) {
+      best = id;
+      best_vtime = l.vtime;
+    }
+  }
+  if (best) {
+    Lane& l = lanes_[*best];
+    l.waiting = false;
+    vclock_ = std::max(vclock_, l.vtime);
+  }
+  return best;
+}
+
+void FairShare::Charge(int lane, double seconds) {
+  Lane& l = Get(lane);
+  l.vtime += std::max(0.0, seconds) / l.weight;
+}
+
+double FairShare::virtual_time(int lane) const {
+  auto it = lanes_.find(lane);
+  RP_CHECK(it != lanes_.end()) << "unknown lane " << lane;
+  return it->second.vtime;
+}
+
+}  // namespace rp::workers

@@ -1,0 +1,45 @@
+// fair_share.h — who computes next on a device several jobs share: weighted fair queueing by
+// the time each job has used (start-time fair queueing). A job's virtual time grows by the
+// seconds it computed divided by its weight; among the jobs waiting, the one with the least
+// virtual time goes next (ties: the lane added first). A job that was idle joins at the virtual
+// time of the work in service, so it gets its share from then on, not a burst for the time it
+// was away. Over any stretch where the jobs keep waiting, each gets compute time in proportion
+// to its weight (to within one operation).
+//
+// Contract: plain data, not thread-safe (ComputeGate holds it under its lock). Lanes are ids
+// handed out by AddLane; calls with other ids are invariant violations (RP_CHECK).
+#pragma once
+
+#include <map>
+#include <optional>
+
+namespace rp::workers {
+
+class FairShare {
+ public:
+  // `weight` > 0: a job's share (JobSpec::share).
+  int AddLane(double weight);
+  void RemoveLane(int lane);
+  // The lane has an operation ready to compute.
+  void Wait(int lane);
+  // The waiting lane that goes next, taken off the waiting set (nullopt: none waits).
+  std::optional<int> Next();
+  // The lane's operation computed for `seconds`.
+  void Charge(int lane, double seconds);
+
+  double virtual_time(int lane) const;
+  int lanes() const { return static_cast<int>(lanes_.size()); }
+
+ private:
+  struct Lane {
+    double weight = 1;
+    double vtime = 0;
+    bool waiting = false;
+  };
+  Lane& Get(int lane);
+  std::map<int, Lane> lanes_;
+  double vclock_ = 0;  // the virtual start time of the latest operation granted
+  int next_id_ = 0;
+};
+
+}  // namespace rp::workers

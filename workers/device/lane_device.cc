@@ -1,0 +1,45 @@
+#include "workers/device/lane_device.h"
+
+#include <utility>
+
+namespace rp::workers {
+
+namespace {
+
+// The lane's compute stream: each operation runs in its job's turn at the device's gate. Waits
+// and event records keep their place in the stream's order and never take a turn.
+class GatedStream final : public Stream {
+ public:
+  GatedStream(std::unique_ptr<Stream> inner, ComputeGate* gate, int lane)
+      : inner_(std::move(inner)), gate_(gate), lane_(lane) {}
+  void Enqueue(OpInfo info, std::function<void()> fn) override {
+    inner_->Enqueue(std::move(info), [gate = gate_, lane = lane_, fn = std::move(fn)] { gate->Run(lane, fn); });
+  }
+  void WaitEvent(EventPtr e) override { inner_->WaitEvent(std::move(e)); }
+  void RecordEvent(EventPtr e) override { inner_->RecordEvent(std::move(e)); }
+  void Synchronize() override { inner_->Synchronize(); }
+
+ private:
+  std::unique_ptr<Stream> inner_;
+  ComputeGate* const gate_;
+  const int lane_;
+};
+
+}  // namespace
+
+LaneDevice::LaneDevice(Device* base, ComputeGate* gate, double share)
+    : base_(base), gate_(gate), lane_(gate->AddLane(share)) {
+  for (int k = 0; k < kNumStreamKinds; ++k) {
+    const auto kind = static_cast<StreamKind>(k);
+    std::unique_ptr<Stream> s = base_->NewStream(kind);
+    if (kind == StreamKind::kCompute) s = std::make_unique<GatedStream>(std::move(s), gate_, lane_);
+    streams_[k] = std::move(s);
+  }
+}
+
+LaneDevice::~LaneDevice() {
+  for (auto& s : streams_) s.reset();  // drains: nothing of this lane runs or waits after
+  gate_->RemoveLane(lane_);
+}
+
+}  // namespace rp::workers
