@@ -150,6 +150,11 @@ int WatchJob(rp::client::Client& c, const std::string& id) {
       dirty = false;
       std::printf("[%s] checkpoint at step %lld: %s\n", id.c_str(), static_cast<long long>(e.checkpoint().step()),
                   e.checkpoint().path().c_str());
+    } else if (e.event_case() == v1::JobEvent::kWaiting) {  // queued: what it waits for
+      if (dirty) std::printf("\n");
+      dirty = false;
+      std::printf("[%s] %s\n", id.c_str(), e.message().c_str());
+      std::fflush(stdout);
     } else if (e.event_case() == v1::JobEvent::kProgress) {  // loading, before the first step
       if (dirty) std::printf("\n");
       dirty = false;

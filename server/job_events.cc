@@ -270,6 +270,7 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
       stamp();
       fx.persist = true;
       *out.mutable_waiting() = w;
+      out.set_message(rec.message());
       fx.log = EventEffect::Log::kInfo;
       fx.log_line = rec.message();
       break;

@@ -25,6 +25,11 @@ TEST(Config, DefaultsAreValidAndLoopbackOnly) {
   ASSERT_EQ(c.listen_size(), 2);
   for (const auto& a : c.listen()) EXPECT_TRUE(IsLocalListenAddress(a)) << a;
   EXPECT_EQ(c.max_queued_batches(), 8);
+  EXPECT_EQ(c.max_running_jobs(), 1);
+  c.set_max_running_jobs(65);
+  EXPECT_NE(ValidateConfig(c).message().find("max_running_jobs must lie in [1, 64] (got 65)"), std::string::npos);
+  c.set_max_running_jobs(-1);
+  EXPECT_FALSE(ValidateConfig(c).ok());
 }
 
 TEST(Config, RemoteListenerNeedsTlsOrTokensUnlessExplicitlyAllowed) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include "absl/strings/str_cat.h"
 #include "server/engine_metrics.h"
 
 namespace rp::server {
@@ -145,6 +146,53 @@ TEST(EngineMetrics, CumulativeEngineCountersBecomeIncrementsOnce) {
   EXPECT_DOUBLE_EQ(m.tokens_trained.Value(), 128);
   EXPECT_DOUBLE_EQ(m.iterations.Value(), 2);
   EXPECT_DOUBLE_EQ(em.seen_until(), 0.75);
+}
+
+}  // namespace
+}  // namespace rp::server
+
+namespace rp::server {
+namespace {
+
+// A queued job's wait, from the engine's ids to the daemon's, in the record and in words.
+TEST(JobEventTracker, AWaitNamesTheOtherJobsAndIsForgottenOnceTheJobRuns) {
+  JobEventTracker t;
+  t.set_names([](scheduler::JobId id) { return absl::StrCat("job-00000", id); });
+  v1::Job rec;
+  rec.set_state(v1::JOB_STATE_QUEUED);
+  JobEvent e;
+  e.kind = JobEvent::Kind::kWaiting;
+  e.state = JobState::kQueued;
+  e.wait.cause = scheduler::JobWait::Cause::kHostMemory;
+  e.wait.running = {7};
+  e.wait.need_bytes = int64_t{41} << 30;
+  e.wait.free_bytes = int64_t{25} << 29;
+  auto fx = t.Apply(e, Clock::now(), false, &rec);
+  EXPECT_EQ(rec.message(), "waits for host memory: needs 41.0 GiB, 12.5 GiB free while job-000007 runs");
+  EXPECT_EQ(rec.waiting().cause(), v1::JobWait::HOST_MEMORY);
+  EXPECT_EQ(fx.out.waiting().running_jobs(0), "job-000007");
+  EXPECT_EQ(fx.out.message(), rec.message());
+  EXPECT_TRUE(fx.persist);
+  e.wait = {};
+  e.wait.cause = scheduler::JobWait::Cause::kRunningLimit;
+  e.wait.running = {7, 8};
+  e.wait.max_running = 2;
+  t.Apply(e, Clock::now(), false, &rec);
+  EXPECT_EQ(rec.message(), "waits for a running slot: job-000007, job-000008 run (maxRunningJobs 2)");
+  e.wait = {};
+  e.wait.cause = scheduler::JobWait::Cause::kBehind;
+  e.wait.ahead = 9;
+  e.wait.ahead_priority = 5;
+  t.Apply(e, Clock::now(), false, &rec);
+  EXPECT_EQ(rec.message(), "waits behind job-000009 (priority 5)");
+  EXPECT_EQ(rec.waiting().ahead_job(), "job-000009");
+  t.Apply(State(JobState::kRunning), Clock::now(), false, &rec);
+  EXPECT_FALSE(rec.has_waiting());
+  EXPECT_TRUE(rec.message().empty());
+  // Without names (a tracker nobody told): the engine's id, never a crash.
+  v1::Job other;
+  JobEventTracker().Apply(e, Clock::now(), false, &other);
+  EXPECT_EQ(other.message(), "waits behind engine job 9 (priority 5)");
 }
 
 }  // namespace
