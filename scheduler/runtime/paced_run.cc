@@ -50,6 +50,14 @@ absl::Status CheckOptions(const PacedRunOptions& o) {
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<const workers::Pacer>> MakePacedClock(const PacedRunOptions& o) {
+  if (absl::Status s = CheckOptions(o); !s.ok()) return s;
+  absl::Status error;
+  auto pacer = MakePacer(o, &error);
+  if (!pacer) return error;
+  return pacer;
+}
+
 absl::StatusOr<planning::CostModel> PacedCosts(const PacedRunOptions& o) {
   if (absl::Status s = CheckOptions(o); !s.ok()) return s;
   absl::Status error;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/partition.h"
 #include "scheduler/planning/profile_file.h"
+#include "workers/device/pacer.h"
 #include "workers/spec/model_config.h"
 
 namespace rp::scheduler::runtime {
@@ -66,6 +68,9 @@ struct SimulatedRun {
   std::vector<SlotStart> starts;  // one iteration after warm-up, relative to its first start
 };
 absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& options);
+
+// The paced workers' clock for a run's profile, time scale and links.
+absl::StatusOr<std::shared_ptr<const workers::Pacer>> MakePacedClock(const PacedRunOptions& options);
 
 // Profile times plus the model's byte counts (what both sides see).
 absl::StatusOr<planning::CostModel> PacedCosts(const PacedRunOptions& options);

@@ -55,12 +55,14 @@ void CpuStream::RunOp(Op& op) {
   current_op_start = &t0;
   current_timeline = timeline_;
   current_op_started = kind_ == StreamKind::kCompute;
+  OpClock::Begin(&t0, timeline_ && !op.info.label.empty() ? timeline_ : nullptr);
   try {
     op.fn();  // operations report their own errors (see device.h); this is the safety net
   } catch (const std::exception& e) {
     std::fprintf(stderr, "roundpipe: uncaught exception on %s stream of cpu:%d: %s\n", StreamKindName(kind_), worker_,
                  e.what());
   }
+  OpClock::End();
   current_op_start = nullptr;
   if (timeline_ && !op.info.label.empty()) {
     timeline_->Add({worker_, StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,

@@ -9,7 +9,7 @@ namespace rp::workers {
 int FairShare::AddLane(double weight) {
   RP_CHECK(weight > 0) << "a lane's weight must be positive";
   const int id = next_id_++;
-  lanes_[id] = Lane{weight, vclock_, false};
+  lanes_[id] = Lane{weight, vclock_, 0, false};
   return id;
 }
 
@@ -49,6 +49,32 @@ std::optional<int> FairShare::Next() {
 void FairShare::Charge(int lane, double seconds) {
   Lane& l = Get(lane);
   l.vtime += std::max(0.0, seconds) / l.weight;
+  l.used_s += std::max(0.0, seconds);
+}
+
+double FairShare::used_seconds(int lane) const {
+  auto it = lanes_.find(lane);
+  RP_CHECK(it != lanes_.end()) << "unknown lane " << lane;
+  return it->second.used_s;
+}
+
+bool FairShare::WouldLead(int lane) const {
+  auto me = lanes_.find(lane);
+  RP_CHECK(me != lanes_.end()) << "unknown lane " << lane;
+  const double mine = std::max(me->second.vtime, vclock_);
+  bool others = false;
+  for (const auto& [id, l] : lanes_) {
+    if (id == lane || !l.waiting) continue;
+    others = true;
+    if (l.vtime <= mine) return false;
+  }
+  return others;
+}
+
+bool FairShare::waiting(int lane) const {
+  auto it = lanes_.find(lane);
+  RP_CHECK(it != lanes_.end()) << "unknown lane " << lane;
+  return it->second.waiting;
 }
 
 double FairShare::virtual_time(int lane) const {

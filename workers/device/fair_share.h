@@ -27,13 +27,19 @@ class FairShare {
   // The lane's operation computed for `seconds`.
   void Charge(int lane, double seconds);
 
+  // The lane would go next if it were waiting now (its virtual time below every waiting lane's),
+  // and some other lane waits.
+  bool WouldLead(int lane) const;
+  bool waiting(int lane) const;
   double virtual_time(int lane) const;
+  double used_seconds(int lane) const;  // compute time charged to the lane so far
   int lanes() const { return static_cast<int>(lanes_.size()); }
 
  private:
   struct Lane {
     double weight = 1;
     double vtime = 0;
+    double used_s = 0;
     bool waiting = false;
   };
   Lane& Get(int lane);

@@ -1,6 +1,10 @@
 #include "workers/device/lane_device.h"
 
+#include <atomic>
+#include <memory>
 #include <utility>
+
+#include "workers/device/queued_stream.h"
 
 namespace rp::workers {
 
@@ -13,7 +17,17 @@ class GatedStream final : public Stream {
   GatedStream(std::unique_ptr<Stream> inner, ComputeGate* gate, int lane)
       : inner_(std::move(inner)), gate_(gate), lane_(lane) {}
   void Enqueue(OpInfo info, std::function<void()> fn) override {
-    inner_->Enqueue(std::move(info), [gate = gate_, lane = lane_, fn = std::move(fn)] { gate->Run(lane, fn); });
+    queued_->fetch_add(1);
+    inner_->Enqueue(std::move(info), [gate = gate_, lane = lane_, queued = queued_, fn = std::move(fn)] {
+      queued->fetch_sub(1);  // this one runs; what remains is queued behind it
+      gate->Run(
+          lane,
+          [&fn] {
+            OpClock::RestartNow();  // the turn came: the work starts now (the timeline shows no wait)
+            fn();
+          },
+          [&queued] { return queued->load() > 0; });
+    });
   }
   void WaitEvent(EventPtr e) override { inner_->WaitEvent(std::move(e)); }
   void RecordEvent(EventPtr e) override { inner_->RecordEvent(std::move(e)); }
@@ -23,12 +37,14 @@ class GatedStream final : public Stream {
   std::unique_ptr<Stream> inner_;
   ComputeGate* const gate_;
   const int lane_;
+  // Compute operations enqueued and not yet started (shared with them: they outlive no stream).
+  std::shared_ptr<std::atomic<int>> queued_ = std::make_shared<std::atomic<int>>(0);
 };
 
 }  // namespace
 
-LaneDevice::LaneDevice(Device* base, ComputeGate* gate, double share)
-    : base_(base), gate_(gate), lane_(gate->AddLane(share)) {
+LaneDevice::LaneDevice(Device* base, ComputeGate* gate, double share, const Pacer* pacer)
+    : base_(base), gate_(gate), lane_(gate->AddLane(share)), pacer_(pacer) {
   for (int k = 0; k < kNumStreamKinds; ++k) {
     const auto kind = static_cast<StreamKind>(k);
     std::unique_ptr<Stream> s = base_->NewStream(kind);

@@ -17,8 +17,9 @@ namespace rp::workers {
 
 class LaneDevice final : public Device {
  public:
-  // `share` > 0: the job's weight at the gate.
-  LaneDevice(Device* base, ComputeGate* gate, double share);
+  // `share` > 0: the job's weight at the gate. `pacer` (paced workers only, optional): the job's
+  // own clock for its stage compute (a job of another model); copies keep the device's links.
+  LaneDevice(Device* base, ComputeGate* gate, double share, const Pacer* pacer = nullptr);
   ~LaneDevice() override;
 
   int index() const override { return base_->index(); }
@@ -39,18 +40,20 @@ class LaneDevice final : public Device {
     base_->CopyToDevice(host_bytes, device_bytes);
   }
   bool keeps_weights_resident() const override { return base_->keeps_weights_resident(); }
-  const Pacer* pacer() const override { return base_->pacer(); }
+  const Pacer* pacer() const override { return pacer_ != nullptr ? pacer_ : base_->pacer(); }
   MemoryStats Memory() const override { return base_->Memory(); }
   std::string description() const override { return base_->description(); }
   void ResetPeakMemory() override { base_->ResetPeakMemory(); }
 
   Device* base() const { return base_; }
   int lane() const { return lane_; }
+  double compute_seconds() const { return gate_->used_seconds(lane_); }  // the job's compute here so far
 
  private:
   Device* const base_;
   ComputeGate* const gate_;
   const int lane_;
+  const Pacer* const pacer_;
   std::unique_ptr<Stream> streams_[kNumStreamKinds];
 };
 

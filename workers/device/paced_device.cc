@@ -21,13 +21,15 @@ PacedStream::~PacedStream() { Stop(); }
 void PacedStream::RunOp(Op& op) {
   paced_stream_kind = static_cast<int>(kind_);
   const bool record = timeline_ && !op.info.label.empty();
-  const double t0 = record ? timeline_->Now() : 0;
+  double t0 = record ? timeline_->Now() : 0;
+  OpClock::Begin(&t0, record ? timeline_ : nullptr);
   try {
     op.fn();  // operations report their own errors (device.h); this is the safety net
   } catch (const std::exception& e) {
     std::fprintf(stderr, "roundpipe: uncaught exception on %s stream of paced:%d: %s\n", StreamKindName(kind_), worker_,
                  e.what());
   }
+  OpClock::End();
   if (record) {
     timeline_->Add({worker_, StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,
                     op.info.microbatch, t0, timeline_->Now()});

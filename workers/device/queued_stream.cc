@@ -4,6 +4,25 @@
 
 namespace rp::workers {
 
+namespace {
+thread_local double* op_clock_start = nullptr;
+thread_local const Timeline* op_clock_timeline = nullptr;
+}  // namespace
+
+void OpClock::Begin(double* start, const Timeline* timeline) {
+  op_clock_start = start;
+  op_clock_timeline = timeline;
+}
+
+void OpClock::End() {
+  op_clock_start = nullptr;
+  op_clock_timeline = nullptr;
+}
+
+void OpClock::RestartNow() {
+  if (op_clock_start != nullptr && op_clock_timeline != nullptr) *op_clock_start = op_clock_timeline->Now();
+}
+
 void QueuedStream::Start() {
   thread_ = std::thread([this] { Loop(); });
 }

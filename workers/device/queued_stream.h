@@ -17,6 +17,17 @@
 
 namespace rp::workers {
 
+// The recorded start of the operation running on this stream thread (CPU and paced backends,
+// whose RunOp brackets each operation with Begin/End): an operation that waits inside its
+// function before its device work — a compute turn at the ComputeGate — calls RestartNow, so the
+// timeline shows the work and not the wait. No-op on threads without a running operation.
+class OpClock {
+ public:
+  static void Begin(double* start, const Timeline* timeline);
+  static void End();
+  static void RestartNow();
+};
+
 class QueuedStream : public Stream {
  public:
   void Enqueue(OpInfo info, std::function<void()> fn) final;

@@ -110,6 +110,28 @@ TEST(ComputeGate, OneOperationAtATimeAndEveryOneRuns) {
   for (int l : lanes) EXPECT_GT(gate.virtual_time(l), 0);
 }
 
+// Two lanes that always have their next operation ready, shares 3 and 1: the device's time
+// splits 3:1. A lane hands the gate one operation at a time, so without holding the device a
+// moment for a lane still owed compute (the anticipation), they would alternate 1:1.
+TEST(ComputeGate, BackloggedLanesSplitTheDeviceByTheirShares) {
+  ComputeGate gate;
+  const int a = gate.AddLane(3), b = gate.AddLane(1);
+  std::atomic<bool> stop{false};
+  auto loop = [&](int lane) {
+    while (!stop.load()) {
+      gate.Run(
+          lane, [] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }, [] { return true; });
+    }
+  };
+  std::thread ta(loop, a), tb(loop, b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  stop = true;
+  ta.join();
+  tb.join();
+  const double used_a = gate.used_seconds(a), used_b = gate.used_seconds(b);
+  EXPECT_NEAR(used_a / (used_a + used_b), 0.75, 0.05) << used_a << " s vs " << used_b << " s";
+}
+
 TEST(ComputeGate, AThrowingOperationFreesTheDevice) {
   ComputeGate gate;
   const int a = gate.AddLane(1), b = gate.AddLane(1);

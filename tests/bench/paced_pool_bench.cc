@@ -1,0 +1,127 @@
+// paced_pool_bench — jobs side by side on one pool of 8 paced workers (the engine's lanes and
+// compute gates, scheduler/runtime/paced_pool.h) against the same jobs one after another, on the
+// authors' per-layer figures (tests/bench/profiles): makespan, compute utilisation; and how the
+// compute splits between two jobs by their shares while both run. Paced figures only.
+//   build/tests/bench/paced_pool_bench [--time_scale 0.2] [--iterations 6] [--repeats 1]
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "scheduler/planning/comparison.h"
+#include "scheduler/planning/partition.h"
+#include "scheduler/planning/presets.h"
+#include "scheduler/planning/profile_file.h"
+#include "scheduler/runtime/paced_pool.h"
+
+ABSL_FLAG(std::string, profiles_dir, RP_SOURCE_DIR "/tests/bench/profiles", "Where the profiles are");
+ABSL_FLAG(double, time_scale, 0.2, "Wall seconds per real second");
+ABSL_FLAG(int, iterations, 6, "Iterations per job (after 2 of warm-up)");
+
+namespace {
+
+using rp::scheduler::runtime::PacedPoolJob;
+using rp::scheduler::runtime::PacedPoolOptions;
+using rp::scheduler::runtime::PacedPoolResult;
+using rp::scheduler::runtime::PacedRunOptions;
+
+std::string Read(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A paper model's job on 8 workers, M = 16, on the partition the simulator picks for its mode.
+absl::StatusOr<PacedRunOptions> Job(const std::string& model, bool async) {
+  auto profile = rp::planning::ParseProfile(Read(absl::GetFlag(FLAGS_profiles_dir) + "/" + model + ".json"));
+  if (!profile.ok()) return profile.status();
+  auto preset = rp::planning::ModelPreset(model);
+  if (!preset.ok()) return preset.status();
+  PacedRunOptions o;
+  o.profile = *profile;
+  o.model = *preset;
+  o.async = async;
+  o.time_scale = absl::GetFlag(FLAGS_time_scale);
+  o.iterations = absl::GetFlag(FLAGS_iterations);
+  auto costs = rp::scheduler::runtime::PacedCosts(o);
+  if (!costs.ok()) return costs.status();
+  rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches, 0};
+  rp::planning::SimulatedChoice choice;
+  choice.mode = async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
+  auto part = rp::planning::SimulatedBestPartition(problem, choice);
+  if (!part.ok()) return part.status();
+  o.partition = part->partition;
+  return o;
+}
+
+struct Named {
+  std::string name;
+  PacedRunOptions run;
+  double share = 1;
+};
+
+absl::StatusOr<PacedPoolResult> Run(const std::vector<Named>& jobs, bool side_by_side) {
+  PacedPoolOptions o;
+  o.side_by_side = side_by_side;
+  for (const Named& j : jobs) o.jobs.push_back({j.run, j.share});
+  return rp::scheduler::runtime::RunPacedPool(o);
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "paced_pool_bench: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  at::set_num_threads(1);  // the stream threads' wake-ups make the schedule (see paced_bench)
+  auto q_sync = Job("qwen3-1.7b", false), q_async = Job("qwen3-1.7b", true), l_sync = Job("llama-3.1-8b", false);
+  for (const auto* j : {&q_sync, &q_async, &l_sync}) {
+    if (!j->ok()) return Fail(j->status());
+  }
+  std::printf(
+      "jobs side by side vs one after another, N=8 M=16, %d iterations each after 2 of warm-up, time "
+      "scale %.2f (paced: real-time equivalents)\n",
+      absl::GetFlag(FLAGS_iterations), absl::GetFlag(FLAGS_time_scale));
+  std::printf("%-52s %12s %12s %8s %10s %10s\n", "jobs", "serial s", "together s", "ratio", "util ser", "util tog");
+  const std::vector<std::vector<Named>> mixes = {
+      {{"qwen3-1.7b sync", *q_sync}, {"qwen3-1.7b sync", *q_sync}},
+      {{"qwen3-1.7b async", *q_async}, {"qwen3-1.7b async", *q_async}},
+      {{"qwen3-1.7b sync", *q_sync}, {"llama-3.1-8b sync", *l_sync}},
+      {{"qwen3-1.7b sync", *q_sync}, {"qwen3-1.7b async", *q_async}, {"llama-3.1-8b sync", *l_sync}},
+  };
+  for (const auto& mix : mixes) {
+    auto serial = Run(mix, false);
+    if (!serial.ok()) return Fail(serial.status());
+    auto together = Run(mix, true);
+    if (!together.ok()) return Fail(together.status());
+    std::vector<std::string> names;
+    for (const Named& j : mix) names.push_back(j.name);
+    std::printf("%-52s %12.1f %12.1f %8.3f %9.1f%% %9.1f%%\n", absl::StrJoin(names, " + ").c_str(), serial->makespan_s,
+                together->makespan_s, together->makespan_s / serial->makespan_s, 100 * serial->utilisation,
+                100 * together->utilisation);
+    std::fflush(stdout);
+  }
+  std::printf("\nshares: two qwen3-1.7b sync jobs side by side, until the first one ends\n");
+  std::printf("%-8s %14s %14s %12s %12s %12s\n", "shares", "compute A", "compute B", "want A", "iter/s A", "iter/s B");
+  for (double share_a : {1.0, 3.0}) {
+    std::vector<Named> mix = {{"A", *q_sync, share_a}, {"B", *q_sync, 1}};
+    auto r = Run(mix, true);
+    if (!r.ok()) return Fail(r.status());
+    std::printf("%-8s %13.1f%% %13.1f%% %11.1f%% %12.3f %12.3f\n", absl::StrCat(share_a, ":1").c_str(),
+                100 * r->compute_split[0], 100 * r->compute_split[1], 100 * share_a / (share_a + 1),
+                r->iterations_per_s[0], r->iterations_per_s[1]);
+    std::fflush(stdout);
+  }
+  return 0;
+}
