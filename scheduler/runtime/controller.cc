@@ -323,7 +323,10 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
   if (timeline_) {
     double first = 1e300, last = 0;
     for (const workers::TimelineEntry& e : timeline_->EntriesEndingSince(f.timeline_start)) {
-      if (e.iteration != iteration || e.start_s < f.timeline_start || e.stream != "compute") continue;
+      if (e.job != opt_.timeline_job || e.iteration != iteration || e.start_s < f.timeline_start ||
+          e.stream != "compute") {
+        continue;
+      }
       st.worker_busy_s[static_cast<size_t>(e.worker)] += e.end_s - e.start_s;
       first = std::min(first, e.start_s);
       last = std::max(last, e.end_s);

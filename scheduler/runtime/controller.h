@@ -43,6 +43,9 @@
 namespace rp::scheduler {
 
 struct ControllerOptions {
+  // The tag of this job's operations in the timeline (its devices are lanes tagged so,
+  // lane_device.h): its statistics and profile read only those. -1: untagged devices.
+  int timeline_job = -1;
   planning::Partition partition;
   int microbatches = 1;            // M per iteration
   int microbatches_per_round = 0;  // M_R (0 = M)

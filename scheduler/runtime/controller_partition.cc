@@ -54,7 +54,10 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
   // operations (recompute, then backward), which together are its recompute+backward time.
   std::map<std::pair<int, int>, double> compute_s;
   for (const workers::TimelineEntry& e : timeline_->EntriesEndingSince(f.timeline_start)) {
-    if (e.iteration != iteration || e.slot < 0 || e.slot >= static_cast<int>(f.slots.size())) continue;
+    if (e.job != opt_.timeline_job || e.iteration != iteration || e.slot < 0 ||
+        e.slot >= static_cast<int>(f.slots.size())) {
+      continue;
+    }
     if (e.stream == "act-down" && f.slots[static_cast<size_t>(e.slot)].kind == spec::StageKind::kForward &&
         absl::StartsWith(e.label, "out ")) {
       hop_samples_.push_back(e.end_s - e.start_s);

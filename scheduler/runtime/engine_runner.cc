@@ -127,7 +127,8 @@ void Engine::Impl::UpdateWaitsLocked(int64_t available) {
 std::vector<workers::Device*> Engine::Impl::LanesOf(Job& job) {
   if (job.lanes.empty()) {
     for (size_t d = 0; d < devices_.size(); ++d) {
-      job.lanes.push_back(std::make_unique<workers::LaneDevice>(devices_[d].get(), gates_[d].get(), job.spec.share));
+      job.lanes.push_back(std::make_unique<workers::LaneDevice>(devices_[d].get(), gates_[d].get(), job.spec.share,
+                                                                static_cast<int>(job.id)));
     }
   }
   std::vector<workers::Device*> out;

@@ -360,6 +360,7 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     if (!ds.ok()) return ds.status();
     validation = std::move(*ds);
   }
+  o.timeline_job = static_cast<int>(job.id);  // the runner gives the job lanes tagged with its id
   auto c = Controller::Create(o, store.get(), devices, timeline);
   if (!c.ok()) return c.status();
   base::MutexLock lock(&job.mu);

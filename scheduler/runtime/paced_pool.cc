@@ -99,8 +99,8 @@ absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
     j.store = workers::HostModelStore::DataFree(pj.run.model, at::kBFloat16, j.pacer);
     std::vector<workers::Device*> lanes;
     for (size_t d = 0; d < devices->size(); ++d) {
-      j.lanes.push_back(
-          std::make_unique<workers::LaneDevice>((*devices)[d].get(), gates[d].get(), pj.share, j.pacer.get()));
+      j.lanes.push_back(std::make_unique<workers::LaneDevice>((*devices)[d].get(), gates[d].get(), pj.share,
+                                                              static_cast<int>(k), j.pacer.get()));
       lanes.push_back(j.lanes.back().get());
     }
     ControllerOptions co;
@@ -109,6 +109,7 @@ absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
     co.microbatches_per_round = pj.run.microbatches_per_round;
     co.mode = pj.run.async ? planning::OptimizerMode::kAsync : planning::OptimizerMode::kSync;
     co.recompute_ahead = pj.run.recompute_ahead;
+    co.timeline_job = static_cast<int>(k);
     auto controller = Controller::Create(co, j.store.get(), lanes, &timeline);
     if (!controller.ok()) return controller.status();
     j.controller = std::move(*controller);

@@ -66,7 +66,7 @@ void CpuStream::RunOp(Op& op) {
   current_op_start = nullptr;
   if (timeline_ && !op.info.label.empty()) {
     timeline_->Add({worker_, StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,
-                    op.info.microbatch, t0, timeline_->Now()});
+                    op.info.microbatch, t0, timeline_->Now(), op.info.job});
   }
 }
 

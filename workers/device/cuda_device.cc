@@ -99,7 +99,7 @@ void CudaStream::RunOp(Op& op) {
       start_s = std::max(host_start_, host_end - ms / 1e3);  // GPU-measured duration
     }
     timeline_->Add({device_->index(), StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,
-                    op.info.microbatch, start_s, host_end});
+                    op.info.microbatch, start_s, host_end, op.info.job});
   }
 }
 

@@ -40,6 +40,7 @@ struct OpInfo {
   int iteration = -1;
   int slot = -1;
   int microbatch = -1;
+  int job = -1;  // set by a job's lane (lane_device.h): whose operation it is
 };
 
 class Stream {

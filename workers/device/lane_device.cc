@@ -10,13 +10,19 @@ namespace rp::workers {
 
 namespace {
 
-// The lane's compute stream: each operation runs in its job's turn at the device's gate. Waits
+// A lane's stream: every operation is tagged with the lane's job (the timeline tells the jobs
+// apart); on the compute stream each one also runs in its job's turn at the device's gate. Waits
 // and event records keep their place in the stream's order and never take a turn.
-class GatedStream final : public Stream {
+class LaneStream final : public Stream {
  public:
-  GatedStream(std::unique_ptr<Stream> inner, ComputeGate* gate, int lane)
-      : inner_(std::move(inner)), gate_(gate), lane_(lane) {}
+  LaneStream(std::unique_ptr<Stream> inner, int job, ComputeGate* gate, int lane)
+      : inner_(std::move(inner)), job_(job), gate_(gate), lane_(lane) {}
   void Enqueue(OpInfo info, std::function<void()> fn) override {
+    info.job = job_;
+    if (gate_ == nullptr) {
+      inner_->Enqueue(std::move(info), std::move(fn));
+      return;
+    }
     queued_->fetch_add(1);
     inner_->Enqueue(std::move(info), [gate = gate_, lane = lane_, queued = queued_, fn = std::move(fn)] {
       queued->fetch_sub(1);  // this one runs; what remains is queued behind it
@@ -35,7 +41,8 @@ class GatedStream final : public Stream {
 
  private:
   std::unique_ptr<Stream> inner_;
-  ComputeGate* const gate_;
+  const int job_;
+  ComputeGate* const gate_;  // compute stream only
   const int lane_;
   // Compute operations enqueued and not yet started (shared with them: they outlive no stream).
   std::shared_ptr<std::atomic<int>> queued_ = std::make_shared<std::atomic<int>>(0);
@@ -43,13 +50,12 @@ class GatedStream final : public Stream {
 
 }  // namespace
 
-LaneDevice::LaneDevice(Device* base, ComputeGate* gate, double share, const Pacer* pacer)
+LaneDevice::LaneDevice(Device* base, ComputeGate* gate, double share, int job, const Pacer* pacer)
     : base_(base), gate_(gate), lane_(gate->AddLane(share)), pacer_(pacer) {
   for (int k = 0; k < kNumStreamKinds; ++k) {
     const auto kind = static_cast<StreamKind>(k);
-    std::unique_ptr<Stream> s = base_->NewStream(kind);
-    if (kind == StreamKind::kCompute) s = std::make_unique<GatedStream>(std::move(s), gate_, lane_);
-    streams_[k] = std::move(s);
+    streams_[k] = std::make_unique<LaneStream>(base_->NewStream(kind), job,
+                                               kind == StreamKind::kCompute ? gate_ : nullptr, lane_);
   }
 }
 

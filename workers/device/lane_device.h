@@ -17,9 +17,10 @@ namespace rp::workers {
 
 class LaneDevice final : public Device {
  public:
-  // `share` > 0: the job's weight at the gate. `pacer` (paced workers only, optional): the job's
-  // own clock for its stage compute (a job of another model); copies keep the device's links.
-  LaneDevice(Device* base, ComputeGate* gate, double share, const Pacer* pacer = nullptr);
+  // `share` > 0: the job's weight at the gate. `job`: the tag its operations carry into the
+  // timeline (OpInfo::job). `pacer` (paced workers only, optional): the job's own clock for its
+  // stage compute (a job of another model); copies keep the device's links.
+  LaneDevice(Device* base, ComputeGate* gate, double share, int job = -1, const Pacer* pacer = nullptr);
   ~LaneDevice() override;
 
   int index() const override { return base_->index(); }

@@ -32,7 +32,7 @@ void PacedStream::RunOp(Op& op) {
   OpClock::End();
   if (record) {
     timeline_->Add({worker_, StreamKindName(kind_), std::move(op.info.label), op.info.iteration, op.info.slot,
-                    op.info.microbatch, t0, timeline_->Now()});
+                    op.info.microbatch, t0, timeline_->Now(), op.info.job});
   }
 }
 

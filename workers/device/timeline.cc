@@ -40,14 +40,15 @@ void Timeline::Clear() {
 std::string Timeline::ChromeTrace() const {
   nlohmann::json events = nlohmann::json::array();
   for (const TimelineEntry& e : Entries()) {
-    events.push_back({{"name", e.label},
-                      {"cat", e.stream},
-                      {"ph", "X"},
-                      {"pid", e.worker},
-                      {"tid", e.stream},
-                      {"ts", e.start_s * 1e6},
-                      {"dur", (e.end_s - e.start_s) * 1e6},
-                      {"args", {{"iteration", e.iteration}, {"slot", e.slot}, {"microbatch", e.microbatch}}}});
+    events.push_back(
+        {{"name", e.label},
+         {"cat", e.stream},
+         {"ph", "X"},
+         {"pid", e.worker},
+         {"tid", e.job >= 0 ? e.stream + " job " + std::to_string(e.job) : e.stream},
+         {"ts", e.start_s * 1e6},
+         {"dur", (e.end_s - e.start_s) * 1e6},
+         {"args", {{"iteration", e.iteration}, {"slot", e.slot}, {"microbatch", e.microbatch}, {"job", e.job}}}});
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }

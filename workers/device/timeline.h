@@ -22,6 +22,7 @@ struct TimelineEntry {
   int slot = -1;  // stage slot index in the dispatch plan (-1: not a slot op)
   int microbatch = -1;
   double start_s = 0, end_s = 0;
+  int job = -1;  // the job whose lane ran it (lane_device.h); -1: a device's own stream
 };
 
 class Timeline {

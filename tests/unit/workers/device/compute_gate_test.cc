@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -143,16 +144,17 @@ TEST(ComputeGate, AThrowingOperationFreesTheDevice) {
 }
 
 TEST(LaneDevice, ALaneHasItsOwnStreamsAndComputesThroughTheGate) {
-  CpuDevice dev(0, nullptr);
+  Timeline timeline;
+  CpuDevice dev(0, &timeline);
   ComputeGate gate;
-  auto lane = std::make_unique<LaneDevice>(&dev, &gate, 2.0);
+  auto lane = std::make_unique<LaneDevice>(&dev, &gate, 2.0, /*job=*/7);
   EXPECT_EQ(lane->index(), 0);
   EXPECT_EQ(lane->name(), dev.name());
   for (int k = 0; k < kNumStreamKinds; ++k) {
     EXPECT_NE(&lane->stream(static_cast<StreamKind>(k)), &dev.stream(static_cast<StreamKind>(k)));
   }
   // A lane's stream blocked on a wait never holds the device's own streams (or another lane's).
-  auto other = std::make_unique<LaneDevice>(&dev, &gate, 1.0);
+  auto other = std::make_unique<LaneDevice>(&dev, &gate, 1.0, /*job=*/8);
   EventPtr never = MakeEvent();
   lane->stream(StreamKind::kCompute).WaitEvent(never);
   std::atomic<bool> other_ran{false};
@@ -163,12 +165,20 @@ TEST(LaneDevice, ALaneHasItsOwnStreamsAndComputesThroughTheGate) {
   std::atomic<bool> computed{false};
   const int64_t before = dev.TransferBytes(StreamKind::kParamUp);
   other->stream(StreamKind::kParamUp).Enqueue({}, [&] { (void)other->Upload(at::ones({4})); });
-  other->stream(StreamKind::kCompute).Enqueue({}, [&] {
+  other->stream(StreamKind::kCompute).Enqueue({"F mb0", 3, 1, 0}, [&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     computed = true;
   });
   other->SynchronizeAll();
   EXPECT_TRUE(computed.load());
+  // The timeline tells whose operation it was (each job's statistics read only its own).
+  dev.stream(StreamKind::kCompute).Enqueue({"device's own", 3, 1, 0}, [] {});
+  dev.stream(StreamKind::kCompute).Synchronize();
+  std::map<std::string, int> job_of;
+  for (const TimelineEntry& e : timeline.Entries()) job_of[e.label] = e.job;
+  EXPECT_EQ(job_of.at("F mb0"), 8);
+  EXPECT_EQ(job_of.at("device's own"), -1);
+  EXPECT_NE(timeline.ChromeTrace().find("compute job 8"), std::string::npos);
   EXPECT_EQ(dev.TransferBytes(StreamKind::kParamUp) - before, 16);
   EXPECT_GT(gate.virtual_time(other->lane()), 0);
   never->Set();
