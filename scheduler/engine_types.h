@@ -295,11 +295,21 @@ struct EngineStats {
   std::vector<DeviceStats> devices;
   int jobs_total = 0;
   int jobs_active = 0;
-  int64_t host_model_bytes = 0;       // of the running job's host model store (allocated: anonymous memory)
+  // Host memory: the sums over the running jobs.
+  int64_t host_model_bytes = 0;       // of the running jobs' host model stores (allocated: anonymous memory)
   int64_t host_mapped_bytes = 0;      // of its masters that alias model files instead (a LoRA base: page cache)
   int64_t host_registered_bytes = 0;  // of those, registered for DMA (CUDA): page cache locked while the job runs
   int64_t host_optimizer_bytes = 0;   // of its optimizer state (moments)
   int64_t host_activation_bytes = 0;  // of its activation store now (checkpoints, boundary activations)
+  // The worker pool: how many jobs may run side by side, and each running job's share and the
+  // compute time its lanes were given on all workers so far.
+  int max_running_jobs = 1;
+  struct RunningJob {
+    JobId id = 0;
+    double share = 1;
+    double compute_seconds = 0;
+  };
+  std::vector<RunningJob> running;
 };
 
 // The engine's host memory by pool, named as GetServerInfo and the metrics name them:

@@ -56,6 +56,13 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerCo
     pool->set_name(p.name);
     pool->set_bytes(p.bytes);
   }
+  resp->set_max_running_jobs(s.max_running_jobs);
+  for (const scheduler::EngineStats::RunningJob& j : s.running) {
+    v1::PoolJob* pj = resp->add_running_jobs();
+    pj->set_job_id(manager_->NameOf(j.id));
+    pj->set_share(j.share);
+    pj->set_compute_seconds(j.compute_seconds);
+  }
   r->Finish(grpc::Status::OK);
   return r;
 }

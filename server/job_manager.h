@@ -95,6 +95,8 @@ class JobManager {
   int Drain(std::chrono::seconds deadline);
   bool draining() const;
   int active_jobs() const;
+  // The daemon's id of an engine job ("job-000007"; "engine job N" for one it never admitted).
+  std::string NameOf(scheduler::JobId engine_id) const;
   // Runs request work that touches files or waits (submit, export, checkpoint, drain) off the
   // gRPC callback threads, so no client can hold them; Shutdown joins these threads, so none
   // outlives the manager. At most kMaxBackgroundTasks run at once: beyond that
@@ -132,7 +134,6 @@ class JobManager {
   void Publish(ManagedJob& job, roundpipe::v1::JobEvent event, bool last);  // job.mu held
   void Persist(ManagedJob& job);                                            // job.mu held
   absl::StatusOr<roundpipe::v1::Job> Snapshot(const std::shared_ptr<ManagedJob>& job);
-  std::string NameOf(scheduler::JobId engine_id) const;  // the daemon's id of an engine job
 
   scheduler::Engine* engine_;
   JobStore* store_;

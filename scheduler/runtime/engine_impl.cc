@@ -307,6 +307,14 @@ EngineStats Engine::Impl::Stats() const {
   }
   base::MutexLock lock(&mu_);
   s.jobs_total = static_cast<int>(jobs_.size());
+  s.max_running_jobs = max_running_;
+  for (JobId id : running_) {
+    const std::shared_ptr<Job>& job = jobs_.at(id);
+    EngineStats::RunningJob r{id, job->spec.share, 0};
+    base::MutexLock jl(&job->mu);
+    for (const auto& [device, lane] : job->gate_lanes) r.compute_seconds += gates_[device]->used_seconds(lane);
+    s.running.push_back(r);
+  }
   for (const auto& [id, job] : jobs_) {
     base::MutexLock jl(&job->mu);
     if (!job->terminal()) ++s.jobs_active;

@@ -109,6 +109,9 @@ struct EngineJob {
   int checkpoint_failures ABSL_GUARDED_BY(mu) = 0;  // policy checkpoints failed in a row
   std::string pause_reason ABSL_GUARDED_BY(mu);     // why the runner paused the job itself
   JobWait wait ABSL_GUARDED_BY(mu);                 // why it has not started (the latest kWaiting)
+  // Its lanes at the devices' gates (device index, lane), while `lanes` holds them: Stats reads
+  // the compute they were given under `mu`, and the lanes go only after this is cleared.
+  std::vector<std::pair<int, int>> gate_lanes ABSL_GUARDED_BY(mu);
 
   bool terminal() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return IsTerminal(state); }
   absl::StatusOr<at::Tensor> ReadParameter(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu);

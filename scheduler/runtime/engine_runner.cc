@@ -126,10 +126,15 @@ void Engine::Impl::UpdateWaitsLocked(int64_t available) {
 
 std::vector<workers::Device*> Engine::Impl::LanesOf(Job& job) {
   if (job.lanes.empty()) {
+    std::vector<std::pair<int, int>> gate_lanes;
     for (size_t d = 0; d < devices_.size(); ++d) {
-      job.lanes.push_back(std::make_unique<workers::LaneDevice>(devices_[d].get(), gates_[d].get(), job.spec.share,
-                                                                static_cast<int>(job.id)));
+      auto lane = std::make_unique<workers::LaneDevice>(devices_[d].get(), gates_[d].get(), job.spec.share,
+                                                        static_cast<int>(job.id));
+      gate_lanes.emplace_back(static_cast<int>(d), lane->lane());
+      job.lanes.push_back(std::move(lane));
     }
+    base::MutexLock lock(&job.mu);
+    job.gate_lanes = std::move(gate_lanes);
   }
   std::vector<workers::Device*> out;
   for (const auto& l : job.lanes) out.push_back(l.get());
@@ -137,7 +142,12 @@ std::vector<workers::Device*> Engine::Impl::LanesOf(Job& job) {
 }
 
 void Engine::Impl::FreeLanes(Job& job) {
-  if (!job.controller) job.lanes.clear();  // drains the lanes' streams; nothing of the job runs after
+  if (job.controller) return;
+  {
+    base::MutexLock lock(&job.mu);
+    job.gate_lanes.clear();
+  }
+  job.lanes.clear();  // drains the lanes' streams; nothing of the job runs after
 }
 
 void Engine::Impl::RunJob(const std::shared_ptr<Job>& job) {

@@ -42,6 +42,18 @@ TEST_F(DaemonPoolTest, JobsRunSideBySideAndAQueuedOneSaysWhatItWaitsFor) {
   Watcher wb(*c, jb->id());
   ASSERT_TRUE(wb.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
   EXPECT_EQ(c->Get(ja->id())->state(), v1::JOB_STATE_RUNNING);
+  // GetServerInfo: the pool's size and who runs on it (A: it has computed nothing, no batch yet).
+  // (B leaves the pool once its runner has released it, just after its last event.)
+  auto info = c->Info();
+  for (int i = 0; i < 200 && info.ok() && info->running_jobs_size() != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    info = c->Info();
+  }
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->max_running_jobs(), 2);
+  ASSERT_EQ(info->running_jobs_size(), 1);
+  EXPECT_EQ(info->running_jobs(0).job_id(), ja->id());
+  EXPECT_EQ(info->running_jobs(0).share(), 1);
   EXPECT_EQ(c->Get(jb->id())->progress().step(), 3);
 
   // C takes the second slot; D waits for a slot, then behind E (priority 5).

@@ -124,6 +124,24 @@ TEST(EnginePool, JobsSideBySideEndBitIdenticalToEachRunAlone) {
     Feed(e, *id, jobs[k], 0, jobs[k].batches / 2);
   }
   for (size_t k = 0; k < jobs.size(); ++k) EXPECT_EQ(*e.State(ids[k]), JobState::kRunning) << k;
+  // The pool as Stats shows it: all four run, with their shares, and each is given compute.
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  EngineStats stats;
+  auto all_computed = [&] {
+    stats = e.Stats();
+    if (stats.running.size() != jobs.size()) return false;
+    for (const auto& r : stats.running) {
+      if (r.compute_seconds <= 0) return false;
+    }
+    return true;
+  };
+  while (!all_computed() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(all_computed());
+  EXPECT_EQ(stats.max_running_jobs, 4);
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    EXPECT_EQ(stats.running[k].id, ids[k]);
+    EXPECT_EQ(stats.running[k].share, jobs[k].spec.share);
+  }
   // The rest of every job's data, fed from one thread per job at once.
   std::vector<std::thread> feeders;
   for (size_t k = 0; k < jobs.size(); ++k) {
