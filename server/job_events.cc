@@ -201,6 +201,18 @@ void JobEventTracker::ApplyEval(const scheduler::JobEvent& e, v1::Job& rec, Even
                    ev.is_best ? " (best)" : absl::StrCat(" (best ", ev.best_loss, " at step ", ev.best_step, ")"));
 }
 
+void JobEventTracker::ApplyWaiting(const scheduler::JobEvent& e, v1::Job& rec, EventEffect& fx) {
+  const v1::JobWait w = ToProto(e.wait, names_);
+  *rec.mutable_waiting() = w;
+  rec.set_message(WaitMessage(w));
+  Stamp(rec);
+  fx.persist = true;
+  *fx.out.mutable_waiting() = w;
+  fx.out.set_message(rec.message());
+  fx.log = EventEffect::Log::kInfo;
+  fx.log_line = rec.message();
+}
+
 EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::steady_clock::time_point now,
                                    bool drained, v1::Job* record) {
   v1::Job& rec = *record;
@@ -263,18 +275,9 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
       fx.log = EventEffect::Log::kWarn;
       fx.log_line = e.message;
       break;
-    case scheduler::JobEvent::Kind::kWaiting: {
-      const v1::JobWait w = ToProto(e.wait, names_);
-      *rec.mutable_waiting() = w;
-      rec.set_message(WaitMessage(w));
-      stamp();
-      fx.persist = true;
-      *out.mutable_waiting() = w;
-      out.set_message(rec.message());
-      fx.log = EventEffect::Log::kInfo;
-      fx.log_line = rec.message();
+    case scheduler::JobEvent::Kind::kWaiting:
+      ApplyWaiting(e, rec, fx);
       break;
-    }
     case scheduler::JobEvent::Kind::kBatchRejected:
       out.set_batch_rejected(e.message);
       fx.log = EventEffect::Log::kWarn;

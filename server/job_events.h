@@ -53,6 +53,7 @@ class JobEventTracker {
   void ApplyIteration(const scheduler::JobEvent& e, std::chrono::steady_clock::time_point now, roundpipe::v1::Job& rec,
                       EventEffect& fx);
   void ApplyEval(const scheduler::JobEvent& e, roundpipe::v1::Job& rec, EventEffect& fx);
+  void ApplyWaiting(const scheduler::JobEvent& e, roundpipe::v1::Job& rec, EventEffect& fx);
 
   std::chrono::steady_clock::time_point last_step_at_{}, last_persist_{};
   double ema_step_s_ = 0;          // smoothed wall time per step (ETA)

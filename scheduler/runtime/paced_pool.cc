@@ -68,10 +68,15 @@ double ComputeSeconds(const PoolJob& j) {
   return s;
 }
 
-}  // namespace
+// The shared workers and gates, and each job's clock, store, lanes and controller.
+struct Pool {
+  workers::Timeline timeline;
+  std::vector<std::unique_ptr<workers::Device>> devices;
+  std::vector<std::unique_ptr<workers::ComputeGate>> gates;
+  std::vector<PoolJob> jobs;
+};
 
-absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
-  if (o.jobs.empty()) return absl::InvalidArgumentError("paced pool: no jobs");
+absl::Status BuildPool(const PacedPoolOptions& o, Pool& pool) {
   const PacedRunOptions& first = o.jobs.front().run;
   for (const PacedPoolJob& pj : o.jobs) {
     if (pj.run.workers != first.workers || pj.run.time_scale != first.time_scale ||
@@ -81,25 +86,23 @@ absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
   }
   auto device_clock = MakePacedClock(first);
   if (!device_clock.ok()) return device_clock.status();
-  workers::Timeline timeline;
   workers::DeviceOptions dopt;
   dopt.pacer = *device_clock;
-  auto devices = workers::CreateDevices(absl::StrCat("paced:", first.workers), &timeline, dopt);
+  auto devices = workers::CreateDevices(absl::StrCat("paced:", first.workers), &pool.timeline, dopt);
   if (!devices.ok()) return devices.status();
-  std::vector<std::unique_ptr<workers::ComputeGate>> gates;
-  for (size_t d = 0; d < devices->size(); ++d) gates.push_back(std::make_unique<workers::ComputeGate>());
-
-  std::vector<PoolJob> jobs(o.jobs.size());
-  for (size_t k = 0; k < jobs.size(); ++k) {
+  pool.devices = std::move(*devices);
+  for (size_t d = 0; d < pool.devices.size(); ++d) pool.gates.push_back(std::make_unique<workers::ComputeGate>());
+  pool.jobs = std::vector<PoolJob>(o.jobs.size());
+  for (size_t k = 0; k < pool.jobs.size(); ++k) {
     const PacedPoolJob& pj = o.jobs[k];
     auto clock = MakePacedClock(pj.run);
     if (!clock.ok()) return clock.status();
-    PoolJob& j = jobs[k];
+    PoolJob& j = pool.jobs[k];
     j.pacer = *clock;
     j.store = workers::HostModelStore::DataFree(pj.run.model, at::kBFloat16, j.pacer);
     std::vector<workers::Device*> lanes;
-    for (size_t d = 0; d < devices->size(); ++d) {
-      j.lanes.push_back(std::make_unique<workers::LaneDevice>((*devices)[d].get(), gates[d].get(), pj.share,
+    for (size_t d = 0; d < pool.devices.size(); ++d) {
+      j.lanes.push_back(std::make_unique<workers::LaneDevice>(pool.devices[d].get(), pool.gates[d].get(), pj.share,
                                                               static_cast<int>(k), j.pacer.get()));
       lanes.push_back(j.lanes.back().get());
     }
@@ -110,10 +113,21 @@ absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
     co.mode = pj.run.async ? planning::OptimizerMode::kAsync : planning::OptimizerMode::kSync;
     co.recompute_ahead = pj.run.recompute_ahead;
     co.timeline_job = static_cast<int>(k);
-    auto controller = Controller::Create(co, j.store.get(), lanes, &timeline);
+    auto controller = Controller::Create(co, j.store.get(), lanes, &pool.timeline);
     if (!controller.ok()) return controller.status();
     j.controller = std::move(*controller);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
+  if (o.jobs.empty()) return absl::InvalidArgumentError("paced pool: no jobs");
+  const PacedRunOptions& first = o.jobs.front().run;
+  Pool pool;
+  if (absl::Status st = BuildPool(o, pool); !st.ok()) return st;
+  std::vector<PoolJob>& jobs = pool.jobs;
 
   // Each job on a thread of its own (side by side) or one after another. The first job to end
   // snapshots every job's compute time: the split while all of them ran.
