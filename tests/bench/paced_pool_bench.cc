@@ -2,7 +2,7 @@
 // compute gates, scheduler/runtime/paced_pool.h) against the same jobs one after another, on the
 // authors' per-layer figures (tests/bench/profiles): makespan, compute utilisation; and how the
 // compute splits between two jobs by their shares while both run. Paced figures only.
-//   build/tests/bench/paced_pool_bench [--time_scale 0.2] [--iterations 6] [--repeats 1]
+//   build/tests/bench/paced_pool_bench [--time_scale 0.2] [--iterations 6] [--shares_only]
 #include <ATen/Parallel.h>
 
 #include <cstdio>
@@ -24,6 +24,7 @@
 ABSL_FLAG(std::string, profiles_dir, RP_SOURCE_DIR "/tests/bench/profiles", "Where the profiles are");
 ABSL_FLAG(double, time_scale, 0.2, "Wall seconds per real second");
 ABSL_FLAG(int, iterations, 6, "Iterations per job (after 2 of warm-up)");
+ABSL_FLAG(bool, shares_only, false, "Only the share split (skip the side-by-side vs serial table)");
 
 namespace {
 
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
       {{"qwen3-1.7b sync", *q_sync}, {"llama-3.1-8b sync", *l_sync}},
       {{"qwen3-1.7b sync", *q_sync}, {"qwen3-1.7b async", *q_async}, {"llama-3.1-8b sync", *l_sync}},
   };
-  for (const auto& mix : mixes) {
+  for (const auto& mix : absl::GetFlag(FLAGS_shares_only) ? std::vector<std::vector<Named>>{} : mixes) {
     auto serial = Run(mix, false);
     if (!serial.ok()) return Fail(serial.status());
     auto together = Run(mix, true);
