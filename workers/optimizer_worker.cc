@@ -85,7 +85,7 @@ void OptimizerWorker::Process(const StepRequest& r) {
     for (int i : own.owned_params[static_cast<size_t>(o)]) {
       HostParam& p = store_->param(i);
       if (!p.trainable) continue;
-      if (!p.opt_grad.defined()) p.opt_grad = at::zeros_like(p.grad);
+      if (!p.opt_grad.defined()) store_->AllocateOptimizerGrad(p);
       p.opt_grad.copy_(p.grad);
       p.grad.zero_();
       if (!store_->pacer()) sq += std::pow(at::norm(p.opt_grad, 2, at::kDouble).item<double>(), 2);

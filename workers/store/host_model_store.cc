@@ -198,11 +198,16 @@ void HostModelStore::RelocateMasters(const HostAllocator& alloc) {
 int64_t HostModelStore::HostBytes() const {
   int64_t b = 0;
   for (const HostParam& p : params_) {
-    for (const at::Tensor* t : {&p.fp32, &p.master, &p.grad, &p.opt_grad}) {
+    for (const at::Tensor* t : {&p.fp32, &p.master, &p.grad}) {
       if (t->defined() && !(t == &p.master && p.mapped)) b += static_cast<int64_t>(t->nbytes());
     }
   }
-  return b;
+  return b + opt_grad_bytes_.load(std::memory_order_relaxed);
+}
+
+void HostModelStore::AllocateOptimizerGrad(HostParam& p) {
+  p.opt_grad = at::zeros_like(p.grad);
+  opt_grad_bytes_.fetch_add(static_cast<int64_t>(p.opt_grad.nbytes()), std::memory_order_relaxed);
 }
 
 bool HostModelStore::ClaimStateReserve(const void* optimizer) {

@@ -116,6 +116,10 @@ class HostModelStore {
   // that the store allocated
   // (anonymous memory); MappedBytes: the masters that alias model files instead.
   int64_t HostBytes() const;
+  // The async optimizer's own gradient copy of parameter `p`, allocated on first use (the
+  // optimizer worker's thread). Counted without reading the tensor, so HostBytes may run on any
+  // thread while the optimizer allocates.
+  void AllocateOptimizerGrad(HostParam& p);
   int64_t MappedBytes() const;
   int64_t RegisteredBytes() const;  // the mapped masters that are registered for DMA
   // The layer slabs: how many (one per layer that trains a parameter of its own) and their
@@ -139,6 +143,7 @@ class HostModelStore {
   std::map<std::string, int> by_name_;
   std::vector<at::Tensor> slabs_;  // kByte, one per layer with trainable parameters of its own
   std::atomic<const void*> reserve_owner_{nullptr};
+  std::atomic<int64_t> opt_grad_bytes_{0};  // AllocateOptimizerGrad's tensors
 };
 
 }  // namespace rp::workers
