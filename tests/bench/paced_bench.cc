@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +24,7 @@
 #include "scheduler/planning/presets.h"
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/runtime/paced_run.h"
+#include "tests/support/run_command.h"
 
 ABSL_FLAG(std::string, models, "qwen3-1.7b,llama-3.1-8b,gpt-oss-20b,qwen3-32b,qwen3-235b-a22b",
           "Paper model presets; each needs tests/bench/profiles/<name>.json");
@@ -51,13 +50,6 @@ namespace {
 
 using rp::scheduler::runtime::PacedRunOptions;
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // A bubble ratio as a percentage, a steady state's rounding residue (-1e-12) printed as 0.00.
 double Percent(double ratio) { return std::abs(ratio) < 5e-5 ? 0.0 : 100 * ratio; }
 
@@ -79,7 +71,8 @@ int main(int argc, char** argv) {
               "scale", "sim ms", "engine ms", "spread", "ratio", "sim bub", "eng bub", "wall s");
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
     const std::string model(name);
-    auto profile = rp::planning::ParseProfile(Read(absl::GetFlag(FLAGS_profiles_dir) + "/" + model + ".json"));
+    auto profile = rp::planning::ParseProfile(
+        rp::testing::ReadWholeFile(absl::GetFlag(FLAGS_profiles_dir) + "/" + model + ".json"));
     auto preset = rp::planning::ModelPreset(model);
     if (!profile.ok() || !preset.ok()) {
       std::fprintf(stderr, "%s: %s %s\n", model.c_str(), std::string(profile.status().message()).c_str(),

@@ -6,8 +6,6 @@
 #include <ATen/Parallel.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +18,7 @@
 #include "scheduler/planning/presets.h"
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/runtime/paced_pool.h"
+#include "tests/support/run_command.h"
 
 ABSL_FLAG(std::string, profiles_dir, RP_SOURCE_DIR "/tests/bench/profiles", "Where the profiles are");
 ABSL_FLAG(double, time_scale, 0.2, "Wall seconds per real second");
@@ -33,16 +32,10 @@ using rp::scheduler::runtime::PacedPoolOptions;
 using rp::scheduler::runtime::PacedPoolResult;
 using rp::scheduler::runtime::PacedRunOptions;
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // A paper model's job on 8 workers, M = 16, on the partition the simulator picks for its mode.
 absl::StatusOr<PacedRunOptions> Job(const std::string& model, bool async) {
-  auto profile = rp::planning::ParseProfile(Read(absl::GetFlag(FLAGS_profiles_dir) + "/" + model + ".json"));
+  auto profile =
+      rp::planning::ParseProfile(rp::testing::ReadWholeFile(absl::GetFlag(FLAGS_profiles_dir) + "/" + model + ".json"));
   if (!profile.ok()) return profile.status();
   auto preset = rp::planning::ModelPreset(model);
   if (!preset.ok()) return preset.status();

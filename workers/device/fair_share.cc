@@ -1,6 +1,7 @@
 #include "workers/device/fair_share.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "workers/base/check.h"
 
@@ -15,11 +16,13 @@ int FairShare::AddLane(double weight) {
 
 void FairShare::RemoveLane(int lane) { RP_CHECK(lanes_.erase(lane) == 1) << "unknown lane " << lane; }
 
-FairShare::Lane& FairShare::Get(int lane) {
+const FairShare::Lane& FairShare::Get(int lane) const {
   auto it = lanes_.find(lane);
   RP_CHECK(it != lanes_.end()) << "unknown lane " << lane;
   return it->second;
 }
+
+FairShare::Lane& FairShare::Get(int lane) { return const_cast<Lane&>(std::as_const(*this).Get(lane)); }
 
 void FairShare::Wait(int lane) {
   Lane& l = Get(lane);
@@ -52,16 +55,10 @@ void FairShare::Charge(int lane, double seconds) {
   l.used_s += std::max(0.0, seconds);
 }
 
-double FairShare::used_seconds(int lane) const {
-  auto it = lanes_.find(lane);
-  RP_CHECK(it != lanes_.end()) << "unknown lane " << lane;
-  return it->second.used_s;
-}
+double FairShare::used_seconds(int lane) const { return Get(lane).used_s; }
 
 bool FairShare::WouldLead(int lane) const {
-  auto me = lanes_.find(lane);
-  RP_CHECK(me != lanes_.end()) << "unknown lane " << lane;
-  const double mine = std::max(me->second.vtime, vclock_);
+  const double mine = std::max(Get(lane).vtime, vclock_);
   bool others = false;
   for (const auto& [id, l] : lanes_) {
     if (id == lane || !l.waiting) continue;
@@ -71,16 +68,8 @@ bool FairShare::WouldLead(int lane) const {
   return others;
 }
 
-bool FairShare::waiting(int lane) const {
-  auto it = lanes_.find(lane);
-  RP_CHECK(it != lanes_.end()) << "unknown lane " << lane;
-  return it->second.waiting;
-}
+bool FairShare::waiting(int lane) const { return Get(lane).waiting; }
 
-double FairShare::virtual_time(int lane) const {
-  auto it = lanes_.find(lane);
-  RP_CHECK(it != lanes_.end()) << "unknown lane " << lane;
-  return it->second.vtime;
-}
+double FairShare::virtual_time(int lane) const { return Get(lane).vtime; }
 
 }  // namespace rp::workers

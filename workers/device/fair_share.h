@@ -42,6 +42,7 @@ class FairShare {
     double used_s = 0;
     bool waiting = false;
   };
+  const Lane& Get(int lane) const;
   Lane& Get(int lane);
   std::map<int, Lane> lanes_;
   double vclock_ = 0;  // the virtual start time of the latest operation granted
