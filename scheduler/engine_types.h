@@ -169,6 +169,10 @@ struct IterationStats {
   double loss_scale = 1;          // dynamic loss scale used for this iteration's gradients
   bool skipped_step = false;      // fp16: gradients overflowed, the step was skipped
   double optimizer_seconds = 0;   // wall time of this iteration's optimizer step
+  // A lost worker (runtime/slot_recovery.h): the workers this iteration was planned over (fewer
+  // than the job's once one is lost) and its stage slots run again because their worker was lost.
+  int workers = 0;
+  int slots_rerun = 0;
 };
 
 // One evaluation on the validation source.

@@ -33,9 +33,8 @@ void TakeRouting(StageState& s, int m, int mb) {
   RoutingTape& tape = s.routing[static_cast<size_t>(m)];
   for (int l = std::max(1, sl.first_layer); l < sl.first_layer + sl.num_layers && l <= cfg.num_blocks; ++l) {
     if (!cfg.SparseBlock(l - 1)) continue;
-    absl::StatusOr<at::Tensor> packed = s.ctx->acts->Take(ActKind::kRouting, l, mb, sl.iteration);
-    if (!packed.ok()) throw std::runtime_error(std::string(packed.status().message()));
-    models::RoutingDecision d = models::UnpackRouting(*packed, cfg.num_experts, cfg.experts_per_token);
+    const at::Tensor packed = stage_internal::TakeInput(s, ActKind::kRouting, l, mb);
+    models::RoutingDecision d = models::UnpackRouting(packed, cfg.num_experts, cfg.experts_per_token);
     d.experts = s.dev->Upload(d.experts);
     tape[l] = std::move(d);
   }
@@ -53,6 +52,32 @@ std::vector<int> StageOwners(const StageTask& task) {
   return owners;
 }
 
+// The slot is done on this worker (its outputs and gradients on the host, or its iteration
+// failed): the consistency counts its gradient downloads and weight uploads (async mode; counted
+// here, not at the upload, so that a run that dies after its upload never lets the optimizer
+// overwrite weights the re-run still has to upload), then the run finishes (slot_attempt.h).
+// Skipped with every other operation when the device is lost: the re-run counts instead.
+void CountSlot(const StageTask& task, SlotLedger& ledger) {
+  ConsistencyBook* book = task.book;
+  if (book == nullptr) return;
+  auto ev = book->Get(task.iteration);
+  const int first = task.first_layer, n = task.num_layers;
+  if (Trains(task.kind)) {
+    ledger.Once(SlotLedger::Effect::kCounted, 0, [&] {
+      for (int l = first; l < first + n; ++l) ev->grads[static_cast<size_t>(l)]->CountDown();
+    });
+  }
+  ledger.Once(SlotLedger::Effect::kCounted, 1, [&] {
+    for (int l = first; l < first + n; ++l) ev->uploads[static_cast<size_t>(l)]->CountDown();
+  });
+}
+
+void FinishSlot(StageState& s) {
+  if (s.attempt->abandoned()) return;
+  CountSlot(s.task, s.attempt->ledger());
+  s.attempt->Finish();
+}
+
 struct MicrobatchEvents {
   std::vector<EventPtr> computed, inputs_uploaded, outputs_downloaded;
 };
@@ -65,27 +90,24 @@ struct MicrobatchEvents {
 enum class Inputs { kAll, kCheckpoint, kGradient };
 void UploadInputs(StageState& s, int m, int mb, Inputs which) {
   const StageTask& sl = s.task;
-  ActivationStore& acts = *s.ctx->acts;
   const size_t i = static_cast<size_t>(m);
-  absl::StatusOr<at::Tensor> x = at::Tensor(), second = at::Tensor();
-  if (which != Inputs::kGradient) x = acts.Take(ActKind::kActivation, sl.first_layer, mb, sl.iteration);
-  if (!x.ok()) throw std::runtime_error(std::string(x.status().message()));
+  at::Tensor x, second;
+  if (which != Inputs::kGradient) x = stage_internal::TakeInput(s, ActKind::kActivation, sl.first_layer, mb);
   if (which != Inputs::kCheckpoint) {
     if (sl.kind == spec::StageKind::kFused || sl.kind == spec::StageKind::kEval) {
-      second = acts.Take(ActKind::kLabels, 0, mb, sl.iteration);
+      second = stage_internal::TakeInput(s, ActKind::kLabels, 0, mb);
     } else if (sl.kind == spec::StageKind::kBackward) {
-      second = acts.Take(ActKind::kGradient, sl.first_layer + sl.num_layers, mb, sl.iteration);
+      second = stage_internal::TakeInput(s, ActKind::kGradient, sl.first_layer + sl.num_layers, mb);
     }
   }
-  if (!second.ok()) throw std::runtime_error(std::string(second.status().message()));
   if (which != Inputs::kGradient) {
     if (sl.kind == spec::StageKind::kBackward && ReplaysRouting(s)) TakeRouting(s, m, mb);
-    s.in[i] = s.dev->Upload(*x);
+    s.in[i] = s.dev->Upload(x);
     if (!s.ctx->positions.empty()) s.positions[i] = s.dev->Upload(s.ctx->positions[static_cast<size_t>(mb)]);
   }
   if (which == Inputs::kCheckpoint) return;
-  if (sl.kind == spec::StageKind::kFused || sl.kind == spec::StageKind::kEval) s.labels[i] = s.dev->Upload(*second);
-  if (sl.kind == spec::StageKind::kBackward) s.grad_out[i] = s.dev->Upload(*second);
+  if (sl.kind == spec::StageKind::kFused || sl.kind == spec::StageKind::kEval) s.labels[i] = s.dev->Upload(second);
+  if (sl.kind == spec::StageKind::kBackward) s.grad_out[i] = s.dev->Upload(second);
 }
 
 models::TokenLayout LayoutOf(const StageState& s, size_t i) {
@@ -133,9 +155,11 @@ void ComputeMicrobatch(StageState& s, int m) {
       s.fwd_out[i] = ForwardStage(*ctx.cfg, s.weights, layout, s.in[i], s.task.save_inputs_of,
                                   ReplaysRouting(s) ? &s.routing[i] : nullptr);
       if (ctx.router_aux) {
-        for (const auto& [layer, d] : s.routing[i]) {
-          ctx.router_aux->Add(sl.first_microbatch + m, d.counts, d.prob_sum, d.experts.size(0));
-        }
+        s.attempt->ledger().Once(SlotLedger::Effect::kAux, m, [&] {
+          for (const auto& [layer, d] : s.routing[i]) {
+            ctx.router_aux->Add(sl.first_microbatch + m, d.counts, d.prob_sum, d.experts.size(0));
+          }
+        });
       }
       break;
     case spec::StageKind::kFused: {
@@ -143,13 +167,15 @@ void ComputeMicrobatch(StageState& s, int m) {
       FusedResult r =
           FusedStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i], ctx.loss_scale * ctx.grad_multiplier,
                      ctx.head_chunk_tokens, ctx.router_aux ? &aux : nullptr);
-      ctx.AddLoss(r.loss_sum * ctx.loss_scale + r.aux_loss, r.tokens);
+      s.attempt->ledger().Once(SlotLedger::Effect::kLoss, m,
+                               [&] { ctx.AddLoss(r.loss_sum * ctx.loss_scale + r.aux_loss, r.tokens); });
       s.grad_in[i] = r.grad_input;
       break;
     }
     case spec::StageKind::kEval: {
       const models::HeadLoss r = EvalStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i], ctx.head_chunk_tokens);
-      ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens);
+      s.attempt->ledger().Once(SlotLedger::Effect::kLoss, m,
+                               [&] { ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens); });
       break;
     }
     case spec::StageKind::kBackward:
@@ -170,20 +196,28 @@ void DownloadOutputs(StageState& s, int m, int mb) {
   const StageTask& sl = s.task;
   RunContext& ctx = *s.ctx;
   const size_t i = static_cast<size_t>(m);
+  // Downloaded first, then Put together: a re-run of the slot (slot_attempt.h) Puts nothing twice.
+  SlotLedger& ledger = s.attempt->ledger();
   if (sl.kind == spec::StageKind::kForward) {
-    for (auto& [layer, t] : s.fwd_out[i]) {
-      ctx.acts->Put(ActKind::kActivation, layer, mb, s.dev->Download(t), ctx.act_consumers[static_cast<size_t>(layer)],
-                    sl.iteration);
+    std::vector<std::pair<int, at::Tensor>> acts, routes;
+    for (auto& [layer, t] : s.fwd_out[i]) acts.emplace_back(layer, s.dev->Download(t));
+    for (auto& [layer, d] : s.routing[i]) {
+      routes.emplace_back(layer, models::PackRouting({s.dev->Download(d.experts), d.counts, {}}));
     }
     s.fwd_out[i].clear();
-    for (auto& [layer, d] : s.routing[i]) {
-      const at::Tensor experts = s.dev->Download(d.experts);
-      ctx.acts->Put(ActKind::kRouting, layer, mb, models::PackRouting({experts, d.counts, {}}), 1, sl.iteration);
-    }
     s.routing[i].clear();
+    ledger.Once(SlotLedger::Effect::kOutputs, m, [&] {
+      for (auto& [layer, t] : acts) {
+        ctx.acts->Put(ActKind::kActivation, layer, mb, std::move(t), ctx.act_consumers[static_cast<size_t>(layer)],
+                      sl.iteration);
+      }
+      for (auto& [layer, t] : routes) ctx.acts->Put(ActKind::kRouting, layer, mb, std::move(t), 1, sl.iteration);
+    });
   } else if (Trains(sl.kind) && sl.first_layer > 0) {
-    ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, s.dev->Download(s.grad_in[i]), 1, sl.iteration);
+    at::Tensor g = s.dev->Download(s.grad_in[i]);
     s.grad_in[i] = at::Tensor();
+    ledger.Once(SlotLedger::Effect::kOutputs, m,
+                [&] { ctx.acts->Put(ActKind::kGradient, sl.first_layer, mb, std::move(g), 1, sl.iteration); });
   }
 }
 
@@ -293,31 +327,43 @@ std::function<void(const std::vector<EventPtr>&)> GradientDownload(Device& dev, 
                       for (const TransferPiece& pc : pieces) {
                         const size_t k = static_cast<size_t>(pc.tensor);
                         if (k < s->grads.size() && s->grads[k].defined()) {
-                          s->ctx->store->AccumulateGrad(s->param_ids[k], s->dev->Download(s->grads[k]));
+                          at::Tensor g = s->dev->Download(s->grads[k]);
+                          s->attempt->ledger().Once(SlotLedger::Effect::kGrad, pc.tensor, [&] {
+                            s->ctx->store->AccumulateGrad(s->param_ids[k], std::move(g));
+                          });
                         }
                       }
                     });
                   });
     }
     gd->Enqueue({}, [s] { s->grads.clear(); });
-    if (s->task.book) {
-      auto ev = s->task.book->Get(sl.iteration);
-      gd->Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
-        for (int l = first; l < first + n; ++l) ev->grads[static_cast<size_t>(l)]->CountDown();
-      });
-    }
     // The stage is done when its outputs and its gradients are on host.
     gd->WaitEvent(outputs);
+    gd->Enqueue({}, [s] { FinishSlot(*s); });
     gd->RecordEvent(done);
   };
 }
 
 }  // namespace
 
-EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext> ctx) {
+namespace stage_internal {
+at::Tensor TakeInput(StageState& s, ActKind kind, int layer, int microbatch) {
+  absl::StatusOr<at::Tensor> t = s.ctx->acts->Take(kind, layer, microbatch, s.task.iteration, s.attempt->cancelled());
+  if (!t.ok()) throw std::runtime_error(std::string(t.status().message()));
+  if (!s.attempt->Lease(s.ctx->acts, kind, layer, microbatch, s.task.iteration, *t)) {
+    throw std::runtime_error("the stage slot's run was abandoned");
+  }
+  return *std::move(t);
+}
+}  // namespace stage_internal
+
+EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext> ctx,
+                              std::shared_ptr<SlotAttempt> attempt) {
   auto s = std::make_shared<StageState>();
   s->task = task;
   s->ctx = std::move(ctx);
+  s->attempt =
+      attempt ? std::move(attempt) : std::make_shared<SlotAttempt>(std::make_shared<SlotLedger>(), &device_->health());
   s->device = device_->torch_device();
   s->dev = device_;
   const size_t mbs = static_cast<size_t>(task.num_microbatches);
@@ -352,10 +398,16 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
     act_down.Enqueue({}, [s] {
       s->params.clear();
       s->weights.layers.clear();
+      FinishSlot(*s);
     });
     act_down.RecordEvent(done);
   }
   return done;
+}
+
+void SettleSlot(const StageTask& task, SlotLedger& ledger) {
+  CountSlot(task, ledger);
+  ledger.Complete();
 }
 
 void DeviceWorker::Flush() {

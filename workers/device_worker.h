@@ -26,6 +26,7 @@
 #include "workers/consistency.h"
 #include "workers/device/device.h"
 #include "workers/run_context.h"
+#include "workers/slot_attempt.h"
 #include "workers/stage_task.h"
 
 namespace rp::workers {
@@ -34,7 +35,11 @@ class DeviceWorker {
  public:
   explicit DeviceWorker(Device* device) : device_(device) {}
   Device* device() const { return device_; }
-  EventPtr Submit(const StageTask& task, std::shared_ptr<RunContext> ctx);
+  // `attempt`: this run of the slot (slot_attempt.h; the controller's, to re-run the slot
+  // elsewhere should this device be lost); null: a run of its own. The event is set once the run
+  // drained: the slot finished (attempt->ledger().done() set too) — or its device was lost.
+  EventPtr Submit(const StageTask& task, std::shared_ptr<RunContext> ctx,
+                  std::shared_ptr<SlotAttempt> attempt = nullptr);
   // Issues the last training stage's gradient download without waiting for a next stage.
   void Flush();
 
@@ -50,5 +55,10 @@ class DeviceWorker {
   // events to interleave with (called with them by the next Submit, with none by Flush).
   std::function<void(const std::vector<EventPtr>&)> pending_grads_;
 };
+
+// A slot whose iteration failed and that no worker will run (every device lost): counts it in the
+// consistency protocol as if it had run (so no optimizer step waits forever) and completes its
+// ledger.
+void SettleSlot(const StageTask& task, SlotLedger& ledger);
 
 }  // namespace rp::workers

@@ -37,11 +37,11 @@ void PacedComputeMicrobatch(StageState& s, int m, const Pacer& pacer) {
       s.fwd_out[i].push_back({sl.first_layer + sl.num_layers, Boundary(s, s.in[i])});
       break;
     case spec::StageKind::kFused:
-      s.ctx->AddLoss(0, s.labels[i].numel());
+      s.attempt->ledger().Once(SlotLedger::Effect::kLoss, m, [&] { s.ctx->AddLoss(0, s.labels[i].numel()); });
       if (sl.first_layer > 0) s.grad_in[i] = Boundary(s, s.in[i]);
       break;
     case spec::StageKind::kEval:
-      s.ctx->AddLoss(0, s.labels[i].numel());
+      s.attempt->ledger().Once(SlotLedger::Effect::kLoss, m, [&] { s.ctx->AddLoss(0, s.labels[i].numel()); });
       break;
     case spec::StageKind::kBackward:
       s.grad_in[i] = Boundary(s, s.grad_out[i]);

@@ -18,6 +18,7 @@
 #include "workers/device/device.h"
 #include "workers/device/transfer_windows.h"
 #include "workers/run_context.h"
+#include "workers/slot_attempt.h"
 #include "workers/stage_compute.h"
 #include "workers/stage_task.h"
 
@@ -27,6 +28,7 @@ namespace rp::workers::stage_internal {
 struct StageState {
   StageTask task;
   std::shared_ptr<RunContext> ctx;
+  std::shared_ptr<SlotAttempt> attempt;  // this run of the slot (slot_attempt.h)
   c10::Device device = c10::Device(c10::kCPU);
   Device* dev = nullptr;
   std::vector<int> param_ids;                       // unique parameter indices of the stage
@@ -43,13 +45,16 @@ struct StageState {
 };
 
 // Runs `fn`, turning any exception into the iteration's error; skips the work once the
-// iteration has failed (events are still recorded by the streams, so nobody waits forever).
+// iteration has failed (events are still recorded by the streams, so nobody waits forever). A run
+// of the slot that was abandoned (its device lost) skips the rest of its work, and what it throws
+// meanwhile is no error of the iteration: the slot is re-run elsewhere.
 template <typename Fn>
 void Guarded(StageState& s, const char* what, Fn&& fn) {
-  if (s.ctx->failed()) return;
+  if (s.ctx->failed() || s.attempt->abandoned()) return;
   try {
     fn();
   } catch (const std::exception& e) {
+    if (s.attempt->abandoned()) return;
     s.ctx->Fail(
         absl::InternalError(absl::StrCat(what, " of stage slot ", s.task.slot, " (layers ", s.task.first_layer, "..",
                                          s.task.first_layer + s.task.num_layers - 1, ") failed: ", e.what())));
@@ -62,6 +67,10 @@ std::vector<std::vector<TransferPiece>> PlanChunks(const std::vector<TensorExten
                                                    int64_t split_threshold_bytes);
 // A timeline label: "<what>F3 mb2" (forward, eval "E", backward "B"; mb < 0: none).
 std::string Label(const StageTask& sl, const char* what, int mb);
+
+// Takes an input of the stage from the activation store for this run (leased: it goes back if the
+// run is abandoned); throws when the run is abandoned or the iteration aborted.
+at::Tensor TakeInput(StageState& s, ActKind kind, int layer, int microbatch);
 
 // Fused and backward stages form weight gradients; forward and evaluation stages do not.
 inline bool Trains(spec::StageKind k) { return k == spec::StageKind::kFused || k == spec::StageKind::kBackward; }

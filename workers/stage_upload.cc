@@ -106,13 +106,9 @@ EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, 
       }
     });
   });
-  if (task.book) {
-    // Counted even when the upload failed, so the optimizer never waits forever.
-    auto ev = task.book->Get(sl.iteration);
-    up.Enqueue({}, [ev, first = sl.first_layer, n = sl.num_layers] {
-      for (int l = first; l < first + n; ++l) ev->uploads[static_cast<size_t>(l)]->CountDown();
-    });
-  }
+  // Async mode: the upload is counted (consistency edge 1) when the slot finished, not here
+  // (device_worker.cc's FinishSlot): a run that dies after this upload may be re-run elsewhere and
+  // must find the same weights.
   up.RecordEvent(params_ready);
   return params_ready;
 }

@@ -93,7 +93,12 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
       timeline_(timeline),
       adamw_(opt_.adamw),
       scaler_(opt_.loss_scaler) {
-  for (workers::Device* d : devices_) workers_.push_back(std::make_unique<workers::DeviceWorker>(d));
+  std::vector<workers::DeviceWorker*> raw;
+  for (workers::Device* d : devices_) {
+    workers_.push_back(std::make_unique<workers::DeviceWorker>(d));
+    raw.push_back(workers_.back().get());
+  }
+  recovery_ = std::make_unique<runtime::SlotRecovery>(std::move(raw), opt_.timeline_job);
   if (opt_.resume_adamw) {
     adamw_.set_state(*opt_.resume_adamw);
     scaler_.Restore(opt_.resume_loss_scale > 0 ? opt_.resume_loss_scale : scaler_.scale(), opt_.resume_good_steps);
@@ -204,16 +209,20 @@ std::shared_ptr<workers::RunContext> Controller::MakeRunContext(int T, int64_t s
 
 absl::Status Controller::DispatchIteration(int T, InFlight& f) {
   const bool async = opt_.mode == planning::OptimizerMode::kAsync;
+  // Planned over the workers still usable: a lost one's slots went to the others (re-run there).
+  const std::vector<int> usable = recovery_->Usable();
+  if (usable.empty()) return absl::UnavailableError("controller: every worker of the job is lost");
   planning::DispatchOptions d;
-  d.num_workers = static_cast<int>(workers_.size());
+  d.num_workers = static_cast<int>(usable.size());
   d.microbatches_per_iteration = opt_.microbatches;
   d.microbatches_per_round = opt_.microbatches_per_round;
-  d.g0 = next_g0_;
+  d.g0 = next_g0_ % d.num_workers;
   d.mode = opt_.mode;
   auto plan = planning::BuildDispatchPlan(opt_.partition, store_->config().num_layers(), d);
   if (!plan.ok()) return plan.status();
   next_g0_ = plan->next_g0;
   f.slots = plan->slots;
+  f.workers = d.num_workers;
   f.partition = opt_.partition;
   if (async) {
     book_->Get(T);
@@ -234,15 +243,18 @@ absl::Status Controller::DispatchIteration(int T, InFlight& f) {
         if (l > sl.first_layer && l < sl.first_layer + sl.num_layers) task.save_inputs_of.push_back(l);
       }
     }
-    f.done.push_back(workers_[static_cast<size_t>(sl.worker)]->Submit(task, f.ctx));
+    f.done.push_back(recovery_->Submit(usable[static_cast<size_t>(sl.worker)], task, f.ctx));
   }
   // No further stage follows for now: issue each worker's last gradient download.
   for (auto& w : workers_) w->Flush();
+  // A worker lost while this was dispatched got slots: they are re-run elsewhere.
+  if (recovery_->Usable().size() != usable.size()) recovery_->Poke();
   return absl::OkStatus();
 }
 
 void Controller::FinishSyncIteration(int T, InFlight& f) {
   for (const auto& e : f.done) e->Wait();
+  f.slots_rerun = recovery_->Forget(T);
   if (absl::Status err = f.ctx->error(); !err.ok()) {
     store_->ZeroGrads();
     acts_.Discard(T);
@@ -317,6 +329,8 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
   st.loss_scale = f.loss_scale;
   st.activation_peak_bytes = acts_.peak_bytes();
   st.partition = f.partition.ToString();
+  st.workers = f.workers;
+  st.slots_rerun = f.slots_rerun;
   if (planned_ && planned_->partition == f.partition) st.predicted_bubble = planned_->predicted_bubble;
   st.partition_problem = plan_problem_;
   st.worker_busy_s.assign(workers_.size(), 0);
@@ -333,7 +347,7 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
     }
     double busy = 0;
     for (double b : st.worker_busy_s) busy += b;
-    if (last > first) st.bubble_ratio = 1 - busy / (static_cast<double>(workers_.size()) * (last - first));
+    if (last > first) st.bubble_ratio = 1 - busy / (static_cast<double>(f.workers) * (last - first));
   }
   RecordProfile(iteration, f);
   return st;
@@ -349,6 +363,7 @@ absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {
   if (f.result) return *f.result;  // sync: already complete
 
   for (const auto& e : f.done) e->Wait();
+  f.slots_rerun = recovery_->Forget(iteration);
   workers::StepResult step = f.drained_step ? *f.drained_step : optimizer_->AwaitStep(iteration);
   book_->PruneBefore(iteration - 1);
   if (absl::Status err = f.ctx->error(); !err.ok()) {

@@ -29,6 +29,7 @@
 #include "scheduler/engine_types.h"
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/partition.h"
+#include "scheduler/runtime/slot_recovery.h"
 #include "workers/consistency.h"
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
@@ -167,6 +168,11 @@ class Controller {
   int64_t measured_microbatch_rows() const { return last_microbatch_rows_; }
   int64_t measured_sequence_length() const { return last_seq_len_; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
+  // A lost worker (device_health.h): its unfinished stage slots are re-run on the others and the
+  // next iterations are planned over the workers still usable (runtime/slot_recovery.h).
+  int usable_workers() const { return static_cast<int>(recovery_->Usable().size()); }
+  int workers_lost() const { return recovery_->workers_lost(); }
+  int64_t slots_rerun() const { return recovery_->slots_rerun(); }
   int iterations_done() const { return iteration_; }
   // The optimizer's state; only between iterations after Flush (async) or any iteration (sync).
   OptimizerSnapshot Snapshot() const;
@@ -182,6 +188,7 @@ class Controller {
   workers::HostModelStore* store_;
   std::vector<workers::Device*> devices_;
   std::vector<std::unique_ptr<workers::DeviceWorker>> workers_;
+  std::unique_ptr<runtime::SlotRecovery> recovery_;  // every stage slot goes through it
   workers::Timeline* timeline_;
   workers::ActivationStore acts_;
   workers::AdamW adamw_;
@@ -195,6 +202,8 @@ class Controller {
     std::optional<absl::StatusOr<IterationStats>> result;  // sync mode: already complete
     std::optional<workers::StepResult> drained_step;       // async: collected by a drain
     std::vector<planning::StageSlot> slots;                // the iteration's dispatch plan
+    int workers = 0;                                       // the plan's worker count
+    int slots_rerun = 0;                                   // re-run after a lost worker
     planning::Partition partition;
   };
   void ApplyPartition(const planning::Partition& p);

@@ -47,11 +47,13 @@ absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, con
     acts_.Put(workers::ActKind::kLabels, 0, m, std::move(host->labels[m]), 1, E);
   }
   // The training plan's forward slots and B_1's, on the workers the round-robin continues with.
+  const std::vector<int> usable = recovery_->Usable();
+  if (usable.empty()) return absl::UnavailableError("controller: every worker of the job is lost");
   planning::DispatchOptions d;
-  d.num_workers = static_cast<int>(workers_.size());
+  d.num_workers = static_cast<int>(usable.size());
   d.microbatches_per_iteration = M;
   d.microbatches_per_round = opt_.microbatches_per_round;
-  d.g0 = next_g0_;
+  d.g0 = next_g0_ % d.num_workers;
   d.mode = planning::OptimizerMode::kSync;
   auto plan = planning::BuildDispatchPlan(opt_.partition, L, d);
   if (!plan.ok()) return plan.status();
@@ -61,10 +63,12 @@ absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, con
     sl.iteration = E;
     workers::StageTask task = ToStageTask(sl);
     if (sl.kind == spec::StageKind::kFused) task.kind = spec::StageKind::kEval;
-    done.push_back(workers_[static_cast<size_t>(sl.worker)]->Submit(task, ctx));
+    done.push_back(recovery_->Submit(usable[static_cast<size_t>(sl.worker)], task, ctx));
   }
   for (auto& w : workers_) w->Flush();
+  if (recovery_->Usable().size() != usable.size()) recovery_->Poke();
   for (const auto& e : done) e->Wait();
+  recovery_->Forget(E);
   if (absl::Status err = ctx->error(); !err.ok()) {
     acts_.Discard(E);
     return err;

@@ -41,9 +41,9 @@ void MarkTransferStart() {
 }
 }  // namespace
 
-CpuStream::CpuStream(int worker, StreamKind kind, Timeline* timeline)
+CpuStream::CpuStream(int worker, StreamKind kind, Timeline* timeline, DeviceHealth* health)
     : worker_(worker), kind_(kind), timeline_(timeline) {
-  Start();
+  Start(health);
 }
 
 CpuStream::~CpuStream() { Stop(); }
@@ -72,12 +72,12 @@ void CpuStream::RunOp(Op& op) {
 
 CpuDevice::CpuDevice(int index, Timeline* timeline) : index_(index), timeline_(timeline) {
   for (int k = 0; k < kNumStreamKinds; ++k) {
-    streams_[k] = std::make_unique<CpuStream>(index, static_cast<StreamKind>(k), timeline);
+    streams_[k] = std::make_unique<CpuStream>(index, static_cast<StreamKind>(k), timeline, &health_);
   }
 }
 
 std::unique_ptr<Stream> CpuDevice::NewStream(StreamKind kind) {
-  return std::make_unique<CpuStream>(index_, kind, timeline_);
+  return std::make_unique<CpuStream>(index_, kind, timeline_, &health_);
 }
 
 at::Tensor CpuDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {

@@ -13,7 +13,7 @@ namespace rp::workers {
 
 class CpuStream final : public QueuedStream {
  public:
-  CpuStream(int worker, StreamKind kind, Timeline* timeline);
+  CpuStream(int worker, StreamKind kind, Timeline* timeline, DeviceHealth* health);
   ~CpuStream() override;
 
  private:
@@ -34,6 +34,7 @@ class CpuDevice final : public Device {
   std::string description() const override { return "CPU worker (LibTorch CPU backend)"; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
   std::unique_ptr<Stream> NewStream(StreamKind kind) override;
+  DeviceHealth& health() override { return health_; }
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   at::Tensor Upload(const at::Tensor& host) override;
   at::Tensor Download(const at::Tensor& on_device) override;
@@ -43,6 +44,7 @@ class CpuDevice final : public Device {
  private:
   const int index_;
   Timeline* const timeline_;
+  DeviceHealth health_{index_};
   std::unique_ptr<CpuStream> streams_[kNumStreamKinds];
 };
 

@@ -41,7 +41,7 @@ void CudaStream::MarkTransferStart() {
 
 CudaStream::CudaStream(CudaDevice* device, StreamKind kind, c10::cuda::CUDAStream stream, Timeline* timeline)
     : device_(device), kind_(kind), stream_(stream), timeline_(timeline) {
-  Start();
+  Start(&device->health());
 }
 
 CudaStream::~CudaStream() { Stop(); }

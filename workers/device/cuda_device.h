@@ -87,6 +87,7 @@ class CudaDevice final : public Device {
   c10::Device torch_device() const override;
   std::string description() const override { return description_; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
+  DeviceHealth& health() override { return health_; }
   std::unique_ptr<Stream> NewStream(StreamKind kind) override;
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   absl::StatusOr<std::shared_ptr<void>> RegisterHostMemory(void* base, int64_t bytes) override;
@@ -110,6 +111,7 @@ class CudaDevice final : public Device {
   std::string description_;
   int64_t total_bytes_ = 0;
   Timeline* const timeline_;
+  DeviceHealth health_{index_};
   std::unique_ptr<CudaStream> streams_[kNumStreamKinds];
   base::Mutex resident_mu_;
   std::map<const void*, at::Tensor> resident_ ABSL_GUARDED_BY(resident_mu_);  // keep_weights_resident only

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "workers/device/device_health.h"
 #include "workers/device/event.h"
 #include "workers/device/pacer.h"
 #include "workers/device/timeline.h"
@@ -67,6 +68,9 @@ class Device {
   // behind each other's waits. On CUDA a new stream from the pool (same priority as the
   // device's own stream of that kind).
   virtual std::unique_ptr<Stream> NewStream(StreamKind kind) = 0;
+  // Whether the device still works (device_health.h): shared by every stream made on it and by
+  // every lane over it.
+  virtual DeviceHealth& health() = 0;
 
   // Host memory the device copies from and to asynchronously: page-locked on CUDA (from a
   // pinned arena), ordinary memory on the CPU backend.

@@ -51,7 +51,7 @@ class LaneStream final : public Stream {
 }  // namespace
 
 LaneDevice::LaneDevice(Device* base, ComputeGate* gate, double share, int job, const Pacer* pacer)
-    : base_(base), gate_(gate), lane_(gate->AddLane(share)), pacer_(pacer) {
+    : base_(base), gate_(gate), lane_(gate != nullptr ? gate->AddLane(share) : -1), pacer_(pacer) {
   for (int k = 0; k < kNumStreamKinds; ++k) {
     const auto kind = static_cast<StreamKind>(k);
     streams_[k] = std::make_unique<LaneStream>(base_->NewStream(kind), job,
@@ -61,7 +61,7 @@ LaneDevice::LaneDevice(Device* base, ComputeGate* gate, double share, int job, c
 
 LaneDevice::~LaneDevice() {
   for (auto& s : streams_) s.reset();  // drains: nothing of this lane runs or waits after
-  gate_->RemoveLane(lane_);
+  if (gate_ != nullptr) gate_->RemoveLane(lane_);
 }
 
 }  // namespace rp::workers

@@ -17,9 +17,10 @@ namespace rp::workers {
 
 class LaneDevice final : public Device {
  public:
-  // `share` > 0: the job's weight at the gate. `job`: the tag its operations carry into the
-  // timeline (OpInfo::job). `pacer` (paced workers only, optional): the job's own clock for its
-  // stage compute (a job of another model); copies keep the device's links.
+  // `share` > 0: the job's weight at the gate (null gate: compute runs without turns — a lane
+  // that only re-runs a lost worker's stage slots, scheduler/runtime/slot_recovery.h). `job`: the tag its operations
+  // carry into the timeline (OpInfo::job). `pacer` (paced workers only, optional): the job's own clock for its stage
+  // compute (a job of another model); copies keep the device's links.
   LaneDevice(Device* base, ComputeGate* gate, double share, int job = -1, const Pacer* pacer = nullptr);
   ~LaneDevice() override;
 
@@ -28,6 +29,7 @@ class LaneDevice final : public Device {
   c10::Device torch_device() const override { return base_->torch_device(); }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
   std::unique_ptr<Stream> NewStream(StreamKind kind) override { return base_->NewStream(kind); }
+  DeviceHealth& health() override { return base_->health(); }
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override { return base_->EmptyHost(sizes, dtype); }
   absl::StatusOr<std::shared_ptr<void>> RegisterHostMemory(void* base, int64_t bytes) override {
     return base_->RegisterHostMemory(base, bytes);
@@ -48,7 +50,9 @@ class LaneDevice final : public Device {
 
   Device* base() const { return base_; }
   int lane() const { return lane_; }
-  double compute_seconds() const { return gate_->used_seconds(lane_); }  // the job's compute here so far
+  double compute_seconds() const {
+    return gate_ != nullptr ? gate_->used_seconds(lane_) : 0;
+  }  // the job's compute here so far
 
  private:
   Device* const base_;

@@ -11,9 +11,9 @@ namespace {
 thread_local int paced_stream_kind = static_cast<int>(StreamKind::kParamUp);
 }  // namespace
 
-PacedStream::PacedStream(int worker, StreamKind kind, Timeline* timeline)
+PacedStream::PacedStream(int worker, StreamKind kind, Timeline* timeline, DeviceHealth* health)
     : worker_(worker), kind_(kind), timeline_(timeline) {
-  Start();
+  Start(health);
 }
 
 PacedStream::~PacedStream() { Stop(); }
@@ -39,12 +39,12 @@ void PacedStream::RunOp(Op& op) {
 PacedDevice::PacedDevice(int index, std::shared_ptr<const Pacer> pacer, Timeline* timeline)
     : index_(index), pacer_(std::move(pacer)), timeline_(timeline) {
   for (int k = 0; k < kNumStreamKinds; ++k) {
-    streams_[k] = std::make_unique<PacedStream>(index, static_cast<StreamKind>(k), timeline);
+    streams_[k] = std::make_unique<PacedStream>(index, static_cast<StreamKind>(k), timeline, &health_);
   }
 }
 
 std::unique_ptr<Stream> PacedDevice::NewStream(StreamKind kind) {
-  return std::make_unique<PacedStream>(index_, kind, timeline_);
+  return std::make_unique<PacedStream>(index_, kind, timeline_, &health_);
 }
 
 at::Tensor PacedDevice::EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) {

@@ -21,7 +21,7 @@ namespace rp::workers {
 
 class PacedStream final : public QueuedStream {
  public:
-  PacedStream(int worker, StreamKind kind, Timeline* timeline);
+  PacedStream(int worker, StreamKind kind, Timeline* timeline, DeviceHealth* health);
   ~PacedStream() override;
 
  private:
@@ -41,6 +41,7 @@ class PacedDevice final : public Device {
   std::string description() const override { return "paced worker (no data; times from a profile)"; }
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
   std::unique_ptr<Stream> NewStream(StreamKind kind) override;
+  DeviceHealth& health() override { return health_; }
   const Pacer* pacer() const override { return pacer_.get(); }
   at::Tensor EmptyHost(at::IntArrayRef sizes, at::ScalarType dtype) override;
   at::Tensor Upload(const at::Tensor& host) override;
@@ -54,6 +55,7 @@ class PacedDevice final : public Device {
   const int index_;
   const std::shared_ptr<const Pacer> pacer_;
   Timeline* const timeline_;
+  DeviceHealth health_{index_};
   std::unique_ptr<PacedStream> streams_[kNumStreamKinds];
 };
 

@@ -1,5 +1,8 @@
 #include "workers/device/queued_stream.h"
 
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
 #include "workers/device/test_hooks.h"
 
 namespace rp::workers {
@@ -23,7 +26,8 @@ void OpClock::RestartNow() {
   if (op_clock_start != nullptr && op_clock_timeline != nullptr) *op_clock_start = op_clock_timeline->Now();
 }
 
-void QueuedStream::Start() {
+void QueuedStream::Start(DeviceHealth* health) {
+  health_ = health;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -50,14 +54,25 @@ void QueuedStream::Push(Op op) {
   if (was_empty) cv_.SignalAll();
 }
 
-void QueuedStream::Enqueue(OpInfo info, std::function<void()> fn) { Push({std::move(info), std::move(fn), true}); }
+void QueuedStream::Enqueue(OpInfo info, std::function<void()> fn) {
+  Push({std::move(info), std::move(fn), Op::Kind::kWork});
+}
 
 void QueuedStream::WaitEvent(EventPtr e) {
-  Push({{}, [e] { e->Wait(); }, false});
+  Push({{}, [this, e] { WaitOrLost(e); }, Op::Kind::kWait});
 }
 
 void QueuedStream::RecordEvent(EventPtr e) {
-  Push({{}, [e] { e->Set(); }, false});
+  Push({{}, [e] { e->Set(); }, Op::Kind::kRecord});
+}
+
+void QueuedStream::WaitOrLost(const EventPtr& e) const {
+  if (health_ == nullptr) return e->Wait();
+  // A lost device's streams must drain even when what they wait for never comes (it was to come
+  // from work that died with the device): look at the device every few milliseconds.
+  while (!e->WaitFor(std::chrono::milliseconds(5))) {
+    if (health_->lost()) return;
+  }
 }
 
 void QueuedStream::Synchronize() {
@@ -78,9 +93,14 @@ void QueuedStream::Loop() {
       queue_.pop_front();
     }
     MaybeDelayForTest();  // race-hunting tests: a random delay before any operation
-    if (op.device_work) {
-      RunOp(op);
-    } else {
+    if (op.kind == Op::Kind::kWork && health_ != nullptr && !health_->lost() && MaybeInjectFault(*health_, op.info)) {
+      health_->MarkLost(absl::UnavailableError(
+          absl::StrCat("device ", health_->device_index(), " lost: fault injected at \"", op.info.label, "\"")));
+    }
+    const bool lost = health_ != nullptr && health_->lost();
+    if (op.kind == Op::Kind::kWork) {
+      if (!lost) RunOp(op);
+    } else if (op.kind == Op::Kind::kRecord || !lost) {
       op.fn();
     }
   }

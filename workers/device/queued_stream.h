@@ -40,9 +40,12 @@ class QueuedStream : public Stream {
   struct Op {
     OpInfo info;
     std::function<void()> fn;
-    bool device_work = true;  // false: host-only bookkeeping (a wait, an event set)
+    enum class Kind { kWork, kWait, kRecord };
+    Kind kind = Kind::kWork;  // kWait / kRecord: host-only bookkeeping
   };
-  void Start();
+  // `health`: the device's (outlives the stream). Once it is lost, work is skipped and waits end
+  // at once (or within a few milliseconds for one already waiting); events are still set.
+  void Start(DeviceHealth* health);
   void Stop();
   virtual void ThreadBegin() {}
   virtual void ThreadEnd() {}
@@ -52,7 +55,10 @@ class QueuedStream : public Stream {
  private:
   void Push(Op op);
   void Loop();
+  // A wait that ends when `e` is set or the device is lost.
+  void WaitOrLost(const EventPtr& e) const;
 
+  DeviceHealth* health_ = nullptr;
   base::Mutex mu_;
   base::CondVar cv_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);

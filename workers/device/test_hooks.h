@@ -1,13 +1,15 @@
-// test_hooks.h — a test-only hook that stream operations and the optimizer worker call before
-// each operation, so race-hunting tests can inject random delays. Unset (the default) it costs
-// one relaxed atomic load.
+// test_hooks.h — test-only hooks that stream operations and the optimizer worker call before
+// each operation, so race-hunting tests can inject random delays and lost-worker tests faults.
+// Unset (the default) each costs one relaxed atomic load.
 //
-// Contract: SetOpDelayHook is not synchronized with running operations beyond the atomic
+// Contract: the setters are not synchronized with running operations beyond the atomic
 // pointer swap: install it before starting work and clear it after everything finished.
 #pragma once
 
 #include <atomic>
 #include <functional>
+
+#include "workers/device/device_health.h"
 
 namespace rp::workers {
 
@@ -31,6 +33,23 @@ inline std::atomic<const OpDelayHook*>& OptimizerDelayHookSlot() {
 inline void SetOptimizerDelayHook(const OpDelayHook* hook) { OptimizerDelayHookSlot().store(hook); }
 inline void MaybeDelayOptimizerForTest() {
   if (const OpDelayHook* h = OptimizerDelayHookSlot().load(std::memory_order_relaxed)) (*h)();
+}
+
+// A third hook, the fault injector: called before each device operation of a working device's
+// streams with the device index and the operation's timeline label (OpInfo); returning true loses
+// the device there (DeviceHealth::MarkLost), and that operation and everything after it on the
+// device is skipped. Lost-worker tests name the exact operation ("F2 mb1", "R B3 mb0", "grads B2
+// c0", "up F1 c0" ...).
+struct OpInfo;
+using FaultHook = std::function<bool(int device, const OpInfo& op)>;
+inline std::atomic<const FaultHook*>& FaultHookSlot() {
+  static std::atomic<const FaultHook*> slot{nullptr};
+  return slot;
+}
+inline void SetFaultHook(const FaultHook* hook) { FaultHookSlot().store(hook); }
+inline bool MaybeInjectFault(const DeviceHealth& health, const OpInfo& op) {
+  const FaultHook* h = FaultHookSlot().load(std::memory_order_relaxed);
+  return h != nullptr && (*h)(health.device_index(), op);
 }
 
 }  // namespace rp::workers

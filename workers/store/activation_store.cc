@@ -1,5 +1,7 @@
 #include "workers/store/activation_store.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 
 namespace rp::workers {
@@ -18,13 +20,23 @@ void ActivationStore::Put(ActKind kind, int layer, int microbatch, at::Tensor t,
 }
 
 absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int microbatch, int iteration) {
+  return Take(kind, layer, microbatch, iteration, nullptr);
+}
+
+absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int microbatch, int iteration,
+                                                 const std::function<bool()>& cancelled) {
   const Key key{iteration, static_cast<int>(kind), layer, microbatch};
   base::MutexLock lock(&mu_);
   for (;;) {
     if (aborted_.count(iteration)) break;
     auto it = slots_.find(key);
     if (it != slots_.end() && it->second.present) break;
-    cv_.Wait(&mu_);
+    if (!cancelled) {
+      cv_.Wait(&mu_);
+      continue;
+    }
+    if (cancelled()) return absl::CancelledError("the stage slot waiting for this input was abandoned");
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(5));
   }
   if (auto a = aborted_.find(iteration); a != aborted_.end()) return a->second;
   auto it = slots_.find(key);
@@ -34,6 +46,23 @@ absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int mi
     slots_.erase(it);
   }
   return t;
+}
+
+void ActivationStore::Restore(ActKind kind, int layer, int microbatch, int iteration, at::Tensor t) {
+  {
+    base::MutexLock lock(&mu_);
+    Slot& s = slots_[{iteration, static_cast<int>(kind), layer, microbatch}];
+    if (s.present) {
+      ++s.remaining;
+    } else {
+      s.tensor = std::move(t);
+      s.remaining = 1;
+      s.present = true;
+      live_ += static_cast<int64_t>(s.tensor.nbytes());
+      peak_ = std::max(peak_, live_);
+    }
+  }
+  cv_.SignalAll();
 }
 
 void ActivationStore::Abort(absl::Status why, int iteration) {

@@ -10,11 +10,13 @@
 // Each Put names how many consumers will Take the slot; the slot is freed after the last Take.
 //
 // Contract: thread-safe. Take blocks until the slot is Put (or its iteration is aborted: then it
-// returns an error). Peak bytes are tracked over the store's lifetime (ResetPeak to restart).
+// returns an error). A Restore counts as one more consumer of the slot (re-creating it if the
+// last Take had freed it). Peak bytes are tracked over the store's lifetime (ResetPeak to restart).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -33,6 +35,13 @@ class ActivationStore {
   void Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers, int iteration = 0);
   // Waits for the slot, returns it and counts one consumer off.
   absl::StatusOr<at::Tensor> Take(ActKind kind, int layer, int microbatch, int iteration = 0);
+  // The same, giving up with Cancelled once `cancelled()` is true (looked at every few
+  // milliseconds): a stage slot on a device that was lost meanwhile stops waiting.
+  absl::StatusOr<at::Tensor> Take(ActKind kind, int layer, int microbatch, int iteration,
+                                  const std::function<bool()>& cancelled);
+  // Gives back what a Take returned, for one more Take: a stage slot that will be re-run
+  // elsewhere returns the inputs it had taken (slot_attempt.h).
+  void Restore(ActKind kind, int layer, int microbatch, int iteration, at::Tensor t);
   // Wakes every waiter of `iteration` with an error; its later Takes fail until Discard.
   void Abort(absl::Status why, int iteration = 0);
   // Drops the slots of `iteration` and forgets its abort (after a failed iteration drained).
