@@ -161,6 +161,21 @@ absl::StatusOr<int> Client::Drain(int64_t deadline_seconds) {
   return resp.jobs_paused();
 }
 
+absl::StatusOr<v1::DeviceInfo> Client::DrainWorker(int worker, bool now) {
+  v1::WorkerRequest req;
+  req.set_worker(worker);
+  req.set_now(now);
+  RP_UNARY(admin_, DrainWorker, req, v1::DeviceInfo);
+  return resp;
+}
+
+absl::StatusOr<v1::DeviceInfo> Client::EnableWorker(int worker) {
+  v1::WorkerRequest req;
+  req.set_worker(worker);
+  RP_UNARY(admin_, EnableWorker, req, v1::DeviceInfo);
+  return resp;
+}
+
 #undef RP_UNARY
 
 absl::StatusOr<v1::StreamSummary> Client::StreamTokens(const std::string& id, const std::vector<int32_t>& tokens,

@@ -47,6 +47,9 @@ class Client {
                                      bool merge_lora = false);
   absl::StatusOr<roundpipe::v1::ServerInfo> Info();
   absl::StatusOr<int> Drain(int64_t deadline_seconds = 0);
+  // One worker out of the pool (gracefully, or `now`: its slots re-run elsewhere) or back in.
+  absl::StatusOr<roundpipe::v1::DeviceInfo> DrainWorker(int worker, bool now);
+  absl::StatusOr<roundpipe::v1::DeviceInfo> EnableWorker(int worker);
 
   // Streams `tokens` as [batch, sequence] batches (consecutive windows; a last partial batch is
   // dropped). Blocks as the daemon applies backpressure. `on_batch(i)` runs after each write.

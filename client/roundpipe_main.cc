@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
@@ -33,6 +34,7 @@ ABSL_FLAG(std::string, state, "",
           "ls: only jobs in this state (queued, running, paused, succeeded, failed, cancelled)");
 ABSL_FLAG(bool, json, false, "get/ls/info: print JSON");
 ABSL_FLAG(bool, merge_lora, false, "export: LoRA jobs export merged full weights instead of the PEFT adapter");
+ABSL_FLAG(bool, now, false, "worker drain: at once (the worker's stage slots are re-run on the others)");
 
 namespace v1 = roundpipe::v1;
 
@@ -63,6 +65,8 @@ const char kUsageText[] =
     "                                the file's content when this machine can read it\n"
     "  info                          devices, memory and versions of the daemon\n"
     "  drain                         stop admitting jobs and pause running ones\n"
+    "  worker drain|enable ID        take worker ID (see info) out of the pool or put it back; drain\n"
+    "                                [--now]: at once, its stage slots re-run on the other workers\n"
     "  tokenize --out F.bin FILE...  (local) byte-level uint16 tokens of FILEs, for a token_file job\n"
     "\n"
     "exit codes: 0 ok; 1 the watched job failed or was cancelled; 2 usage error; 3 the daemon refused\n"
@@ -328,7 +332,10 @@ int CmdInfo(rp::client::Client& c, const Args&) {
               info->build().grpc_version().c_str(), info->cpu_adamw_path().c_str(), info->jobs_active(),
               info->draining() ? ", draining" : "");
   std::printf("host memory %.1f GiB\n", static_cast<double>(info->host_memory_bytes()) / (1 << 30));
-  for (const auto& d : info->devices()) std::printf("  %-8s %s\n", d.name().c_str(), d.description().c_str());
+  for (const auto& d : info->devices()) {
+    std::printf("  %d %-8s %-7s %s%s%s\n", d.worker(), d.name().c_str(), d.state().c_str(), d.description().c_str(),
+                d.lost_reason().empty() ? "" : ": ", d.lost_reason().c_str());
+  }
   return kOk;
 }
 
@@ -336,6 +343,20 @@ int CmdDrain(rp::client::Client& c, const Args&) {
   auto n = c.Drain();
   if (!n.ok()) return Report(n.status());
   std::printf("draining: %d job(s) paused\n", *n);
+  return kOk;
+}
+
+int CmdWorker(rp::client::Client& c, const Args& args) {
+  int worker = -1;
+  if (args.size() != 3 || (args[1] != "drain" && args[1] != "enable") || !absl::SimpleAtoi(args[2], &worker)) {
+    return Usage("worker: drain|enable and a worker index (roundpipe info lists them)");
+  }
+  const bool now = absl::GetFlag(FLAGS_now);
+  if (now && args[1] != "drain") return Usage("worker: --now applies to drain only");
+  auto d = args[1] == "drain" ? c.DrainWorker(worker, now) : c.EnableWorker(worker);
+  if (!d.ok()) return Report(d.status());
+  std::printf("worker %d (%s): %s%s%s\n", d->worker(), d->name().c_str(), d->state().c_str(),
+              d->lost_reason().empty() ? "" : ": ", d->lost_reason().c_str());
   return kOk;
 }
 
@@ -378,10 +399,10 @@ int main(int argc, char** argv) {
 
   using Command = int (*)(rp::client::Client&, const Args&);
   static const std::map<std::string, Command> kCommands = {
-      {"submit", CmdSubmit},  {"stream", CmdStream},         {"watch", CmdWatch},   {"ls", CmdList},
-      {"get", CmdGet},        {"cancel", CmdControl},        {"pause", CmdControl}, {"resume", CmdControl},
-      {"export", CmdExport},  {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},     {"drain", CmdDrain},
-      {"profile", CmdProfile}};
+      {"submit", CmdSubmit},   {"stream", CmdStream},         {"watch", CmdWatch},   {"ls", CmdList},
+      {"get", CmdGet},         {"cancel", CmdControl},        {"pause", CmdControl}, {"resume", CmdControl},
+      {"export", CmdExport},   {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},     {"drain", CmdDrain},
+      {"profile", CmdProfile}, {"worker", CmdWorker}};
   auto command = kCommands.find(args[0]);
   if (command == kCommands.end()) return Usage(absl::StrCat("unknown command '", args[0], "'"));
   auto options = ClientOptionsFromFlags();

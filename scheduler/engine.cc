@@ -55,6 +55,8 @@ absl::StatusOr<int64_t> Engine::Export(JobId id, const std::string& dir, ExportK
   return impl_->Export(id, dir, kind, stop);
 }
 EngineStats Engine::Stats() const { return impl_->Stats(); }
+absl::Status Engine::DrainWorker(int worker, bool now) { return impl_->DrainWorker(worker, now); }
+absl::Status Engine::EnableWorker(int worker) { return impl_->EnableWorker(worker); }
 
 std::vector<OpRecord> Engine::Timeline(double since_s) const {
   std::vector<OpRecord> out;

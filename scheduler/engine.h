@@ -97,6 +97,14 @@ class Engine {
   // before each tensor: its error ends the export, nothing left behind.
   absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop = {});
   EngineStats Stats() const;
+  // The workers (EngineStats::devices, by index) in and out of the pool. DrainWorker: no job plans
+  // new stage slots on it from its next iteration on; what is queued there finishes (a graceful
+  // exit). `now`: as if the device were lost — what is queued or running there is dropped and
+  // re-run on the other workers at once (a card that misbehaves). EnableWorker puts a drained or
+  // lost worker back (jobs plan over it again from their next iteration). OutOfRange for an
+  // unknown worker; FailedPrecondition when it would leave no usable worker.
+  absl::Status DrainWorker(int worker, bool now = false);
+  absl::Status EnableWorker(int worker);
   // Device operations recorded so far that ended after `since_s` (bounded ring: the oldest go).
   std::vector<OpRecord> Timeline(double since_s = -1) const;
   std::string ChromeTrace() const;  // the same as chrome://tracing JSON

@@ -289,6 +289,11 @@ struct JobInfo {
 struct DeviceStats {
   std::string name;         // "cpu:0", "cuda:1"
   std::string description;  // e.g. the GPU model
+  // In the pool (kUp), taken out by an operator (kDrained: what was queued finishes, nothing new
+  // is planned there), or lost (kLost: failed or drained at once; its slots were re-run
+  // elsewhere; `lost_reason` says why). Engine::DrainWorker / EnableWorker.
+  enum class State { kUp, kDrained, kLost } state = State::kUp;
+  std::string lost_reason;
   int64_t activation_up_bytes = 0, activation_down_bytes = 0, param_up_bytes = 0, grad_down_bytes = 0;
   double compute_busy_s = 0, transfer_busy_s = 0;  // since the engine started
   int64_t memory_total_bytes = 0, memory_in_use_bytes = 0, memory_peak_bytes = 0;

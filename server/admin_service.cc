@@ -30,6 +30,30 @@ v1::BuildInfo CollectBuildInfo() {
   return info;
 }
 
+namespace {
+const char* StateName(scheduler::DeviceStats::State s) {
+  switch (s) {
+    case scheduler::DeviceStats::State::kUp:
+      return "up";
+    case scheduler::DeviceStats::State::kDrained:
+      return "drained";
+    case scheduler::DeviceStats::State::kLost:
+      return "lost";
+  }
+  return "?";
+}
+
+void FillDevice(const scheduler::DeviceStats& ds, int index, v1::DeviceInfo* d) {
+  d->set_name(ds.name);
+  d->set_description(ds.description);
+  d->set_memory_bytes(ds.memory_total_bytes);
+  d->set_memory_used_bytes(ds.memory_in_use_bytes);
+  d->set_state(StateName(ds.state));
+  d->set_lost_reason(ds.lost_reason);
+  d->set_worker(index);
+}
+}  // namespace
+
 grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerContext* ctx,
                                                           const v1::GetServerInfoRequest*, v1::ServerInfo* resp) {
   auto* r = ctx->DefaultReactor();
@@ -38,13 +62,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerCo
     return r;
   }
   const scheduler::EngineStats s = engine_->Stats();
-  for (const scheduler::DeviceStats& ds : s.devices) {
-    v1::DeviceInfo* d = resp->add_devices();
-    d->set_name(ds.name);
-    d->set_description(ds.description);
-    d->set_memory_bytes(ds.memory_total_bytes);
-    d->set_memory_used_bytes(ds.memory_in_use_bytes);
-  }
+  for (size_t i = 0; i < s.devices.size(); ++i) FillDevice(s.devices[i], static_cast<int>(i), resp->add_devices());
   resp->set_host_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
   resp->set_pinned_memory_bytes(s.devices.empty() ? 0 : s.devices.front().pinned_reserved_bytes);
   *resp->mutable_build() = CollectBuildInfo();
@@ -85,6 +103,39 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Drain(grpc::CallbackServerContext* c
     r->Finish(grpc::Status::OK);
   });
   if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
+  return r;
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::DrainWorker(grpc::CallbackServerContext* ctx, const v1::WorkerRequest* req,
+                                                        v1::DeviceInfo* resp) {
+  return ChangeWorker(ctx, req, resp, /*enable=*/false);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::EnableWorker(grpc::CallbackServerContext* ctx, const v1::WorkerRequest* req,
+                                                         v1::DeviceInfo* resp) {
+  return ChangeWorker(ctx, req, resp, /*enable=*/true);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::ChangeWorker(grpc::CallbackServerContext* ctx, const v1::WorkerRequest* req,
+                                                         v1::DeviceInfo* resp, bool enable) {
+  auto* r = ctx->DefaultReactor();
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) {
+    r->Finish(st);
+    return r;
+  }
+  if (enable && req->now()) {
+    r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "now applies to DrainWorker only"));
+    return r;
+  }
+  const absl::Status done =
+      enable ? engine_->EnableWorker(req->worker()) : engine_->DrainWorker(req->worker(), req->now());
+  if (!done.ok()) {
+    r->Finish(ToGrpcStatus(done));
+    return r;
+  }
+  const scheduler::EngineStats s = engine_->Stats();
+  FillDevice(s.devices[static_cast<size_t>(req->worker())], req->worker(), resp);
+  r->Finish(grpc::Status::OK);
   return r;
 }
 

@@ -1,5 +1,5 @@
-// admin_service.h — roundpipe.v1.AdminService: server info (devices, memory, versions, build
-// options) and Drain.
+// admin_service.h — roundpipe.v1.AdminService: server info (devices and their state in the
+// pool, memory, versions, build options), Drain, and one worker out of the pool or back in.
 //
 // Contract: the service and what it points to outlive the grpc::Server.
 #pragma once
@@ -25,8 +25,15 @@ class AdminServiceImpl final : public roundpipe::v1::AdminService::CallbackServi
                                           roundpipe::v1::ServerInfo* resp) override;
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const roundpipe::v1::DrainRequest* req,
                                   roundpipe::v1::DrainResponse* resp) override;
+  grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* ctx, const roundpipe::v1::WorkerRequest* req,
+                                        roundpipe::v1::DeviceInfo* resp) override;
+  grpc::ServerUnaryReactor* EnableWorker(grpc::CallbackServerContext* ctx, const roundpipe::v1::WorkerRequest* req,
+                                         roundpipe::v1::DeviceInfo* resp) override;
 
  private:
+  grpc::ServerUnaryReactor* ChangeWorker(grpc::CallbackServerContext* ctx, const roundpipe::v1::WorkerRequest* req,
+                                         roundpipe::v1::DeviceInfo* resp, bool enable);
+
   scheduler::Engine* engine_;
   JobManager* manager_;
   const Authenticator* auth_;

@@ -150,6 +150,10 @@ absl::StatusOr<v1::Job> JobManager::Snapshot(const std::shared_ptr<ManagedJob>& 
 
 std::string JobManager::NameOf(scheduler::JobId engine_id) const {
   absl::MutexLock lock(&names_mu_);
+  // A job the engine just accepted may be named by another job's event (a queued job now waits
+  // behind it) a moment before its submission recorded its name: wait that moment (bounded).
+  auto known = [this, engine_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(names_mu_) { return names_.count(engine_id) != 0; };
+  names_mu_.AwaitWithTimeout(absl::Condition(&known), absl::Seconds(2));
   auto it = names_.find(engine_id);
   return it == names_.end() ? absl::StrCat("engine job ", engine_id) : it->second;
 }

@@ -15,6 +15,7 @@ std::shared_ptr<IterationEvents> ConsistencyBook::Get(int iteration) {
     for (size_t l = 0; l < L; ++l) {
       slot->uploads.push_back(std::make_unique<CountdownEvent>(uploads_[l]));
       slot->grads.push_back(std::make_unique<CountdownEvent>(grads_[l]));
+      slot->finished.push_back(std::make_unique<CountdownEvent>(uploads_[l]));
       slot->gcp.push_back(MakeEvent());
       slot->pcp.push_back(MakeEvent());
       if (own_.owned_params[l].empty()) {  // nothing to copy: never wait on it
@@ -29,6 +30,7 @@ std::shared_ptr<IterationEvents> ConsistencyBook::Get(int iteration) {
 void ConsistencyBook::ReleaseUploads(int iteration) {
   auto ev = Get(iteration);
   for (auto& u : ev->uploads) u->Release();
+  for (auto& f : ev->finished) f->Release();
 }
 
 void ConsistencyBook::SetCounts(std::vector<int> uploads_per_layer, std::vector<int> grads_per_layer, int reset_from) {

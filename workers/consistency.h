@@ -6,7 +6,10 @@
 //   grads[T][l]    counts down the gradient downloads of layer l by iteration T;
 //   gcp[T][o]      set by the optimizer after G_cp of the parameters owned by layer o;
 //   pcp[T][o]      set by the optimizer after P_cp (fp32 -> master) of those parameters,
-//                  i.e. once the weights stepped with iteration T's gradients are uploadable.
+//                  i.e. once the weights stepped with iteration T's gradients are uploadable;
+//   finished[T][l] counts down the slots of iteration T touching layer l as they finish (outputs
+//                  and gradients on the host): until then a lost worker may make one of them
+//                  run again, so P_cp keeps what it overwrites (retained_weights.h).
 // A parameter is owned by the lowest layer that uses it (a tied embedding/head weight belongs
 // to layer 0). The four edges:
 //   (1) P_cp(T, o) waits uploads[T+1][l] for every layer l using o's parameters;
@@ -28,6 +31,7 @@
 #include "workers/base/check.h"
 #include "workers/base/mutex.h"
 #include "workers/device/event.h"
+#include "workers/retained_weights.h"
 
 namespace rp::workers {
 
@@ -52,8 +56,8 @@ class CountdownEvent {
 };
 
 struct IterationEvents {
-  std::vector<std::unique_ptr<CountdownEvent>> uploads, grads;  // per layer
-  std::vector<EventPtr> gcp, pcp;                               // per layer (set at once for non-owners)
+  std::vector<std::unique_ptr<CountdownEvent>> uploads, grads, finished;  // per layer
+  std::vector<EventPtr> gcp, pcp;                                         // per layer (set at once for non-owners)
 };
 
 // Which parameters each layer owns and which layers use each owner's parameters.
@@ -69,16 +73,19 @@ class ConsistencyBook {
   // layer l one iteration performs (from the dispatch plan).
   ConsistencyBook(OwnershipMap ownership, std::vector<int> uploads_per_layer, std::vector<int> grads_per_layer);
   std::shared_ptr<IterationEvents> Get(int iteration);
-  // Releases uploads[iteration][*]: no such iteration will run (end of training / drain).
+  // Releases uploads[iteration][*] and finished[iteration][*]: no such iteration will run (end of
+  // training / drain).
   void ReleaseUploads(int iteration);
   void PruneBefore(int iteration);
   // New per-layer counts (a new partition), used by event sets created from now on; `reset_from`
   // drops already created sets of that iteration and later (nobody may wait on them yet).
   void SetCounts(std::vector<int> uploads_per_layer, std::vector<int> grads_per_layer, int reset_from);
   const OwnershipMap& ownership() const { return own_; }
+  RetainedWeights& retained() { return retained_; }
 
  private:
   OwnershipMap own_;
+  RetainedWeights retained_;
   base::Mutex mu_;
   std::vector<int> uploads_ ABSL_GUARDED_BY(mu_), grads_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::shared_ptr<IterationEvents>> by_iteration_ ABSL_GUARDED_BY(mu_);

@@ -53,9 +53,9 @@ std::vector<int> StageOwners(const StageTask& task) {
 }
 
 // The slot is done on this worker (its outputs and gradients on the host, or its iteration
-// failed): the consistency counts its gradient downloads and weight uploads (async mode; counted
-// here, not at the upload, so that a run that dies after its upload never lets the optimizer
-// overwrite weights the re-run still has to upload), then the run finishes (slot_attempt.h).
+// failed): the consistency counts its gradient downloads and that it finished (async mode: the
+// optimizer keeps no copy of its weights for a re-run from then on, retained_weights.h), then the
+// run finishes (slot_attempt.h).
 // Skipped with every other operation when the device is lost: the re-run counts instead.
 void CountSlot(const StageTask& task, SlotLedger& ledger) {
   ConsistencyBook* book = task.book;
@@ -67,8 +67,8 @@ void CountSlot(const StageTask& task, SlotLedger& ledger) {
       for (int l = first; l < first + n; ++l) ev->grads[static_cast<size_t>(l)]->CountDown();
     });
   }
-  ledger.Once(SlotLedger::Effect::kCounted, 1, [&] {
-    for (int l = first; l < first + n; ++l) ev->uploads[static_cast<size_t>(l)]->CountDown();
+  ledger.Once(SlotLedger::Effect::kCounted, 2, [&] {
+    for (int l = first; l < first + n; ++l) ev->finished[static_cast<size_t>(l)]->CountDown();
   });
 }
 
@@ -406,6 +406,14 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
 }
 
 void SettleSlot(const StageTask& task, SlotLedger& ledger) {
+  if (task.book != nullptr) {
+    auto ev = task.book->Get(task.iteration);
+    ledger.Once(SlotLedger::Effect::kCounted, 1, [&] {
+      for (int l = task.first_layer; l < task.first_layer + task.num_layers; ++l) {
+        ev->uploads[static_cast<size_t>(l)]->CountDown();
+      }
+    });
+  }
   CountSlot(task, ledger);
   ledger.Complete();
 }

@@ -130,10 +130,11 @@ void OptimizerWorker::Process(const StepRequest& r) {
     for (int l : own.user_layers[static_cast<size_t>(o)]) next->uploads[static_cast<size_t>(l)]->event()->Wait();
     MaybeDelayForTest();
     if (apply) {
-      for (int i : own.owned_params[static_cast<size_t>(o)]) {
-        HostParam& p = store_->param(i);
-        if (p.trainable) p.master.copy_(p.fp32);
-      }
+      // A slot of the next iteration still running may be re-run (a lost worker): keep what it saw.
+      bool keep = false;
+      for (int l : own.user_layers[static_cast<size_t>(o)])
+        keep |= !next->finished[static_cast<size_t>(l)]->event()->IsSet();
+      book_->retained().Overwrite(*store_, own.owned_params[static_cast<size_t>(o)], r.iteration + 1, keep);
     }
     ev->pcp[static_cast<size_t>(o)]->Set();
   }

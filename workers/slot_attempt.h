@@ -42,7 +42,8 @@ class SlotLedger {
     kLoss,     // micro-batch m's loss added to the run context
     kAux,      // micro-batch m's router counts added to the auxiliary-loss tally
     kGrad,     // the slot's parameter k's gradient accumulated on the host
-    kCounted,  // index 0: the slot's gradient downloads counted; 1: its weight uploads counted
+    kCounted,  // the slot counted in the consistency protocol: 0 its gradient downloads, 1 its weight
+               // uploads, 2 that it finished
   };
   // Runs `fn` unless this effect was done already by an earlier run of the slot; it counts as
   // done once `fn` returned normally.
@@ -68,12 +69,18 @@ class SlotLedger {
 
 class SlotAttempt {
  public:
-  SlotAttempt(std::shared_ptr<SlotLedger> ledger, DeviceHealth* health) : ledger_(std::move(ledger)), health_(health) {}
+  SlotAttempt(std::shared_ptr<SlotLedger> ledger, DeviceHealth* health)
+      : ledger_(std::move(ledger)), health_(health), losses_at_start_(LossesBefore(health)) {}
   SlotLedger& ledger() const { return *ledger_; }
+  // A run after the first (slot_recovery.h): its weights come from RetainedWeights::Snapshot.
+  bool rerun() const { return rerun_; }
+  void set_rerun() { rerun_ = true; }
   const std::shared_ptr<SlotLedger>& shared_ledger() const { return ledger_; }
   DeviceHealth* health() const { return health_; }
-  // Abandoned, or on a device that is lost (it will be abandoned).
-  bool abandoned() const { return abandoned_.load() || (health_ != nullptr && health_->lost()); }
+  // Its device was lost since the run began (even if an operator restored it since).
+  bool device_lost() const { return health_ != nullptr && health_->losses() != losses_at_start_; }
+  // Abandoned, or on a device lost since it began (it will be abandoned).
+  bool abandoned() const { return abandoned_.load() || device_lost(); }
   // What Take waits with: gives up once the attempt is abandoned.
   std::function<bool()> cancelled() const {
     return [this] { return abandoned(); };
@@ -89,6 +96,12 @@ class SlotAttempt {
   void Finish();
 
  private:
+  // A run begun on a device lost already is dead from the start.
+  static int64_t LossesBefore(const DeviceHealth* h) {
+    if (h == nullptr) return 0;
+    const int64_t n = h->losses();
+    return h->lost() ? n - 1 : n;
+  }
   struct Leased {
     ActivationStore* acts;
     ActKind kind;
@@ -97,6 +110,8 @@ class SlotAttempt {
   };
   const std::shared_ptr<SlotLedger> ledger_;
   DeviceHealth* const health_;
+  const int64_t losses_at_start_;
+  bool rerun_ = false;  // set before the run is submitted
   std::atomic<bool> abandoned_{false};
   base::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

@@ -33,6 +33,7 @@ struct StageState {
   Device* dev = nullptr;
   std::vector<int> param_ids;                       // unique parameter indices of the stage
   std::vector<at::Tensor> params;                   // device copies, aligned with param_ids
+  std::vector<at::Tensor> sources;                  // a re-run's host weights (else the masters)
   std::vector<at::Tensor> grads;                    // their gradients once the last micro-batch ran (weights freed)
   std::vector<std::vector<int>> layer_param_index;  // per layer: indices into params
   StageWeights weights;

@@ -65,7 +65,11 @@ EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, 
   up.Enqueue({}, [s] {
     Guarded(*s, "weight upload", [&] {
       HostModelStore& store = *s->ctx->store;
+      // A re-run in async mode uploads the weights its iteration saw, which the optimizer may
+      // have stepped since the first run's upload (retained_weights.h).
+      const bool snapshot = s->attempt->rerun() && s->task.book != nullptr;
       for (int id : s->param_ids) {
+        if (snapshot) s->sources.push_back(s->task.book->retained().Snapshot(store, id, s->task.iteration));
         const at::Tensor& m = store.param(id).master;
         s->params.push_back(s->dev->keeps_weights_resident() ? s->dev->Upload(m)
                                                              : s->dev->EmptyOnDevice(m.sizes(), m.scalar_type()));
@@ -81,10 +85,9 @@ EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, 
           Guarded(*s, "weight upload", [&] {
             HostModelStore& store = *s->ctx->store;
             for (const TransferPiece& pc : pieces) {
-              const at::Tensor src = store.param(s->param_ids[static_cast<size_t>(pc.tensor)])
-                                         .master.reshape({-1})
-                                         .view(at::kByte)
-                                         .narrow(0, pc.offset, pc.bytes);
+              const size_t k = static_cast<size_t>(pc.tensor);
+              const at::Tensor& master = s->sources.empty() ? store.param(s->param_ids[k]).master : s->sources[k];
+              const at::Tensor src = master.reshape({-1}).view(at::kByte).narrow(0, pc.offset, pc.bytes);
               const at::Tensor dst =
                   s->params[static_cast<size_t>(pc.tensor)].view({-1}).view(at::kByte).narrow(0, pc.offset, pc.bytes);
               s->dev->CopyToDevice(src, dst);
@@ -104,11 +107,20 @@ EventPtr EnqueueWeightUpload(Device& dev, const std::shared_ptr<StageState>& s, 
         for (int k : idx) lw.push_back(s->params[static_cast<size_t>(k)]);
         s->weights.layers.push_back(std::move(lw));
       }
+      s->sources.clear();  // on the device now
     });
   });
-  // Async mode: the upload is counted (consistency edge 1) when the slot finished, not here
-  // (device_worker.cc's FinishSlot): a run that dies after this upload may be re-run elsewhere and
-  // must find the same weights.
+  if (task.book) {
+    // Counted even when the upload failed, so the optimizer never waits forever; once per slot
+    // (a re-run's upload is not counted again).
+    auto ev = task.book->Get(sl.iteration);
+    up.Enqueue({}, [s, ev, first = sl.first_layer, n = sl.num_layers] {
+      if (s->attempt->abandoned()) return;
+      s->attempt->ledger().Once(SlotLedger::Effect::kCounted, 1, [&] {
+        for (int l = first; l < first + n; ++l) ev->uploads[static_cast<size_t>(l)]->CountDown();
+      });
+    });
+  }
   up.RecordEvent(params_ready);
   return params_ready;
 }

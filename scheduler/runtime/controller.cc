@@ -211,7 +211,7 @@ absl::Status Controller::DispatchIteration(int T, InFlight& f) {
   const bool async = opt_.mode == planning::OptimizerMode::kAsync;
   // Planned over the workers still usable: a lost one's slots went to the others (re-run there).
   const std::vector<int> usable = recovery_->Usable();
-  if (usable.empty()) return absl::UnavailableError("controller: every worker of the job is lost");
+  if (usable.empty()) return absl::UnavailableError("controller: every worker of the job is lost or drained");
   planning::DispatchOptions d;
   d.num_workers = static_cast<int>(usable.size());
   d.microbatches_per_iteration = opt_.microbatches;
@@ -364,6 +364,7 @@ absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {
 
   for (const auto& e : f.done) e->Wait();
   f.slots_rerun = recovery_->Forget(iteration);
+  book_->retained().DropThrough(iteration);  // no slot of it runs again
   workers::StepResult step = f.drained_step ? *f.drained_step : optimizer_->AwaitStep(iteration);
   book_->PruneBefore(iteration - 1);
   if (absl::Status err = f.ctx->error(); !err.ok()) {

@@ -48,7 +48,7 @@ absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, con
   }
   // The training plan's forward slots and B_1's, on the workers the round-robin continues with.
   const std::vector<int> usable = recovery_->Usable();
-  if (usable.empty()) return absl::UnavailableError("controller: every worker of the job is lost");
+  if (usable.empty()) return absl::UnavailableError("controller: every worker of the job is lost or drained");
   planning::DispatchOptions d;
   d.num_workers = static_cast<int>(usable.size());
   d.microbatches_per_iteration = M;

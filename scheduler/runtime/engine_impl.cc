@@ -294,6 +294,11 @@ EngineStats Engine::Impl::Stats() const {
     DeviceStats& ds = s.devices.emplace_back();
     ds.name = d->name();
     ds.description = d->description();
+    workers::DeviceHealth& h = d->health();
+    ds.state = h.lost()      ? DeviceStats::State::kLost
+               : h.drained() ? DeviceStats::State::kDrained
+                             : DeviceStats::State::kUp;
+    if (h.lost()) ds.lost_reason = std::string(h.why().message());
     ds.activation_up_bytes = d->TransferBytes(workers::StreamKind::kActivationUp);
     ds.activation_down_bytes = d->TransferBytes(workers::StreamKind::kActivationDown);
     ds.param_up_bytes = d->TransferBytes(workers::StreamKind::kParamUp);

@@ -52,6 +52,9 @@ class Engine::Impl {
   absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& note);
   absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop);
   EngineStats Stats() const;
+  // engine_workers.cc: the pool's workers in and out (Engine::DrainWorker, EnableWorker).
+  absl::Status DrainWorker(int worker, bool now);
+  absl::Status EnableWorker(int worker);
   const workers::Timeline& timeline() const { return timeline_; }
   void Shutdown();
 
@@ -90,6 +93,7 @@ class Engine::Impl {
   std::vector<std::unique_ptr<workers::ComputeGate>> gates_;  // one per device, shared by its lanes
   int max_running_ = 1;
   std::function<int64_t()> host_memory_available_;
+  base::Mutex workers_mu_;  // orders operators' DrainWorker / EnableWorker calls (no field of its own)
   mutable base::Mutex mu_;
   base::CondVar cv_;  // the runner waits on it for a runnable job
   std::map<JobId, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

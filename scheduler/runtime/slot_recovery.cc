@@ -9,8 +9,9 @@
 namespace rp::scheduler::runtime {
 
 SlotRecovery::SlotRecovery(std::vector<workers::DeviceWorker*> workers, int timeline_job)
-    : workers_(std::move(workers)), timeline_job_(timeline_job), seen_lost_(workers_.size(), false) {
+    : workers_(std::move(workers)), timeline_job_(timeline_job) {
   for (workers::DeviceWorker* w : workers_) {
+    losses_at_start_.push_back(w->device()->health().losses());
     listener_ids_.push_back(w->device()->health().AddListener([this] { Poke(); }));
   }
   thread_ = std::thread([this] { Loop(); });
@@ -36,7 +37,6 @@ workers::EventPtr SlotRecovery::Submit(int worker, const workers::StageTask& tas
   r.task = task;
   r.ctx = ctx;
   r.attempt = attempt;
-  r.device = w->device();
   r.drained = w->Submit(task, std::move(ctx), attempt);
   workers::EventPtr done = attempt->ledger().done();
   base::MutexLock lock(&mu_);
@@ -48,7 +48,7 @@ workers::EventPtr SlotRecovery::Submit(int worker, const workers::StageTask& tas
 std::vector<int> SlotRecovery::Usable() const {
   std::vector<int> usable;
   for (size_t i = 0; i < workers_.size(); ++i) {
-    if (!workers_[i]->device()->health().lost()) usable.push_back(static_cast<int>(i));
+    if (workers_[i]->device()->health().usable()) usable.push_back(static_cast<int>(i));
   }
   return usable;
 }
@@ -79,8 +79,9 @@ int64_t SlotRecovery::slots_rerun() const {
 }
 
 int SlotRecovery::workers_lost() const {
-  base::MutexLock lock(&mu_);
-  return workers_lost_;
+  int64_t n = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) n += workers_[i]->device()->health().losses() - losses_at_start_[i];
+  return static_cast<int>(n);
 }
 
 void SlotRecovery::Loop() {
@@ -101,15 +102,9 @@ void SlotRecovery::RecoverPass() {
   {
     base::MutexLock lock(&mu_);
     for (Run& r : runs_) {
-      if (r.handled || !r.device->health().lost()) continue;
+      if (r.handled || !r.attempt->device_lost()) continue;
       r.handled = true;
       dead.push_back(r);
-    }
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      if (!seen_lost_[i] && workers_[i]->device()->health().lost()) {
-        seen_lost_[i] = true;
-        ++workers_lost_;
-      }
     }
   }
   if (dead.empty()) return;
@@ -128,10 +123,10 @@ void SlotRecovery::RecoverPass() {
 void SlotRecovery::Rerun(const Run& dead, std::vector<Spare>& spares, size_t& next_spare) {
   if (spares.empty()) {
     // This pass's lanes: one fresh lane on every survivor.
-    for (int i : Usable()) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i]->device()->health().lost()) continue;  // a drained one still works: use it
       Spare sp;
-      sp.lane = std::make_unique<workers::LaneDevice>(workers_[static_cast<size_t>(i)]->device(), nullptr, 1.0,
-                                                      timeline_job_);
+      sp.lane = std::make_unique<workers::LaneDevice>(workers_[i]->device(), nullptr, 1.0, timeline_job_);
       sp.worker = std::make_unique<workers::DeviceWorker>(sp.lane.get());
       spares.push_back(std::move(sp));
     }
@@ -145,7 +140,7 @@ void SlotRecovery::Rerun(const Run& dead, std::vector<Spare>& spares, size_t& ne
   Spare& sp = spares[next_spare++ % spares.size()];
   Run r = dead;
   r.attempt = std::make_shared<workers::SlotAttempt>(dead.attempt->shared_ledger(), &sp.lane->health());
-  r.device = sp.lane.get();
+  r.attempt->set_rerun();
   r.handled = false;
   r.drained = sp.worker->Submit(r.task, r.ctx, r.attempt);
   sp.worker->Flush();

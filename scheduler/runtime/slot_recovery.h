@@ -41,7 +41,7 @@ class SlotRecovery {
   // Runs `task` on worker `worker`; the returned event is set once the slot finished (on that
   // worker or, should it be lost, on another).
   workers::EventPtr Submit(int worker, const workers::StageTask& task, std::shared_ptr<workers::RunContext> ctx);
-  // The workers whose device works, in index order.
+  // The workers whose device works and is not drained, in index order.
   std::vector<int> Usable() const;
   // Looks again for runs on lost devices (after a dispatch that may have raced a loss).
   void Poke();
@@ -50,7 +50,7 @@ class SlotRecovery {
   int Forget(int iteration);
 
   int64_t slots_rerun() const;
-  int workers_lost() const;
+  int workers_lost() const;  // losses of the job's devices since it began (any thread)
 
  private:
   struct Run {
@@ -59,7 +59,6 @@ class SlotRecovery {
     std::shared_ptr<workers::RunContext> ctx;
     std::shared_ptr<workers::SlotAttempt> attempt;
     workers::EventPtr drained;
-    workers::Device* device = nullptr;
     bool handled = false;
   };
   // A survivor's fresh lane for one recovery pass.
@@ -88,8 +87,7 @@ class SlotRecovery {
   std::map<int, int> rerun_by_iteration_ ABSL_GUARDED_BY(mu_);
   // Only the recovery thread touches these after construction.
   std::vector<std::vector<Spare>> passes_;
-  std::vector<bool> seen_lost_;
-  int workers_lost_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> losses_at_start_;  // each device's loss count when the job began
 };
 
 }  // namespace rp::scheduler::runtime

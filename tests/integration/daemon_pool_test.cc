@@ -103,5 +103,51 @@ TEST_F(DaemonPoolTest, JobsRunSideBySideAndAQueuedOneSaysWhatItWaitsFor) {
   ASSERT_TRUE(c->Cancel(ja->id()).ok());
 }
 
+// An operator takes a worker out and puts it back over AdminService and `roundpipe worker`: the
+// state shows in GetServerInfo and `roundpipe info`; a job runs on what is left; the last usable
+// worker cannot be drained; a worker drained at once is "lost" with the reason, and comes back.
+TEST_F(DaemonPoolTest, AnOperatorDrainsAndEnablesWorkers) {
+  ASSERT_TRUE(StartDaemon()) << daemon_.Output();
+  auto c = daemon_.Connect();
+  const std::string cli = std::string(RP_ROUNDPIPE_CLI) + " --address " + daemon_.address();
+  auto info = c->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->devices_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(info->devices(i).worker(), i);
+    EXPECT_EQ(info->devices(i).state(), "up");
+  }
+  EXPECT_EQ(c->DrainWorker(2, false).status().code(), absl::StatusCode::kOutOfRange);
+  std::string out;
+  EXPECT_EQ(RunCommand(cli + " worker drain 1", &out), 0) << out;
+  EXPECT_NE(out.find("worker 1 (cpu:1): drained"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand(cli + " info", &out), 0) << out;
+  EXPECT_NE(out.find("1 cpu:1    drained"), std::string::npos) << out;
+  // The last usable worker stays: refused, naming what to do.
+  EXPECT_EQ(RunCommand(cli + " worker drain 0 --now", &out), 3) << out;
+  EXPECT_NE(out.find("last usable one in the pool"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand(cli + " worker enable 0 --now", &out), 2) << out;  // --now is drain's
+
+  // A job runs and ends on worker 0 alone.
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
+  spec.set_max_steps(2);
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+
+  EXPECT_EQ(RunCommand(cli + " worker enable 1", &out), 0) << out;
+  EXPECT_NE(out.find("worker 1 (cpu:1): up"), std::string::npos) << out;
+  auto lost = c->DrainWorker(1, /*now=*/true);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(lost->state(), "lost");
+  EXPECT_NE(lost->lost_reason().find("cpu:1 drained at once by an operator"), std::string::npos) << lost->lost_reason();
+  auto back = c->EnableWorker(1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->state(), "up");
+  EXPECT_EQ(back->lost_reason(), "");
+}
+
 }  // namespace
 }  // namespace rp::testing

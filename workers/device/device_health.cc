@@ -16,6 +16,7 @@ bool DeviceHealth::MarkLost(absl::Status why) {
     base::MutexLock lock(&mu_);
     if (lost_.load(std::memory_order_relaxed)) return false;
     why_ = why.ok() ? absl::UnavailableError("device lost") : std::move(why);
+    losses_.fetch_add(1, std::memory_order_acq_rel);
     lost_.store(true, std::memory_order_release);
     for (const auto& [id, fn] : listeners_) calls.push_back(fn);
   }

@@ -3,7 +3,9 @@
 // hook, test_hooks.h): from then on its streams run nothing — every queued operation is skipped,
 // every wait ends, every event is still set — so whatever was queued on it drains at once, and
 // the jobs that had stage slots on it re-run them elsewhere (scheduler/runtime/slot_recovery.h).
-// A lost device comes back only by Restore (an operator putting it back).
+// A lost device comes back only by Restore (an operator putting it back). A drained device (an
+// operator taking it out gracefully) still works — what is queued on it runs — but no job plans
+// new stage slots on it until it is drained no more.
 //
 // Contract: thread-safe. Listeners are called on the thread that marks the device lost, after
 // the state changed and outside the lock; they must be quick (post a message) and must not add
@@ -11,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -25,6 +28,13 @@ class DeviceHealth {
   explicit DeviceHealth(int device_index) : index_(device_index) {}
   int device_index() const { return index_; }
   bool lost() const { return lost_.load(std::memory_order_acquire); }
+  bool drained() const { return drained_.load(std::memory_order_acquire); }
+  // How many times it was lost so far: work started before a loss is dead even once the device
+  // was restored (slot_attempt.h compares it).
+  int64_t losses() const { return losses_.load(std::memory_order_acquire); }
+  // Whether jobs may plan stage slots on it.
+  bool usable() const { return !lost() && !drained(); }
+  void SetDrained(bool drained) { drained_.store(drained, std::memory_order_release); }
   // Why it was lost (OK while it works).
   absl::Status why() const;
   // Idempotent: the first call's reason is kept. Returns true when this call lost it.
@@ -37,6 +47,8 @@ class DeviceHealth {
  private:
   const int index_;
   std::atomic<bool> lost_{false};
+  std::atomic<bool> drained_{false};
+  std::atomic<int64_t> losses_{0};
   mutable base::Mutex mu_;
   absl::Status why_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::function<void()>> listeners_ ABSL_GUARDED_BY(mu_);

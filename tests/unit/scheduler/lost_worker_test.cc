@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -45,7 +46,19 @@ struct Outcome {
   std::string failure;
 };
 
-Outcome Run(const JobSpec& spec) {
+void Record(const JobEvent& ev, Outcome& out) {
+  if (ev.kind == JobEvent::Kind::kIteration) {
+    out.losses.push_back(ev.stats.loss);
+    out.workers.push_back(ev.stats.workers);
+    out.slots_rerun.push_back(ev.stats.slots_rerun);
+  }
+  if (ev.kind == JobEvent::Kind::kState && ev.state == JobState::kFailed) out.failure = ev.message;
+}
+
+// Called before batch b is fed (an operator's action mid-job); events it reads go to Record.
+using BeforeBatch = std::function<void(Engine&, JobId, int b, Outcome&)>;
+
+Outcome Run(const JobSpec& spec, int batches = kBatches, const BeforeBatch& before = {}) {
   Outcome out;
   auto engine = Engine::Create({"cpu:3"});
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -54,18 +67,12 @@ Outcome Run(const JobSpec& spec) {
   auto id = e.Submit(spec);
   EXPECT_TRUE(id.ok()) << id.status();
   if (!id.ok()) return out;
-  for (int b = 0; b < kBatches; ++b) {
+  for (int b = 0; b < batches; ++b) {
+    if (before) before(e, *id, b, out);
     EXPECT_TRUE(e.FeedBatch(*id, rp::testing::ToBatch(RandomTokens(6, 8, spec.model.vocab, 500 + b))).ok());
   }
   EXPECT_TRUE(e.CloseInput(*id).ok());
-  for (const JobEvent& ev : DrainUntilEnded(e, *id)) {
-    if (ev.kind == JobEvent::Kind::kIteration) {
-      out.losses.push_back(ev.stats.loss);
-      out.workers.push_back(ev.stats.workers);
-      out.slots_rerun.push_back(ev.stats.slots_rerun);
-    }
-    if (ev.kind == JobEvent::Kind::kState && ev.state == JobState::kFailed) out.failure = ev.message;
-  }
+  for (const JobEvent& ev : DrainUntilEnded(e, *id)) Record(ev, out);
   out.state = *e.State(*id);
   auto shapes = e.ParameterShapes(*id);
   EXPECT_TRUE(shapes.ok()) << shapes.status();
@@ -185,6 +192,85 @@ TEST(LostWorker, EveryFaultPointFinishesBitIdenticalSync) {
 
 TEST(LostWorker, EveryFaultPointFinishesBitIdenticalAsync) {
   ExpectEveryFaultPointRecovers(planning::OptimizerMode::kAsync);
+}
+
+// Reads job events (into `out`) until `n` iterations are done (a failure after 60 s).
+void AwaitIterations(Engine& e, JobId id, size_t n, Outcome& out) {
+  for (int i = 0; i < 600 && out.losses.size() < n; ++i) {
+    auto ev = e.AwaitEvents(id, 100ms);
+    ASSERT_TRUE(ev.ok());
+    for (const JobEvent& x : *ev) Record(x, out);
+  }
+  ASSERT_GE(out.losses.size(), n) << "the job did not get through " << n << " iterations";
+}
+
+// An operator takes worker 1 out of the pool and puts it back while a job runs — gracefully, and
+// at once (its slots re-run elsewhere) — and the job still ends bit-identical to a run without.
+void ExpectDrainAndEnableKeepTheRun(planning::OptimizerMode mode, bool now) {
+  const JobSpec spec = LostWorkerJob(mode);
+  constexpr int kLong = 6;
+  const Outcome clean = Run(spec, kLong);
+  ASSERT_EQ(clean.state, JobState::kSucceeded) << clean.failure;
+  const Outcome got = Run(spec, kLong, [now](Engine& e, JobId id, int b, Outcome& out) {
+    if (b == 2) {
+      AwaitIterations(e, id, 1, out);
+      ASSERT_TRUE(e.DrainWorker(1, now).ok());
+      const DeviceStats::State want = now ? DeviceStats::State::kLost : DeviceStats::State::kDrained;
+      EXPECT_EQ(e.Stats().devices[1].state, want);
+      if (now) {
+        EXPECT_NE(e.Stats().devices[1].lost_reason.find("drained at once"), std::string::npos);
+      }
+    }
+    if (b == 4) {
+      AwaitIterations(e, id, 4, out);
+      ASSERT_TRUE(e.EnableWorker(1).ok());
+      EXPECT_EQ(e.Stats().devices[1].state, DeviceStats::State::kUp);
+    }
+  });
+  ExpectSameRun(got, clean, now ? "worker 1 drained at once, then enabled" : "worker 1 drained, then enabled");
+  ASSERT_EQ(got.workers.size(), static_cast<size_t>(kLong));
+  // Batches 2 and 3 were fed after the drain: planned over two workers; 4 and 5 after the enable.
+  EXPECT_EQ(got.workers[2], 2);
+  EXPECT_EQ(got.workers[3], 2);
+  EXPECT_EQ(got.workers[4], 3);
+  EXPECT_EQ(got.workers[5], 3);
+}
+
+TEST(LostWorker, DrainAndEnableDuringASyncJob) {
+  ExpectDrainAndEnableKeepTheRun(planning::OptimizerMode::kSync, /*now=*/false);
+}
+TEST(LostWorker, DrainAtOnceAndEnableDuringAnAsyncJob) {
+  ExpectDrainAndEnableKeepTheRun(planning::OptimizerMode::kAsync, /*now=*/true);
+}
+TEST(LostWorker, DrainAtOnceAndEnableDuringASyncJob) {
+  ExpectDrainAndEnableKeepTheRun(planning::OptimizerMode::kSync, /*now=*/true);
+}
+
+TEST(LostWorker, AnOperatorCannotEmptyThePoolOrNameAWorkerThatIsNot) {
+  auto engine = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  EXPECT_EQ(e.DrainWorker(2).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(e.DrainWorker(-1).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(e.EnableWorker(5).code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(e.DrainWorker(0).ok());
+  ASSERT_TRUE(e.DrainWorker(0).ok());  // already out: nothing changes
+  const absl::Status last = e.DrainWorker(1, /*now=*/true);
+  EXPECT_EQ(last.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(last.message().find("last usable"), std::string_view::npos) << last;
+  EXPECT_EQ(e.Stats().devices[1].state, DeviceStats::State::kUp);
+  ASSERT_TRUE(e.EnableWorker(0).ok());
+  EXPECT_TRUE(e.DrainWorker(1, /*now=*/true).ok());
+  EXPECT_EQ(e.Stats().devices[1].state, DeviceStats::State::kLost);
+  // A job still runs on the one left and succeeds.
+  auto id = e.Submit(TinyJob());
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(e.FeedBatch(*id, rp::testing::ToBatch(RandomTokens(4, 8, 41, 1))).ok());
+  ASSERT_TRUE(e.CloseInput(*id).ok());
+  Outcome out;
+  for (const JobEvent& ev : DrainUntilEnded(e, *id)) Record(ev, out);
+  EXPECT_EQ(*e.State(*id), JobState::kSucceeded) << out.failure;
+  EXPECT_EQ(out.workers, std::vector<int>{1});
 }
 
 }  // namespace
