@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -25,6 +26,8 @@
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/runtime/paced_run.h"
 #include "tests/support/run_command.h"
+#include "workers/device/device.h"
+#include "workers/device/test_hooks.h"
 
 ABSL_FLAG(std::string, models, "qwen3-1.7b,llama-3.1-8b,gpt-oss-20b,qwen3-32b,qwen3-235b-a22b",
           "Paper model presets; each needs tests/bench/profiles/<name>.json");
@@ -60,6 +63,41 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
+ABSL_FLAG(bool, lose_worker, false,
+          "Instead of the table above: per row, the engine without a fault and with one worker lost in the middle "
+          "of a measured iteration (at its middle forward slot's middle micro-batch), side by side");
+
+// One row of --lose_worker: the cost of losing a worker mid-iteration, paced.
+int LostWorkerRow(PacedRunOptions o, const std::string& row) {
+  o.iterations = std::max(o.iterations, 4);
+  auto clean = rp::scheduler::runtime::RunPaced(o);
+  // Lost at measured iteration 1 (counting from 0 after the warm-up), mid-way through its forward.
+  const int lose_iteration = o.warmup + 1;
+  const std::string label = absl::StrCat("F", (o.partition.num_forward_stages() + 1) / 2, " mb", o.microbatches / 2);
+  std::atomic<bool> fired{false};
+  const rp::workers::FaultHook hook = [&](int, const rp::workers::OpInfo& op) {
+    return op.iteration == lose_iteration && op.label == label && !fired.exchange(true);
+  };
+  rp::workers::SetFaultHook(&hook);
+  auto lost = rp::scheduler::runtime::RunPaced(o);
+  rp::workers::SetFaultHook(nullptr);
+  if (!clean.ok() || !lost.ok() || !fired) {
+    std::fprintf(stderr, "%s: %s %s%s\n", row.c_str(), std::string(clean.status().message()).c_str(),
+                 std::string(lost.status().message()).c_str(), fired ? "" : " (the fault never fired)");
+    return 1;
+  }
+  const auto& a = clean->iteration_period_s;
+  const auto& b = lost->iteration_period_s;
+  const double before = a[1], at = b[1];
+  double after = 0, clean_after = 0;
+  for (size_t i = 2; i < b.size(); ++i) after += b[i] / static_cast<double>(b.size() - 2);
+  for (size_t i = 2; i < a.size(); ++i) clean_after += a[i] / static_cast<double>(a.size() - 2);
+  std::printf("%-30s %-12s %9.1f %9.1f %+9.1f %8.2f %9.1f %8.3f\n", row.c_str(), label.c_str(), before * 1e3, at * 1e3,
+              (at - before) * 1e3, (at - before) / before, after * 1e3, after / clean_after);
+  std::fflush(stdout);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // The host work of a paced run is small; LibTorch's spinning intra-op threads would only take
@@ -67,8 +105,13 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   std::printf("paced engine vs roundpipe-sim, N=%d M=%d (all figures paced: real-time equivalents of scaled sleeps)\n",
               absl::GetFlag(FLAGS_workers), absl::GetFlag(FLAGS_microbatches));
-  std::printf("%-16s %-5s %-4s %-28s %6s %10s %10s %8s %8s %8s %7s %7s\n", "model", "mode", "xfer", "partition",
-              "scale", "sim ms", "engine ms", "spread", "ratio", "sim bub", "eng bub", "wall s");
+  if (absl::GetFlag(FLAGS_lose_worker)) {
+    std::printf("%-30s %-12s %9s %9s %9s %8s %9s %8s\n", "model mode xfer", "lost at", "clean ms", "lost ms", "cost ms",
+                "cost/it", "N-1 ms", "N-1/N");
+  } else {
+    std::printf("%-16s %-5s %-4s %-28s %6s %10s %10s %8s %8s %8s %7s %7s\n", "model", "mode", "xfer", "partition",
+                "scale", "sim ms", "engine ms", "spread", "ratio", "sim bub", "eng bub", "wall s");
+  }
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
     const std::string model(name);
     auto profile = rp::planning::ParseProfile(
@@ -120,6 +163,10 @@ int main(int argc, char** argv) {
         if (!sim.ok()) {
           std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(sim.status().message()).c_str());
           return 1;
+        }
+        if (absl::GetFlag(FLAGS_lose_worker)) {
+          if (LostWorkerRow(o, absl::StrCat(model, " ", mode, " ", xfer)) != 0) return 1;
+          continue;
         }
         std::vector<double> periods, bubbles;
         double wall = 0;
