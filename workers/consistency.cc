@@ -29,8 +29,10 @@ std::shared_ptr<IterationEvents> ConsistencyBook::Get(int iteration) {
 
 void ConsistencyBook::ReleaseUploads(int iteration) {
   auto ev = Get(iteration);
-  for (auto& u : ev->uploads) u->Release();
+  // finished first: an optimizer's P_cp let through by the uploads then keeps no copy for a
+  // re-run that will never come.
   for (auto& f : ev->finished) f->Release();
+  for (auto& u : ev->uploads) u->Release();
 }
 
 void ConsistencyBook::SetCounts(std::vector<int> uploads_per_layer, std::vector<int> grads_per_layer, int reset_from) {
