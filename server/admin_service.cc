@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "server/engine_metrics.h"
 #include "server/status_util.h"
 
 #ifndef RP_VERSION
@@ -135,6 +136,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ChangeWorker(grpc::CallbackServerCon
   }
   const scheduler::EngineStats s = engine_->Stats();
   FillDevice(s.devices[static_cast<size_t>(req->worker())], req->worker(), resp);
+  if (metrics_ != nullptr) SetWorkerStates(metrics_, s);
   r->Finish(grpc::Status::OK);
   return r;
 }

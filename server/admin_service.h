@@ -8,6 +8,7 @@
 #include "scheduler/engine.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
+#include "server/metrics.h"
 
 namespace rp::server {
 
@@ -16,9 +17,14 @@ roundpipe::v1::BuildInfo CollectBuildInfo();
 
 class AdminServiceImpl final : public roundpipe::v1::AdminService::CallbackService {
  public:
+  // `metrics` (optional): roundpipe_worker_state follows DrainWorker / EnableWorker at once.
   AdminServiceImpl(scheduler::Engine* engine, JobManager* manager, const Authenticator* auth,
-                   int64_t default_drain_seconds)
-      : engine_(engine), manager_(manager), auth_(auth), default_drain_seconds_(default_drain_seconds) {}
+                   int64_t default_drain_seconds, DaemonMetrics* metrics = nullptr)
+      : engine_(engine),
+        manager_(manager),
+        auth_(auth),
+        default_drain_seconds_(default_drain_seconds),
+        metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
                                           const roundpipe::v1::GetServerInfoRequest* req,
@@ -38,6 +44,7 @@ class AdminServiceImpl final : public roundpipe::v1::AdminService::CallbackServi
   JobManager* manager_;
   const Authenticator* auth_;
   int64_t default_drain_seconds_;
+  DaemonMetrics* metrics_;
 };
 
 }  // namespace rp::server

@@ -55,6 +55,19 @@ void EngineMetrics::RecordIteration(const scheduler::IterationStats& st, const s
   for (const scheduler::DeviceStats& d : es.devices) {
     metrics_->device_memory.Add({{"device", d.name}}).Set(static_cast<double>(d.memory_in_use_bytes));
   }
+  SetWorkerStates(metrics_, es);
+}
+
+void SetWorkerStates(DaemonMetrics* metrics, const scheduler::EngineStats& es) {
+  const std::pair<scheduler::DeviceStats::State, const char*> states[] = {
+      {scheduler::DeviceStats::State::kUp, "up"},
+      {scheduler::DeviceStats::State::kDrained, "drained"},
+      {scheduler::DeviceStats::State::kLost, "lost"}};
+  for (const scheduler::DeviceStats& d : es.devices) {
+    for (const auto& [state, name] : states) {
+      metrics->worker_state.Add({{"device", d.name}, {"state", name}}).Set(d.state == state ? 1 : 0);
+    }
+  }
 }
 
 }  // namespace rp::server

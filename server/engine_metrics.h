@@ -33,4 +33,8 @@ class EngineMetrics {
   std::vector<std::array<int64_t, 4>> transfer_seen_ ABSL_GUARDED_BY(mu_);
 };
 
+// roundpipe_worker_state from the engine's devices (after each step, and when an operator drains
+// or enables a worker). Any thread (the gauges are atomic).
+void SetWorkerStates(DaemonMetrics* metrics, const scheduler::EngineStats& es);
+
 }  // namespace rp::server

@@ -29,6 +29,7 @@
 #include "server/admin_service.h"
 #include "server/auth.h"
 #include "server/config.h"
+#include "server/engine_metrics.h"
 #include "server/host_memory.h"
 #include "server/job_manager.h"
 #include "server/job_service.h"
@@ -360,7 +361,9 @@ int main(int argc, char** argv) {
   if (!manager.ok()) return Fail(OtherError(std::string(manager.status().message())));
 
   rp::server::JobServiceImpl job_service(manager->get(), &auth);
-  rp::server::AdminServiceImpl admin_service(engine->get(), manager->get(), &auth, config.drain_deadline_seconds());
+  rp::server::AdminServiceImpl admin_service(engine->get(), manager->get(), &auth, config.drain_deadline_seconds(),
+                                             &metrics);
+  rp::server::SetWorkerStates(&metrics, (*engine)->Stats());  // before any step or operator
   auto grpc_endpoint = ServeGrpc(config, {&job_service, &admin_service}, &metrics);
   if (auto* e = std::get_if<StartupError>(&grpc_endpoint)) return Fail(*e);
   GrpcEndpoint& served = std::get<GrpcEndpoint>(grpc_endpoint);

@@ -89,6 +89,10 @@ DaemonMetrics::DaemonMetrics(prometheus::Registry& r)
                         .Name("roundpipe_device_memory_bytes")
                         .Help("Device memory in use, by device (0 on the CPU backend)")
                         .Register(r)),
+      worker_state(BuildGauge()
+                       .Name("roundpipe_worker_state")
+                       .Help("Each worker's state in the pool (up, drained, lost): 1 for the one it is in")
+                       .Register(r)),
       jobs(BuildGauge().Name("roundpipe_jobs").Help("Jobs known to the daemon, by state").Register(r)),
       build_info(BuildGauge().Name("roundpipe_build_info").Help("Always 1; labels carry versions").Register(r)),
       rpc_requests(BuildCounter()
@@ -118,6 +122,7 @@ std::vector<std::string> DaemonMetrics::FamilyNames() {
           "roundpipe_transfer_bytes_total",
           "roundpipe_host_memory_bytes",
           "roundpipe_device_memory_bytes",
+          "roundpipe_worker_state",
           "roundpipe_jobs",
           "roundpipe_build_info"};
 }

@@ -41,6 +41,7 @@ class DaemonMetrics {
   prometheus::Family<prometheus::Counter>& transfer_bytes;  // {direction, kind}
   prometheus::Family<prometheus::Gauge>& host_memory;       // {pool}
   prometheus::Family<prometheus::Gauge>& device_memory;     // {device}
+  prometheus::Family<prometheus::Gauge>& worker_state;      // {device, state}: 1 for its state, else 0
   prometheus::Family<prometheus::Gauge>& jobs;              // {state}
   prometheus::Family<prometheus::Gauge>& build_info;        // {version, torch}
   prometheus::Family<prometheus::Counter>& rpc_requests;    // {method, code}

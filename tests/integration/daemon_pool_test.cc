@@ -142,6 +142,11 @@ TEST_F(DaemonPoolTest, AnOperatorDrainsAndEnablesWorkers) {
   auto lost = c->DrainWorker(1, /*now=*/true);
   ASSERT_TRUE(lost.ok()) << lost.status();
   EXPECT_EQ(lost->state(), "lost");
+  // The metrics say so too (refreshed at each scrape).
+  const std::string text = HttpGet(daemon_.metrics_address(), "/metrics");
+  EXPECT_EQ(MetricValue(text, "roundpipe_worker_state{device=\"cpu:1\",state=\"lost\"}"), 1) << text;
+  EXPECT_EQ(MetricValue(text, "roundpipe_worker_state{device=\"cpu:1\",state=\"up\"}"), 0);
+  EXPECT_EQ(MetricValue(text, "roundpipe_worker_state{device=\"cpu:0\",state=\"up\"}"), 1);
   EXPECT_NE(lost->lost_reason().find("cpu:1 drained at once by an operator"), std::string::npos) << lost->lost_reason();
   auto back = c->EnableWorker(1);
   ASSERT_TRUE(back.ok()) << back.status();

@@ -191,13 +191,26 @@ TEST_F(DaemonTest, MetricsScrapeHasEveryFamilyAndCountersMove) {
   ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED));
   const std::string text = HttpGet(daemon_.metrics_address(), "/metrics");
   // The golden list of families (ARCHITECTURE §5).
-  for (const char* family :
-       {"roundpipe_tokens_trained_total", "roundpipe_iterations_total", "roundpipe_iteration_duration_seconds",
-        "roundpipe_optimizer_step_seconds", "roundpipe_loss", "roundpipe_learning_rate", "roundpipe_grad_norm",
-        "roundpipe_bubble_ratio", "roundpipe_batches_received_total", "roundpipe_batches_rejected_total",
-        "roundpipe_checkpoint_failures_total", "roundpipe_worker_busy_seconds_total", "roundpipe_transfer_bytes_total",
-        "roundpipe_host_memory_bytes", "roundpipe_device_memory_bytes", "roundpipe_jobs", "roundpipe_build_info",
-        "roundpipe_rpc_requests_total", "roundpipe_rpc_duration_seconds"}) {
+  for (const char* family : {"roundpipe_tokens_trained_total",
+                             "roundpipe_iterations_total",
+                             "roundpipe_iteration_duration_seconds",
+                             "roundpipe_optimizer_step_seconds",
+                             "roundpipe_loss",
+                             "roundpipe_learning_rate",
+                             "roundpipe_grad_norm",
+                             "roundpipe_bubble_ratio",
+                             "roundpipe_batches_received_total",
+                             "roundpipe_batches_rejected_total",
+                             "roundpipe_checkpoint_failures_total",
+                             "roundpipe_worker_busy_seconds_total",
+                             "roundpipe_transfer_bytes_total",
+                             "roundpipe_host_memory_bytes",
+                             "roundpipe_device_memory_bytes",
+                             "roundpipe_worker_state",
+                             "roundpipe_jobs",
+                             "roundpipe_build_info",
+                             "roundpipe_rpc_requests_total",
+                             "roundpipe_rpc_duration_seconds"}) {
     EXPECT_NE(text.find(std::string("# TYPE ") + family + " "), std::string::npos) << family;
   }
   EXPECT_EQ(MetricValue(before, "roundpipe_iterations_total"), 0);
