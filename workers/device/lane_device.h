@@ -50,9 +50,8 @@ class LaneDevice final : public Device {
 
   Device* base() const { return base_; }
   int lane() const { return lane_; }
-  double compute_seconds() const {
-    return gate_ != nullptr ? gate_->used_seconds(lane_) : 0;
-  }  // the job's compute here so far
+  // The job's compute here so far.
+  double compute_seconds() const { return gate_ != nullptr ? gate_->used_seconds(lane_) : 0; }
 
  private:
   Device* const base_;

@@ -69,8 +69,9 @@ void QueuedStream::RecordEvent(EventPtr e) {
 void QueuedStream::WaitOrLost(const EventPtr& e) const {
   if (health_ == nullptr) return e->Wait();
   // A lost device's streams must drain even when what they wait for never comes (it was to come
-  // from work that died with the device): look at the device every few milliseconds.
-  while (!e->WaitFor(std::chrono::milliseconds(5))) {
+  // from work that died with the device): look at the device now and then. Coarse on purpose:
+  // every waiting stream of a working device wakes this often for nothing.
+  while (!e->WaitFor(std::chrono::milliseconds(50))) {
     if (health_->lost()) return;
   }
 }

@@ -44,7 +44,7 @@ class QueuedStream : public Stream {
     Kind kind = Kind::kWork;  // kWait / kRecord: host-only bookkeeping
   };
   // `health`: the device's (outlives the stream). Once it is lost, work is skipped and waits end
-  // at once (or within a few milliseconds for one already waiting); events are still set.
+  // at once (within 50 ms for one already waiting); events are still set.
   void Start(DeviceHealth* health);
   void Stop();
   virtual void ThreadBegin() {}

@@ -36,7 +36,7 @@ absl::StatusOr<at::Tensor> ActivationStore::Take(ActKind kind, int layer, int mi
       continue;
     }
     if (cancelled()) return absl::CancelledError("the stage slot waiting for this input was abandoned");
-    cv_.WaitFor(&mu_, std::chrono::milliseconds(5));
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(50));  // every Put wakes it too
   }
   if (auto a = aborted_.find(iteration); a != aborted_.end()) return a->second;
   auto it = slots_.find(key);

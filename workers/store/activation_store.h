@@ -35,8 +35,8 @@ class ActivationStore {
   void Put(ActKind kind, int layer, int microbatch, at::Tensor t, int consumers, int iteration = 0);
   // Waits for the slot, returns it and counts one consumer off.
   absl::StatusOr<at::Tensor> Take(ActKind kind, int layer, int microbatch, int iteration = 0);
-  // The same, giving up with Cancelled once `cancelled()` is true (looked at every few
-  // milliseconds): a stage slot on a device that was lost meanwhile stops waiting.
+  // The same, giving up with Cancelled once `cancelled()` is true (looked at on every Put and
+  // every 50 ms): a stage slot on a device that was lost meanwhile stops waiting.
   absl::StatusOr<at::Tensor> Take(ActKind kind, int layer, int microbatch, int iteration,
                                   const std::function<bool()>& cancelled);
   // Gives back what a Take returned, for one more Take: a stage slot that will be re-run
