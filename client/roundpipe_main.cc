@@ -14,9 +14,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "client/client.h"
 
 ABSL_FLAG(std::string, address, "",
@@ -175,6 +177,15 @@ int WatchJob(rp::client::Client& c, const std::string& id) {
                       ? "best so far"
                       : absl::StrFormat("best %.4f at step %lld", m.best_loss(), static_cast<long long>(m.best_step()))
                             .c_str());
+      std::fflush(stdout);
+    } else if (e.event_case() == v1::JobEvent::kPlanChange) {  // a worker left or came back; a re-plan
+      if (dirty) std::printf("\n");
+      dirty = false;
+      std::string cause = absl::AsciiStrToLower(v1::PlanChange::Cause_Name(e.plan_change().cause()));
+      absl::StrReplaceAll({{"_", " "}}, &cause);
+      std::printf("[%s] %s%s: %s\n", id.c_str(), cause.c_str(),
+                  e.plan_change().worker() >= 0 ? absl::StrCat(" (worker ", e.plan_change().worker(), ")").c_str() : "",
+                  e.message().c_str());
       std::fflush(stdout);
     } else if (e.event_case() == v1::JobEvent::kBatchRejected) {
       std::printf("\n[%s] batch rejected: %s\n", id.c_str(), e.batch_rejected().c_str());

@@ -41,6 +41,11 @@ struct EngineOptions {
   // whose predicted model states exceed it waits while other jobs run (one always starts when
   // nothing runs). Null: no check. Called with no engine lock held, from the runner threads.
   std::function<int64_t()> host_memory_available;
+  // The most host memory the running jobs' model states may take together (bytes; 0: no limit
+  // beyond the host's): a job starts only while its predicted states fit in what the running
+  // jobs leave of it (each counted at its prediction or at what it measurably held, whichever is
+  // more), and a job that alone exceeds it is refused at Submit (RESOURCE_EXHAUSTED).
+  int64_t host_memory_limit = 0;
 };
 
 class Engine {

@@ -34,6 +34,20 @@ const char* JobStateName(JobState s) {
   return "?";
 }
 
+const char* PlanChangeCauseName(PlanChange::Cause c) {
+  switch (c) {
+    case PlanChange::Cause::kWorkerLost:
+      return "worker lost";
+    case PlanChange::Cause::kWorkerDrained:
+      return "worker drained";
+    case PlanChange::Cause::kWorkerReturned:
+      return "worker returned";
+    case PlanChange::Cause::kOutOfMemory:
+      return "device out of memory";
+  }
+  return "?";
+}
+
 bool IsTerminal(JobState s) { return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled; }
 
 std::vector<int32_t> ShiftedLabels(int64_t rows, int64_t cols, const std::vector<int32_t>& tokens,

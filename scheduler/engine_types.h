@@ -152,6 +152,20 @@ struct CheckpointInfo {
   int64_t batches_consumed = 0;  // the job's data cursor at that point
 };
 
+// A change of a job's plan, decided between two iterations (runtime/controller_replan.cc): a
+// worker left the job's pool (lost, or drained by an operator) or came back — the next iterations
+// are planned over the workers usable then — or a stage slot ran out of device memory, and the
+// job re-plans its partition with a tighter per-stage memory cap (the slot itself was repeated).
+struct PlanChange {
+  enum class Cause { kWorkerLost, kWorkerDrained, kWorkerReturned, kOutOfMemory } cause = Cause::kWorkerLost;
+  int worker = -1;               // the daemon's worker (device index) concerned; -1: none
+  int workers = 0;               // workers the next iterations are planned over
+  std::string partition;         // the partition re-planned from the next iteration on (empty: unchanged)
+  int64_t stage_memory_cap = 0;  // kOutOfMemory: the tighter cap it was planned with
+  std::string detail;            // in words: why, and what was (or could not be) re-planned
+};
+const char* PlanChangeCauseName(PlanChange::Cause c);
+
 struct IterationStats {
   int iteration = 0;
   double loss = 0;     // mean CE over the batch's non-ignored tokens
@@ -173,6 +187,8 @@ struct IterationStats {
   // than the job's once one is lost) and its stage slots run again because their worker was lost.
   int workers = 0;
   int slots_rerun = 0;
+  // What changed in the plan before this iteration was dispatched (it ran with the change).
+  std::vector<PlanChange> plan_changes;
 };
 
 // One evaluation on the validation source.
@@ -207,7 +223,8 @@ struct JobEvent {
   // a loading job is doing ("loading weights 37 %"), in `message`.
   // kEval: an evaluation on the validation source finished (`eval`). kProfile: the measured
   // profile was written to the path in `message`; kProfileFailed: it could not be, `message` says why.
-  // kWaiting: a queued job's reason for waiting changed (`wait`).
+  // kWaiting: a queued job's reason for waiting changed (`wait`). kPlanChange: a worker left or
+  // rejoined the job's pool, or a device out-of-memory re-planned it (`plan_change`).
   enum class Kind {
     kState,
     kIteration,
@@ -218,7 +235,8 @@ struct JobEvent {
     kEval,
     kProfile,
     kProfileFailed,
-    kWaiting
+    kWaiting,
+    kPlanChange
   } kind = Kind::kState;
   JobState state = JobState::kQueued;
   IterationStats stats;                        // kIteration
@@ -227,6 +245,7 @@ struct JobEvent {
   CheckpointInfo checkpoint;                   // kCheckpoint
   EvalStats eval;                              // kEval
   JobWait wait;                                // kWaiting: why it has not started (cause kNone: it starts now)
+  PlanChange plan_change;                      // kPlanChange: emitted before the iteration that runs with it
   // kState to kPaused: who paused the job. kRequested: a caller's Pause (a user or a drain),
   // before or while it ran; `message` only adds detail. kByEngine: the engine paused the job
   // itself (checkpoints kept failing); `message` says why.

@@ -133,6 +133,10 @@ absl::Status ValidateConfig(const roundpipe::v1::DaemonConfig& c) {
   if (c.max_running_jobs() < 1 || c.max_running_jobs() > 64) {
     problems.push_back(absl::StrCat("max_running_jobs must lie in [1, 64] (got ", c.max_running_jobs(), ")"));
   }
+  if (c.host_memory_limit_bytes() < 0) {
+    problems.push_back(absl::StrCat("host_memory_limit_bytes must be 0 (no limit) or positive (got ",
+                                    c.host_memory_limit_bytes(), ")"));
+  }
   const std::string& lv = c.log_level();
   if (lv != "trace" && lv != "debug" && lv != "info" && lv != "warn" && lv != "error") {
     problems.push_back(absl::StrCat("log_level '", lv, "': expected trace, debug, info, warn or error"));

@@ -33,6 +33,21 @@ v1::JobState ToProto(JobState s) {
   return v1::JOB_STATE_UNSPECIFIED;
 }
 
+v1::PlanChange::Cause ToProto(scheduler::PlanChange::Cause c) {
+  using C = scheduler::PlanChange::Cause;
+  switch (c) {
+    case C::kWorkerLost:
+      return v1::PlanChange::WORKER_LOST;
+    case C::kWorkerDrained:
+      return v1::PlanChange::WORKER_DRAINED;
+    case C::kWorkerReturned:
+      return v1::PlanChange::WORKER_RETURNED;
+    case C::kOutOfMemory:
+      return v1::PlanChange::DEVICE_OUT_OF_MEMORY;
+  }
+  return v1::PlanChange::CAUSE_UNSPECIFIED;
+}
+
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
@@ -278,6 +293,22 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
     case scheduler::JobEvent::Kind::kWaiting:
       ApplyWaiting(e, rec, fx);
       break;
+    case scheduler::JobEvent::Kind::kPlanChange: {
+      const scheduler::PlanChange& c = e.plan_change;
+      v1::PlanChange* pc = out.mutable_plan_change();
+      pc->set_cause(ToProto(c.cause));
+      pc->set_worker(c.worker);
+      pc->set_workers(c.workers);
+      pc->set_partition(c.partition);
+      pc->set_stage_memory_cap(c.stage_memory_cap);
+      out.set_message(c.detail);
+      if (!c.partition.empty()) rec.set_partition(c.partition);
+      fx.log = c.cause == scheduler::PlanChange::Cause::kWorkerReturned ? EventEffect::Log::kInfo
+                                                                         : EventEffect::Log::kWarn;
+      fx.log_line = absl::StrCat(scheduler::PlanChangeCauseName(c.cause),
+                                 c.worker >= 0 ? absl::StrCat(" (worker ", c.worker, ")") : "", ": ", c.detail);
+      break;
+    }
     case scheduler::JobEvent::Kind::kBatchRejected:
       out.set_batch_rejected(e.message);
       fx.log = EventEffect::Log::kWarn;

@@ -18,6 +18,7 @@ namespace rp::server {
 
 roundpipe::v1::JobState ToProto(scheduler::JobState s);
 bool IsTerminal(roundpipe::v1::JobState s);
+roundpipe::v1::PlanChange::Cause ToProto(scheduler::PlanChange::Cause c);
 
 // The daemon's id of an engine job ("job-000007"), for what one job says of others.
 using JobNames = std::function<std::string(scheduler::JobId)>;

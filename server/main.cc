@@ -347,6 +347,7 @@ int main(int argc, char** argv) {
   rp::scheduler::EngineOptions engine_options;
   engine_options.devices = config.devices();
   engine_options.max_running_jobs = config.max_running_jobs();
+  engine_options.host_memory_limit = config.host_memory_limit_bytes();
   // What a job starting beside running ones may take: the host's memory free now (running jobs'
   // states are already out of it), less what tokenizer parses in flight may still take.
   engine_options.host_memory_available = [] {

@@ -347,6 +347,18 @@ std::function<void(const std::vector<EventPtr>&)> GradientDownload(Device& dev, 
 }  // namespace
 
 namespace stage_internal {
+void FailStage(StageState& s, const char* what, const std::exception& e) {
+  const std::string where = absl::StrCat(what, " of stage slot ", s.task.slot, " (layers ", s.task.first_layer, "..",
+                                         s.task.first_layer + s.task.num_layers - 1, ")");
+  if (IsOutOfMemory(e)) {
+    if (s.attempt->MarkOutOfMemory(absl::StrCat(where, " on ", s.dev->name(), ": ", e.what()))) return;
+    s.ctx->Fail(absl::ResourceExhaustedError(absl::StrCat(where, " ran out of device memory on ", s.dev->name(), ": ",
+                                                          e.what())));
+    return;
+  }
+  s.ctx->Fail(absl::InternalError(absl::StrCat(where, " failed: ", e.what())));
+}
+
 at::Tensor TakeInput(StageState& s, ActKind kind, int layer, int microbatch) {
   absl::StatusOr<at::Tensor> t = s.ctx->acts->Take(kind, layer, microbatch, s.task.iteration, s.attempt->cancelled());
   if (!t.ok()) throw std::runtime_error(std::string(t.status().message()));

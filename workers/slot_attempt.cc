@@ -33,11 +33,28 @@ void SlotAttempt::Finish() {
   std::vector<Leased> drop;
   {
     base::MutexLock lock(&mu_);
-    if (abandoned_.load() || finished_) return;
+    if (abandoned_.load() || out_of_memory_.load() || finished_) return;
     finished_ = true;
     drop.swap(leases_);
   }
   ledger_->Complete();
+}
+
+bool SlotAttempt::MarkOutOfMemory(const std::string& what) {
+  if (!on_fault_) return false;
+  {
+    base::MutexLock lock(&mu_);
+    if (finished_ || out_of_memory_.load()) return true;
+    out_of_memory_what_ = what;
+    out_of_memory_.store(true);
+  }
+  on_fault_();
+  return true;
+}
+
+std::string SlotAttempt::out_of_memory_what() const {
+  base::MutexLock lock(&mu_);
+  return out_of_memory_what_;
 }
 
 }  // namespace rp::workers

@@ -9,7 +9,7 @@
 //                the controller waits on: set once one run finished the slot;
 //   SlotAttempt  one run on one worker: the inputs it took (leased: given back to the activation
 //                store if the run is abandoned, dropped when it finishes) and whether it was
-//                abandoned (its device lost).
+//                abandoned (its device lost, or the run ran out of device memory).
 // A slot keeps its inputs until it finished (its outputs and gradients are on the host), so a
 // re-run always finds them.
 //
@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -79,8 +80,17 @@ class SlotAttempt {
   DeviceHealth* health() const { return health_; }
   // Its device was lost since the run began (even if an operator restored it since).
   bool device_lost() const { return health_ != nullptr && health_->losses() != losses_at_start_; }
-  // Abandoned, or on a device lost since it began (it will be abandoned).
-  bool abandoned() const { return abandoned_.load() || device_lost(); }
+  // Abandoned, out of device memory, or on a device lost since it began (it will be abandoned).
+  bool abandoned() const { return abandoned_.load() || out_of_memory_.load() || device_lost(); }
+  // Who runs the slot again should this run fail on its own (out of device memory): set before
+  // the run is submitted (slot_recovery.h); without one such a failure is the iteration's error.
+  void set_on_fault(std::function<void()> on_fault) { on_fault_ = std::move(on_fault); }
+  // The run ran out of device memory (`what`: the device's words): it stops like an abandoned one
+  // and, returning true, is run again by whoever set on_fault (called now). False: nobody re-runs
+  // it and the caller fails the iteration.
+  bool MarkOutOfMemory(const std::string& what);
+  bool out_of_memory() const { return out_of_memory_.load(); }
+  std::string out_of_memory_what() const;
   // What Take waits with: gives up once the attempt is abandoned.
   std::function<bool()> cancelled() const {
     return [this] { return abandoned(); };
@@ -111,11 +121,14 @@ class SlotAttempt {
   const std::shared_ptr<SlotLedger> ledger_;
   DeviceHealth* const health_;
   const int64_t losses_at_start_;
-  bool rerun_ = false;  // set before the run is submitted
+  bool rerun_ = false;               // set before the run is submitted
+  std::function<void()> on_fault_;  // likewise
   std::atomic<bool> abandoned_{false};
-  base::Mutex mu_;
+  std::atomic<bool> out_of_memory_{false};
+  mutable base::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Leased> leases_ ABSL_GUARDED_BY(mu_);
+  std::string out_of_memory_what_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rp::workers

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "workers/consistency.h"
 #include "workers/device/device.h"
+#include "workers/device/out_of_memory.h"
 #include "workers/device/transfer_windows.h"
 #include "workers/run_context.h"
 #include "workers/slot_attempt.h"
@@ -48,17 +49,19 @@ struct StageState {
 // Runs `fn`, turning any exception into the iteration's error; skips the work once the
 // iteration has failed (events are still recorded by the streams, so nobody waits forever). A run
 // of the slot that was abandoned (its device lost) skips the rest of its work, and what it throws
-// meanwhile is no error of the iteration: the slot is re-run elsewhere.
+// meanwhile is no error of the iteration: the slot is re-run elsewhere. A run that ran out of
+// device memory (out_of_memory.h) stops the same way when a recovery re-runs it; otherwise that
+// is the iteration's error too (RESOURCE_EXHAUSTED).
+void FailStage(StageState& s, const char* what, const std::exception& e);
 template <typename Fn>
 void Guarded(StageState& s, const char* what, Fn&& fn) {
   if (s.ctx->failed() || s.attempt->abandoned()) return;
   try {
+    ThrowIfOutOfMemoryInjected();
     fn();
   } catch (const std::exception& e) {
     if (s.attempt->abandoned()) return;
-    s.ctx->Fail(
-        absl::InternalError(absl::StrCat(what, " of stage slot ", s.task.slot, " (layers ", s.task.first_layer, "..",
-                                         s.task.first_layer + s.task.num_layers - 1, ") failed: ", e.what())));
+    FailStage(s, what, e);
   }
 }
 

@@ -143,6 +143,8 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
     }
   }
   ApplyPartition(opt_.partition);
+  last_usable_ = recovery_->Usable();
+  plan_workers_ = static_cast<int>(workers_.size());
 }
 
 Controller::~Controller() {
@@ -295,9 +297,11 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, con
   const int M = opt_.microbatches;
   last_microbatch_rows_ = tokens_in.size(0) / M;
   last_seq_len_ = tokens_in.size(1);
+  Replan();
   ApplyPlannedPartition();
   const int T = iteration_++;
   InFlight f;
+  f.plan_changes = std::exchange(pending_changes_, {});
   f.start = std::chrono::steady_clock::now();
   f.timeline_start = timeline_ ? timeline_->Now() : 0;
   f.ctx = MakeRunContext(T, tokens_in.size(1), host->valid, std::move(host->positions));
@@ -331,7 +335,8 @@ IterationStats Controller::FinishStats(int iteration, InFlight& f) {
   st.partition = f.partition.ToString();
   st.workers = f.workers;
   st.slots_rerun = f.slots_rerun;
-  if (planned_ && planned_->partition == f.partition) st.predicted_bubble = planned_->predicted_bubble;
+  st.plan_changes = f.plan_changes;
+  if (planned_ && measured_ && planned_->partition == f.partition) st.predicted_bubble = planned_->predicted_bubble;
   st.partition_problem = plan_problem_;
   st.worker_busy_s.assign(workers_.size(), 0);
   if (timeline_) {

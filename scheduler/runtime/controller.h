@@ -205,8 +205,18 @@ class Controller {
     int workers = 0;                                       // the plan's worker count
     int slots_rerun = 0;                                   // re-run after a lost worker
     planning::Partition partition;
+    std::vector<PlanChange> plan_changes;  // decided before it was dispatched
   };
   void ApplyPartition(const planning::Partition& p);
+  // Before an iteration is dispatched (controller_replan.cc): notes the workers that left or
+  // rejoined the pool; after a device out-of-memory tightens the stage memory cap; re-plans the
+  // partition (for the workers usable now, under the cap) when either asks for it, which
+  // ApplyPlannedPartition then applies. What changed goes to pending_changes_.
+  void Replan();
+  void NoteWorkerChanges(const std::vector<int>& usable);
+  // Plans the partition for `num_workers` under opt_.stage_memory_cap on `costs` (the measured
+  // ones, or real memory with every layer's time alike); true when planned_ was replaced.
+  bool PlanPartition(const planning::CostModel& costs, int num_workers, bool simulate, std::string* why);
   // SubmitIteration's steps: the automatic plan's partition applied (async: after a drain); the
   // iteration's run context; its dispatch plan submitted to the workers; sync mode's wait and
   // optimizer step (f.result).
@@ -241,6 +251,10 @@ class Controller {
   std::unique_ptr<workers::OptimizerWorker> optimizer_;  // async only
   IterationStats FinishStats(int iteration, InFlight& f);
   std::vector<int> act_consumers_;
+  std::vector<int> last_usable_;             // the workers usable at the latest Replan
+  int plan_workers_ = 0;                     // the workers planned_ was planned for
+  bool cap_from_memory_fault_ = false;       // opt_.stage_memory_cap was tightened by Replan
+  std::vector<PlanChange> pending_changes_;  // for the next iteration's stats
   int next_g0_ = 0;
   int iteration_ = 0;
 };

@@ -83,25 +83,14 @@ void Controller::RecordProfile(int iteration, const InFlight& f) {
     std::nth_element(hops.begin(), hops.begin() + static_cast<std::ptrdiff_t>(hops.size() / 2), hops.end());
     measured_hop_s_ = 2 * hops[hops.size() / 2];
   }
-  planning::PartitionProblem problem{&measured, static_cast<int>(workers_.size()), opt_.microbatches,
-                                     opt_.stage_memory_cap};
-  problem.min_stages = opt_.min_stages;
-  problem.t_max_window = opt_.t_max_window;
-  planning::SimulatedChoice choice;
-  choice.microbatches_per_round = opt_.microbatches_per_round;
-  choice.choose_round_size = opt_.choose_round_size;
-  choice.mode = opt_.mode;
-  choice.sim.recompute_ahead = opt_.recompute_ahead;
-  auto r = opt_.partition_by_simulation ? planning::SimulatedBestPartition(problem, choice)
-                                        : planning::AutoPartition(problem);
-  if (r.ok()) {
-    planned_ = *r;
+  const int usable = static_cast<int>(recovery_->Usable().size());
+  std::string why;
+  if (PlanPartition(measured, usable > 0 ? usable : num_workers(), opt_.partition_by_simulation, &why)) {
     plan_problem_.clear();
   } else {
     // Keep the profiling partition (one layer per slot: the smallest stages there are) and say
     // why; planning is retried after every further iteration.
-    plan_problem_ =
-        absl::StrCat("automatic partition failed (", r.status().message(), "); running one layer per stage slot");
+    plan_problem_ = absl::StrCat("automatic partition failed (", why, "); running one layer per stage slot");
   }
 }
 

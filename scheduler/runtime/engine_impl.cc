@@ -61,6 +61,11 @@ absl::StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   for (size_t d = 0; d < e->devices_.size(); ++d) e->gates_.push_back(std::make_unique<workers::ComputeGate>());
   e->max_running_ = options.max_running_jobs;
   e->host_memory_available_ = options.host_memory_available;
+  if (options.host_memory_limit < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_memory_limit must be 0 (none) or positive (got ", options.host_memory_limit, ")"));
+  }
+  e->host_memory_limit_ = options.host_memory_limit;
   for (int r = 0; r < e->max_running_; ++r) e->runners_.emplace_back([raw = e.get()] { raw->RunnerLoop(); });
   return e;
 }
@@ -84,6 +89,12 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   // takes the job, so a queued job costs no host memory and Submit returns at once.
   auto job = std::make_shared<Job>();
   if (absl::Status st = runtime::PrepareJob(spec, RawDevices(), job.get()); !st.ok()) return st;
+  if (host_memory_limit_ > 0 && job->predicted_host_state_bytes > host_memory_limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job: its model states need ", job->predicted_host_state_bytes, " bytes of host memory, more than the limit of ",
+        host_memory_limit_, " bytes all jobs share (DaemonConfig.hostMemoryLimitBytes); raise it or train a smaller "
+        "model (LoRA, a lower precision)"));
+  }
   base::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("engine is shutting down");
   job->id = next_id_++;

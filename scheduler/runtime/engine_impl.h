@@ -93,6 +93,9 @@ class Engine::Impl {
   std::vector<std::unique_ptr<workers::ComputeGate>> gates_;  // one per device, shared by its lanes
   int max_running_ = 1;
   std::function<int64_t()> host_memory_available_;
+  int64_t host_memory_limit_ = 0;  // EngineOptions::host_memory_limit
+  // What the running jobs' model states hold against host_memory_limit_.
+  int64_t HeldByRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   base::Mutex workers_mu_;  // orders operators' DrainWorker / EnableWorker calls (no field of its own)
   mutable base::Mutex mu_;
   base::CondVar cv_;  // the runner waits on it for a runnable job

@@ -33,9 +33,13 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::NextJob() {
     }
     // Asked with no engine lock held (it may read the engine's Stats); one job always starts
     // when nothing runs.
-    const int64_t available = others_running && host_memory_available_ ? host_memory_available_() : -1;
+    int64_t available = others_running && host_memory_available_ ? host_memory_available_() : -1;
     base::MutexLock lock(&mu_);
     if (shutdown_) return nullptr;
+    if (host_memory_limit_ > 0 && !running_.empty()) {
+      const int64_t room = std::max<int64_t>(0, host_memory_limit_ - HeldByRunningLocked());
+      available = available < 0 ? room : std::min(available, room);
+    }
     if (std::shared_ptr<Job> job = TakeRunnableLocked(available)) return job;
     // Memory frees outside the engine too (page cache, other processes): look again each second.
     if (available >= 0) {
@@ -44,6 +48,17 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::NextJob() {
       cv_.Wait(&mu_);
     }
   }
+}
+
+int64_t Engine::Impl::HeldByRunningLocked() const {
+  int64_t held = 0;
+  for (JobId id : running_) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    base::MutexLock jl(&it->second->mu);
+    held += std::max(it->second->predicted_host_state_bytes, it->second->peak_host_state_bytes);
+  }
+  return held;
 }
 
 std::shared_ptr<Engine::Impl::Job> Engine::Impl::HeadLocked(size_t* at) {

@@ -35,6 +35,11 @@ bool JobRunner::FinishPending() {
   st->host_state_bytes = job_.store->HostBytes() + c_.OptimizerStateBytes();
   job_.peak_host_state_bytes = std::max(job_.peak_host_state_bytes, st->host_state_bytes);
   job_.peak_activation_bytes = std::max(job_.peak_activation_bytes, st->activation_peak_bytes);
+  for (const PlanChange& c : st->plan_changes) {
+    JobEvent ev{JobEvent::Kind::kPlanChange, job_.state, {}, c.detail};
+    ev.plan_change = c;
+    job_.Emit(std::move(ev));
+  }
   job_.Emit({JobEvent::Kind::kIteration, job_.state, *st, ""});
   if (!profile_done_ && !job_.spec.profile_path.empty() && c_.measured_costs()) {
     lock.Unlock();

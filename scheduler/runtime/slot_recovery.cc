@@ -33,6 +33,7 @@ workers::EventPtr SlotRecovery::Submit(int worker, const workers::StageTask& tas
   workers::DeviceWorker* w = workers_[static_cast<size_t>(worker)];
   auto attempt =
       std::make_shared<workers::SlotAttempt>(std::make_shared<workers::SlotLedger>(), &w->device()->health());
+  attempt->set_on_fault([this] { Poke(); });
   Run r;
   r.task = task;
   r.ctx = ctx;
@@ -73,6 +74,11 @@ int SlotRecovery::Forget(int iteration) {
   return n;
 }
 
+std::vector<OutOfMemoryRun> SlotRecovery::TakeOutOfMemory() {
+  base::MutexLock lock(&mu_);
+  return std::exchange(out_of_memory_, {});
+}
+
 int64_t SlotRecovery::slots_rerun() const {
   base::MutexLock lock(&mu_);
   return slots_rerun_;
@@ -102,7 +108,7 @@ void SlotRecovery::RecoverPass() {
   {
     base::MutexLock lock(&mu_);
     for (Run& r : runs_) {
-      if (r.handled || !r.attempt->device_lost()) continue;
+      if (r.handled || !(r.attempt->device_lost() || r.attempt->out_of_memory())) continue;
       r.handled = true;
       dead.push_back(r);
     }
@@ -111,11 +117,27 @@ void SlotRecovery::RecoverPass() {
   std::sort(dead.begin(), dead.end(), [](const Run& a, const Run& b) { return a.seq < b.seq; });
   std::vector<Spare>& spares = passes_.emplace_back();
   size_t next_spare = 0;
-  for (const Run& r : dead) {
-    // A lost device's streams skip everything and end their waits: this returns at once, or
-    // after an operation that was running when the device was lost.
-    r.drained->Wait();
+  for (Run& r : dead) {
+    if (r.attempt->device_lost()) {
+      // A lost device's streams skip everything and end their waits: this returns at once, or
+      // after an operation that was running when the device was lost.
+      r.drained->Wait();
+    } else {
+      // Out of memory on a working device: not waited for (its later slots may wait for this
+      // one's outputs); what the run still does skips its work, Once keeps its effects single.
+      base::MutexLock lock(&mu_);
+      out_of_memory_.push_back({r.task, r.attempt->out_of_memory_what()});
+      ++r.out_of_memory_runs;
+    }
     if (!r.attempt->Abandon() || r.attempt->ledger().complete()) continue;  // it had finished
+    if (r.out_of_memory_runs >= kMaxOutOfMemoryRuns) {
+      r.ctx->Fail(absl::ResourceExhaustedError(absl::StrCat(
+          "stage slot ", r.task.slot, " (layers ", r.task.first_layer, "..", r.task.first_layer + r.task.num_layers - 1,
+          ") ran out of device memory ", r.out_of_memory_runs, " times (the last: ", r.attempt->out_of_memory_what(),
+          "); lower JobSpec.stage_memory_cap or the micro-batch size")));
+      workers::SettleSlot(r.task, r.attempt->ledger());
+      continue;
+    }
     Rerun(r, spares, next_spare);
   }
 }
@@ -141,6 +163,7 @@ void SlotRecovery::Rerun(const Run& dead, std::vector<Spare>& spares, size_t& ne
   Run r = dead;
   r.attempt = std::make_shared<workers::SlotAttempt>(dead.attempt->shared_ledger(), &sp.lane->health());
   r.attempt->set_rerun();
+  r.attempt->set_on_fault([this] { Poke(); });
   r.handled = false;
   r.drained = sp.worker->Submit(r.task, r.ctx, r.attempt);
   sp.worker->Flush();

@@ -7,6 +7,10 @@
 // never queues behind the survivor's own slots that wait for its outputs. What the first run
 // already did is not done twice (SlotLedger), so the job's results are bit-identical to a run
 // without the fault. The controller plans its next iterations over the usable workers only.
+// A run that ran out of device memory (workers/device/out_of_memory.h) is re-run the same way —
+// at once, since its device still works and may hold slots that wait for this one's outputs —
+// and recorded for the controller, which re-plans with a tighter memory cap; a slot that runs
+// out of memory kMaxOutOfMemoryRuns times fails its iteration.
 //
 // Contract: Submit, Usable, Poke and Forget are called by the controller's thread; the
 // recovery thread is internal. The workers and their devices outlive this object; destroying it
@@ -17,6 +21,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,8 +35,16 @@
 
 namespace rp::scheduler::runtime {
 
+// A stage slot's run that ran out of device memory.
+struct OutOfMemoryRun {
+  workers::StageTask task;
+  std::string what;  // where and the device's words
+};
+
 class SlotRecovery {
  public:
+  static constexpr int kMaxOutOfMemoryRuns = 3;
+
   // `workers`: the job's workers (index = plan worker); `timeline_job`: the tag re-runs carry.
   SlotRecovery(std::vector<workers::DeviceWorker*> workers, int timeline_job);
   ~SlotRecovery();
@@ -49,6 +62,9 @@ class SlotRecovery {
   // run again.
   int Forget(int iteration);
 
+  // The runs that ran out of device memory since the last call (controller's thread).
+  std::vector<OutOfMemoryRun> TakeOutOfMemory();
+
   int64_t slots_rerun() const;
   int workers_lost() const;  // losses of the job's devices since it began (any thread)
 
@@ -60,6 +76,7 @@ class SlotRecovery {
     std::shared_ptr<workers::SlotAttempt> attempt;
     workers::EventPtr drained;
     bool handled = false;
+    int out_of_memory_runs = 0;  // earlier runs of the slot that ran out of device memory
   };
   // A survivor's fresh lane for one recovery pass.
   struct Spare {
@@ -85,6 +102,7 @@ class SlotRecovery {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t slots_rerun_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, int> rerun_by_iteration_ ABSL_GUARDED_BY(mu_);
+  std::vector<OutOfMemoryRun> out_of_memory_ ABSL_GUARDED_BY(mu_);
   // Only the recovery thread touches these after construction.
   std::vector<std::vector<Spare>> passes_;
   std::vector<int64_t> losses_at_start_;  // each device's loss count when the job began

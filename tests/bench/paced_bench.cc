@@ -76,7 +76,8 @@ int LostWorkerRow(PacedRunOptions o, const std::string& row) {
   const std::string label = absl::StrCat("F", (o.partition.num_forward_stages() + 1) / 2, " mb", o.microbatches / 2);
   std::atomic<bool> fired{false};
   const rp::workers::FaultHook hook = [&](int, const rp::workers::OpInfo& op) {
-    return op.iteration == lose_iteration && op.label == label && !fired.exchange(true);
+    const bool here = op.iteration == lose_iteration && op.label == label && !fired.exchange(true);
+    return here ? rp::workers::Fault::kDeviceLost : rp::workers::Fault::kNone;
   };
   rp::workers::SetFaultHook(&hook);
   auto lost = rp::scheduler::runtime::RunPaced(o);

@@ -3,7 +3,10 @@
 // `roundpipe ls`, behind a higher-priority job too; it starts once a slot is free.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <memory>
 
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/fixtures.h"
@@ -152,6 +155,142 @@ TEST_F(DaemonPoolTest, AnOperatorDrainsAndEnablesWorkers) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->state(), "up");
   EXPECT_EQ(back->lost_reason(), "");
+}
+
+// A running job sees a worker leave and come back as WatchJob events (PlanChange), each before
+// the step that ran with it, and goes on training through both.
+TEST_F(DaemonPoolTest, AJobSeesAWorkerLeaveAndReturnAsEvents) {
+  ASSERT_TRUE(StartDaemon()) << daemon_.Output();
+  auto c = daemon_.Connect();
+  v1::JobSpec spec = TinySpec();
+  spec.set_max_steps(0);
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(c->StreamBatches(job->id(), {TinyBatch(job->id(), 1, /*keep_open=*/true)}).ok());
+  ASSERT_TRUE(w.WaitForSteps(1)) << daemon_.Output();
+  ASSERT_TRUE(c->DrainWorker(1, /*now=*/false).ok());
+  ASSERT_TRUE(c->StreamBatches(job->id(), {TinyBatch(job->id(), 2, /*keep_open=*/true)}).ok());
+  ASSERT_TRUE(w.WaitForSteps(2)) << daemon_.Output();
+  ASSERT_TRUE(c->EnableWorker(1).ok());
+  ASSERT_TRUE(c->StreamBatches(job->id(), {TinyBatch(job->id(), 3)}).ok());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  std::vector<v1::PlanChange> changes;
+  std::vector<int64_t> step_after;  // the step that followed each change
+  int64_t steps = 0;
+  for (const v1::JobEvent& e : w.Events()) {
+    if (e.has_step()) {
+      ++steps;
+      if (step_after.size() < changes.size()) step_after.push_back(e.step().step());
+    }
+    if (e.has_plan_change()) {
+      changes.push_back(e.plan_change());
+      EXPECT_FALSE(e.message().empty());
+    }
+  }
+  EXPECT_EQ(steps, 3);
+  ASSERT_EQ(changes.size(), 2u) << daemon_.Output();
+  EXPECT_EQ(changes[0].cause(), v1::PlanChange::WORKER_DRAINED);
+  EXPECT_EQ(changes[0].worker(), 1);
+  EXPECT_EQ(changes[0].workers(), 1);
+  EXPECT_EQ(changes[1].cause(), v1::PlanChange::WORKER_RETURNED);
+  EXPECT_EQ(changes[1].worker(), 1);
+  EXPECT_EQ(changes[1].workers(), 2);
+  EXPECT_EQ(step_after, (std::vector<int64_t>{2, 3}));
+  EXPECT_NE(daemon_.Output().find("worker drained (worker 1): drained by an operator"), std::string::npos)
+      << daemon_.Output();
+}
+
+// A model whose states take tens of MB (fp32, AdamW): three of them are "large" next to a
+// host-memory limit that holds two and a half.
+v1::JobSpec LargeSpec() {
+  v1::JobSpec s = TinyJobSpec();
+  auto* m = s.mutable_model();
+  m->set_hidden(256);
+  m->set_intermediate(512);
+  m->set_num_blocks(4);
+  m->set_num_heads(4);
+  m->set_num_kv_heads(2);
+  m->set_head_dim(64);
+  s.set_max_steps(3);
+  return s;
+}
+
+// Admission under DaemonConfig.hostMemoryLimitBytes: three jobs submitted at once whose states
+// do not fit together never hold more than the limit (the daemon's peak RSS, measured); the one
+// left waiting says it waits for host memory, and starts when a running one ends and frees room.
+TEST_F(DaemonPoolTest, ThreeJobsTooLargeTogetherStayWithinTheHostMemoryLimit) {
+  const std::string tokens = TokenFile(20000);
+  int64_t one = 0;  // one job's predicted model states, from a daemon without a limit
+  {
+    DaemonProcess probe;
+    ASSERT_TRUE(probe.Start(root_ + "/probe", {"--allowed_root", root_ + "/data"})) << probe.Output();
+    auto c = probe.Connect();
+    v1::JobSpec s = LargeSpec();
+    s.set_max_steps(0);  // waits for a stream: never trains
+    auto job = c->Submit(s);
+    ASSERT_TRUE(job.ok()) << job.status();
+    one = c->Get(job->id())->host_memory().predicted_state_bytes();
+    ASSERT_TRUE(c->Cancel(job->id()).ok());
+  }
+  ASSERT_GT(one, 20 << 20);
+  const int64_t limit = one * 5 / 2;
+  const std::string config = root_ + "/roundpiped.json";
+  std::ofstream(config) << "{\"maxRunningJobs\": 3, \"hostMemoryLimitBytes\": " << limit << "}";
+  ASSERT_TRUE(StartDaemon({"--config", config})) << daemon_.Output();
+  auto c = daemon_.Connect();
+  // A job too large for the limit on its own is refused, naming the limit.
+  v1::JobSpec huge = LargeSpec();
+  huge.mutable_model()->set_num_blocks(16);
+  auto refused = c->Submit(huge);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("hostMemoryLimitBytes"), std::string::npos) << refused.status();
+  // A small job first, so what any first job sets up (thread pools, arenas) is in the baseline.
+  v1::JobSpec warm = TinySpec();
+  warm.mutable_data()->mutable_token_file()->set_path(tokens);
+  warm.set_max_steps(2);
+  auto wj = c->Submit(warm);
+  ASSERT_TRUE(wj.ok()) << wj.status();
+  {
+    Watcher w(*c, wj->id());
+    ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  }
+  const int64_t baseline_kib = ProcStatusField(daemon_.pid(), "VmRSS:");
+  ASSERT_GT(baseline_kib, 0);
+
+  std::vector<std::string> ids;
+  std::vector<std::unique_ptr<Watcher>> watchers;
+  for (int i = 0; i < 3; ++i) {
+    v1::JobSpec s = LargeSpec();
+    s.mutable_data()->mutable_token_file()->set_path(tokens);
+    auto j = c->Submit(s);
+    ASSERT_TRUE(j.ok()) << j.status();
+    ids.push_back(j->id());
+    watchers.push_back(std::make_unique<Watcher>(*c, j->id()));
+  }
+  for (auto& w : watchers) ASSERT_TRUE(w->WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  const int64_t peak_kib = ProcStatusField(daemon_.pid(), "VmHWM:");
+  const int64_t grew = (peak_kib - baseline_kib) * 1024;
+  std::printf("one job's states %.1f MiB, limit %.1f MiB, the daemon's RSS grew by at most %.1f MiB\n",
+              static_cast<double>(one) / (1 << 20), static_cast<double>(limit) / (1 << 20),
+              static_cast<double>(grew) / (1 << 20));
+  // Two jobs ran together, never three: the peak stays below the limit plus a quarter of a job
+  // (activations, allocator slack), well below three jobs' states.
+  EXPECT_GT(grew, one);
+  EXPECT_LE(grew, limit + one / 4);
+  // The third job waited for host memory while the first two ran, and started once one ended.
+  const v1::Job third = *c->Get(ids[2]);
+  std::string wait;
+  for (const v1::JobEvent& e : watchers[2]->Events()) {
+    if (e.has_waiting() && e.waiting().cause() == v1::JobWait::HOST_MEMORY) wait = e.message();
+  }
+  EXPECT_NE(wait.find("waits for host memory: needs"), std::string::npos) << wait;
+  EXPECT_NE(wait.find(ids[0]), std::string::npos) << wait;
+  EXPECT_NE(wait.find(ids[1]), std::string::npos) << wait;
+  const int64_t first_end = std::min(watchers[0]->TimeOf(v1::JOB_STATE_SUCCEEDED),
+                                     watchers[1]->TimeOf(v1::JOB_STATE_SUCCEEDED));
+  EXPECT_GE(watchers[2]->TimeOf(v1::JOB_STATE_RUNNING), first_end);
+  EXPECT_EQ(third.progress().step(), 3);
 }
 
 }  // namespace

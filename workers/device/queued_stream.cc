@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "workers/device/out_of_memory.h"
 #include "workers/device/test_hooks.h"
 
 namespace rp::workers {
@@ -94,13 +95,18 @@ void QueuedStream::Loop() {
       queue_.pop_front();
     }
     MaybeDelayForTest();  // race-hunting tests: a random delay before any operation
-    if (op.kind == Op::Kind::kWork && health_ != nullptr && !health_->lost() && MaybeInjectFault(*health_, op.info)) {
+    const Fault fault = op.kind == Op::Kind::kWork && health_ != nullptr && !health_->lost()
+                            ? MaybeInjectFault(*health_, op.info)
+                            : Fault::kNone;
+    if (fault == Fault::kDeviceLost) {
       health_->MarkLost(absl::UnavailableError(
           absl::StrCat("device ", health_->device_index(), " lost: fault injected at \"", op.info.label, "\"")));
     }
     const bool lost = health_ != nullptr && health_->lost();
     if (op.kind == Op::Kind::kWork) {
+      OutOfMemoryInjectedHere() = fault == Fault::kOutOfMemory;
       if (!lost) RunOp(op);
+      OutOfMemoryInjectedHere() = false;
     } else if (op.kind == Op::Kind::kRecord || !lost) {
       op.fn();
     }

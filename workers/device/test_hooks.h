@@ -1,5 +1,6 @@
 // test_hooks.h — test-only hooks that stream operations and the optimizer worker call before
-// each operation, so race-hunting tests can inject random delays and lost-worker tests faults.
+// each operation, so race-hunting tests can inject random delays and lost-worker tests faults (a
+// lost device, an out-of-memory).
 // Unset (the default) each costs one relaxed atomic load.
 //
 // Contract: the setters are not synchronized with running operations beyond the atomic
@@ -36,20 +37,22 @@ inline void MaybeDelayOptimizerForTest() {
 }
 
 // A third hook, the fault injector: called before each device operation of a working device's
-// streams with the device index and the operation's timeline label (OpInfo); returning true loses
-// the device there (DeviceHealth::MarkLost), and that operation and everything after it on the
-// device is skipped. Lost-worker tests name the exact operation ("F2 mb1", "R B3 mb0", "grads B2
-// c0", "up F1 c0" ...).
+// streams with the device index and the operation's timeline label (OpInfo). kDeviceLost loses
+// the device there (DeviceHealth::MarkLost): that operation and everything after it on the device
+// is skipped. kOutOfMemory makes that operation fail as if the device ran out of memory
+// (out_of_memory.h); the device keeps working. Lost-worker tests name the exact operation
+// ("F2 mb1", "R B3 mb0", "grads B2 c0", "up F1 c0" ...).
 struct OpInfo;
-using FaultHook = std::function<bool(int device, const OpInfo& op)>;
+enum class Fault { kNone, kDeviceLost, kOutOfMemory };
+using FaultHook = std::function<Fault(int device, const OpInfo& op)>;
 inline std::atomic<const FaultHook*>& FaultHookSlot() {
   static std::atomic<const FaultHook*> slot{nullptr};
   return slot;
 }
 inline void SetFaultHook(const FaultHook* hook) { FaultHookSlot().store(hook); }
-inline bool MaybeInjectFault(const DeviceHealth& health, const OpInfo& op) {
+inline Fault MaybeInjectFault(const DeviceHealth& health, const OpInfo& op) {
   const FaultHook* h = FaultHookSlot().load(std::memory_order_relaxed);
-  return h != nullptr && (*h)(health.device_index(), op);
+  return h != nullptr ? (*h)(health.device_index(), op) : Fault::kNone;
 }
 
 }  // namespace rp::workers

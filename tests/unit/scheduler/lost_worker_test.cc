@@ -42,6 +42,8 @@ struct Outcome {
   std::map<std::string, std::vector<float>> params;
   std::vector<double> losses;
   std::vector<int> workers, slots_rerun;  // per iteration
+  std::vector<std::string> partitions;    // per iteration
+  std::vector<PlanChange> changes;        // every plan change, in order
   JobState state = JobState::kQueued;
   std::string failure;
 };
@@ -51,7 +53,9 @@ void Record(const JobEvent& ev, Outcome& out) {
     out.losses.push_back(ev.stats.loss);
     out.workers.push_back(ev.stats.workers);
     out.slots_rerun.push_back(ev.stats.slots_rerun);
+    out.partitions.push_back(ev.stats.partition);
   }
+  if (ev.kind == JobEvent::Kind::kPlanChange) out.changes.push_back(ev.plan_change);
   if (ev.kind == JobEvent::Kind::kState && ev.state == JobState::kFailed) out.failure = ev.message;
 }
 
@@ -85,19 +89,21 @@ Outcome Run(const JobSpec& spec, int batches = kBatches, const BeforeBatch& befo
   return out;
 }
 
-// Loses the device that starts operation `label` of iteration `iteration` (once), through the
-// stream's fault hook, for the lifetime of this object.
+// Loses the device that starts operation `label` of iteration `iteration` (once), or makes that
+// operation run out of device memory, through the stream's fault hook, for the lifetime of this
+// object.
 class InjectedFault {
  public:
-  InjectedFault(std::string label, int iteration) : label_(std::move(label)), iteration_(iteration) {
+  InjectedFault(std::string label, int iteration, workers::Fault fault = workers::Fault::kDeviceLost)
+      : label_(std::move(label)), iteration_(iteration), fault_(fault) {
     hook_ = [this](int device, const workers::OpInfo& op) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (op.iteration >= 0) seen_.insert(op.label);
       }
-      if (op.iteration != iteration_ || op.label != label_ || fired_.exchange(true)) return false;
+      if (op.iteration != iteration_ || op.label != label_ || fired_.exchange(true)) return workers::Fault::kNone;
       device_ = device;
-      return true;
+      return fault_;
     };
     workers::SetFaultHook(&hook_);
   }
@@ -114,6 +120,7 @@ class InjectedFault {
  private:
   const std::string label_;
   const int iteration_;
+  const workers::Fault fault_;
   workers::FaultHook hook_;
   std::atomic<bool> fired_{false};
   std::atomic<int> device_{-1};
@@ -234,6 +241,14 @@ void ExpectDrainAndEnableKeepTheRun(planning::OptimizerMode mode, bool now) {
   EXPECT_EQ(got.workers[3], 2);
   EXPECT_EQ(got.workers[4], 3);
   EXPECT_EQ(got.workers[5], 3);
+  // Each change is an event of the job, before the first iteration that ran with it.
+  ASSERT_EQ(got.changes.size(), 2u);
+  EXPECT_EQ(got.changes[0].cause, now ? PlanChange::Cause::kWorkerLost : PlanChange::Cause::kWorkerDrained);
+  EXPECT_EQ(got.changes[0].worker, 1);
+  EXPECT_EQ(got.changes[0].workers, 2);
+  EXPECT_EQ(got.changes[1].cause, PlanChange::Cause::kWorkerReturned);
+  EXPECT_EQ(got.changes[1].worker, 1);
+  EXPECT_EQ(got.changes[1].workers, 3);
 }
 
 TEST(LostWorker, DrainAndEnableDuringASyncJob) {
@@ -244,6 +259,148 @@ TEST(LostWorker, DrainAtOnceAndEnableDuringAnAsyncJob) {
 }
 TEST(LostWorker, DrainAtOnceAndEnableDuringASyncJob) {
   ExpectDrainAndEnableKeepTheRun(planning::OptimizerMode::kSync, /*now=*/true);
+}
+
+// A stage slot that runs out of device memory is repeated (its inputs are still on the host) and
+// the job re-plans its partition under a tighter per-stage memory cap. The repeat is exact: a job
+// that ends with the faulted iteration equals the run without the fault bit for bit. A longer job
+// finishes on the new partition; its losses equal the clean run's up to the first iteration on
+// it, and later steps differ only as far as another partition's floating-point order does (the
+// engine is exact per partition, not across partitions).
+void ExpectOutOfMemoryReplans(planning::OptimizerMode mode) {
+  const JobSpec spec = LostWorkerJob(mode);
+  // B2 (layers 2..3, a backward slot) runs out of memory in its recompute: the new cap is 3/4 of
+  // the two blocks' backward bytes, so no stage of the new partition holds both.
+  const char* kWhere = "R B2 mb1";
+  {
+    const Outcome clean = Run(spec, 2);
+    InjectedFault fault(kWhere, 1, workers::Fault::kOutOfMemory);
+    const Outcome got = Run(spec, 2);
+    ASSERT_TRUE(fault.fired()) << "no operation \"" << kWhere << "\" in iteration 1; seen: " << fault.seen();
+    ExpectSameRun(got, clean, "device out of memory at \"R B2 mb1\" in the last iteration");
+    EXPECT_GE(got.slots_rerun[0] + got.slots_rerun[1], 1);
+  }
+  const Outcome clean = Run(spec);
+  ASSERT_EQ(clean.state, JobState::kSucceeded) << clean.failure;
+  EXPECT_TRUE(clean.changes.empty());
+  InjectedFault fault(kWhere, 1, workers::Fault::kOutOfMemory);
+  const Outcome got = Run(spec);
+  ASSERT_TRUE(fault.fired());
+  ASSERT_EQ(got.state, JobState::kSucceeded) << got.failure;
+  ASSERT_EQ(got.changes.size(), 1u);
+  const PlanChange& c = got.changes[0];
+  EXPECT_EQ(c.cause, PlanChange::Cause::kOutOfMemory);
+  EXPECT_EQ(c.workers, 3);
+  EXPECT_GT(c.stage_memory_cap, 0);
+  EXPECT_NE(c.detail.find("recompute of stage slot"), std::string::npos) << c.detail;
+  EXPECT_NE(c.detail.find("injected"), std::string::npos) << c.detail;
+  ASSERT_FALSE(c.partition.empty()) << c.detail;
+  EXPECT_NE(c.partition, clean.partitions[0]);
+  // Nothing was lost: the device still works, every iteration ran on the three workers.
+  EXPECT_EQ(got.workers, (std::vector<int>{3, 3, 3, 3}));
+  // The re-plan applies from the first iteration dispatched after the fault was seen: in sync
+  // mode iteration 2; in async mode iteration 2 may have been dispatched already.
+  ASSERT_EQ(got.partitions.size(), static_cast<size_t>(kBatches));
+  EXPECT_EQ(got.partitions[0], clean.partitions[0]);
+  EXPECT_EQ(got.partitions[1], clean.partitions[1]);
+  EXPECT_EQ(got.partitions[3], c.partition);
+  size_t first_new = 2;
+  if (mode == planning::OptimizerMode::kSync) {
+    EXPECT_EQ(got.partitions[2], c.partition);
+  } else if (got.partitions[2] != c.partition) {
+    first_new = 3;
+  }
+  // Async: the switch to the new partition drains the pipeline once, so its first iteration runs
+  // on the weights of every step before (not one behind): its loss differs from the clean run's.
+  const size_t exact = mode == planning::OptimizerMode::kSync ? first_new : first_new - 1;
+  for (size_t i = 0; i <= exact; ++i) {
+    EXPECT_EQ(got.losses[i], clean.losses[i]) << "iteration " << i << "'s loss";
+  }
+  for (size_t i = exact + 1; i < got.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], clean.losses[i], 1e-3) << "iteration " << i << "'s loss";
+  }
+  for (const auto& [name, w] : clean.params) {
+    const std::vector<float>& v = got.params.at(name);
+    ASSERT_EQ(v.size(), w.size()) << name;
+    // Within a few learning rates (1e-3): Adam's step is lr-sized whatever the gradient's size.
+    for (size_t k = 0; k < w.size(); ++k) ASSERT_NEAR(v[k], w[k], 3e-3) << name << "[" << k << "]";
+  }
+}
+
+TEST(LostWorker, AnOutOfMemorySlotIsRepeatedAndTheJobReplansSync) {
+  ExpectOutOfMemoryReplans(planning::OptimizerMode::kSync);
+}
+TEST(LostWorker, AnOutOfMemorySlotIsRepeatedAndTheJobReplansAsync) {
+  ExpectOutOfMemoryReplans(planning::OptimizerMode::kAsync);
+}
+
+// A slot that runs out of memory on every try fails its job with an error that says what to
+// change, after kMaxOutOfMemoryRuns tries; nothing hangs and the engine runs the next job.
+TEST(LostWorker, ASlotThatNeverFitsFailsTheJobSayingWhy) {
+  std::atomic<int> fired{0};
+  const workers::FaultHook hook = [&](int, const workers::OpInfo& op) {
+    if (op.iteration != 1 || op.label != "B1 mb0") return workers::Fault::kNone;
+    ++fired;
+    return workers::Fault::kOutOfMemory;
+  };
+  workers::SetFaultHook(&hook);
+  auto engine = Engine::Create({"cpu:3"});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Engine& e = **engine;
+  const JobSpec spec = LostWorkerJob(planning::OptimizerMode::kSync);
+  auto id = e.Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (int b = 0; b < 3; ++b) {
+    ASSERT_TRUE(e.FeedBatch(*id, rp::testing::ToBatch(RandomTokens(6, 8, spec.model.vocab, 500 + b))).ok());
+  }
+  ASSERT_TRUE(e.CloseInput(*id).ok());
+  Outcome out;
+  for (const JobEvent& ev : DrainUntilEnded(e, *id)) Record(ev, out);
+  workers::SetFaultHook(nullptr);
+  EXPECT_EQ(*e.State(*id), JobState::kFailed);
+  EXPECT_EQ(fired.load(), 3);
+  EXPECT_NE(out.failure.find("ran out of device memory 3 times"), std::string::npos) << out.failure;
+  EXPECT_NE(out.failure.find("stage_memory_cap"), std::string::npos) << out.failure;
+  auto next = e.Submit(TinyJob());
+  ASSERT_TRUE(next.ok());
+  const absl::Status fed = e.FeedBatch(*next, rp::testing::ToBatch(RandomTokens(6, 8, 41, 1)));
+  ASSERT_TRUE(fed.ok()) << fed;
+  ASSERT_TRUE(e.CloseInput(*next).ok());
+  for (const JobEvent& ev : DrainUntilEnded(e, *next)) Record(ev, out);
+  EXPECT_EQ(*e.State(*next), JobState::kSucceeded);
+}
+
+// A job whose partition was planned from measured times re-plans it for the workers left when
+// one leaves the pool, and again when it comes back; each re-plan is an event of the job.
+TEST(LostWorker, AMeasuredPartitionIsReplannedForTheWorkersLeftAndBack) {
+  JobSpec spec = LostWorkerJob(planning::OptimizerMode::kSync);
+  spec.partition.reset();
+  spec.auto_partition = true;
+  constexpr int kLong = 10;
+  const Outcome got = scheduler::Run(spec, kLong, [](Engine& e, JobId id, int b, Outcome& out) {
+    if (b == 6) {
+      AwaitIterations(e, id, 6, out);
+      ASSERT_TRUE(e.DrainWorker(1).ok());
+    }
+    if (b == 8) {
+      AwaitIterations(e, id, 8, out);
+      ASSERT_TRUE(e.EnableWorker(1).ok());
+    }
+  });
+  ASSERT_EQ(got.state, JobState::kSucceeded) << got.failure;
+  ASSERT_EQ(got.changes.size(), 2u);
+  EXPECT_EQ(got.changes[0].cause, PlanChange::Cause::kWorkerDrained);
+  EXPECT_EQ(got.changes[0].workers, 2);
+  EXPECT_FALSE(got.changes[0].partition.empty()) << got.changes[0].detail;
+  EXPECT_NE(got.changes[0].detail.find("re-planned for 2 workers"), std::string::npos) << got.changes[0].detail;
+  EXPECT_EQ(got.changes[1].cause, PlanChange::Cause::kWorkerReturned);
+  EXPECT_EQ(got.changes[1].workers, 3);
+  EXPECT_NE(got.changes[1].detail.find("re-planned for 3 workers"), std::string::npos) << got.changes[1].detail;
+  ASSERT_EQ(got.partitions.size(), static_cast<size_t>(kLong));
+  EXPECT_EQ(got.partitions[6], got.changes[0].partition);
+  EXPECT_EQ(got.partitions[8], got.changes[1].partition);
+  EXPECT_EQ(got.workers[6], 2);
+  EXPECT_EQ(got.workers[8], 3);
 }
 
 TEST(LostWorker, AnOperatorCannotEmptyThePoolOrNameAWorkerThatIsNot) {

@@ -30,6 +30,14 @@ TEST(Config, DefaultsAreValidAndLoopbackOnly) {
   EXPECT_NE(ValidateConfig(c).message().find("max_running_jobs must lie in [1, 64] (got 65)"), std::string::npos);
   c.set_max_running_jobs(-1);
   EXPECT_FALSE(ValidateConfig(c).ok());
+  c.set_max_running_jobs(2);
+  EXPECT_EQ(c.host_memory_limit_bytes(), 0);  // no limit by default
+  c.set_host_memory_limit_bytes(-5);
+  EXPECT_NE(ValidateConfig(c).message().find("host_memory_limit_bytes must be 0 (no limit) or positive (got -5)"),
+            std::string::npos)
+      << ValidateConfig(c);
+  c.set_host_memory_limit_bytes(int64_t{8} << 30);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
 }
 
 TEST(Config, RemoteListenerNeedsTlsOrTokensUnlessExplicitlyAllowed) {
