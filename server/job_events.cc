@@ -55,7 +55,10 @@ bool IsTerminal(v1::JobState s) {
 namespace {
 void Stamp(v1::Job& rec) { *rec.mutable_updated() = TimeUtil::GetCurrentTime(); }
 
-std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30)); }
+std::string GiB(int64_t bytes) {
+  if (bytes < (int64_t{1} << 30)) return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+}
 
 std::string Running(const v1::JobWait& w) {
   if (w.running_jobs().empty()) return "no other job runs";
@@ -303,8 +306,8 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
       pc->set_stage_memory_cap(c.stage_memory_cap);
       out.set_message(c.detail);
       if (!c.partition.empty()) rec.set_partition(c.partition);
-      fx.log = c.cause == scheduler::PlanChange::Cause::kWorkerReturned ? EventEffect::Log::kInfo
-                                                                         : EventEffect::Log::kWarn;
+      fx.log =
+          c.cause == scheduler::PlanChange::Cause::kWorkerReturned ? EventEffect::Log::kInfo : EventEffect::Log::kWarn;
       fx.log_line = absl::StrCat(scheduler::PlanChangeCauseName(c.cause),
                                  c.worker >= 0 ? absl::StrCat(" (worker ", c.worker, ")") : "", ": ", c.detail);
       break;

@@ -352,8 +352,8 @@ void FailStage(StageState& s, const char* what, const std::exception& e) {
                                          s.task.first_layer + s.task.num_layers - 1, ")");
   if (IsOutOfMemory(e)) {
     if (s.attempt->MarkOutOfMemory(absl::StrCat(where, " on ", s.dev->name(), ": ", e.what()))) return;
-    s.ctx->Fail(absl::ResourceExhaustedError(absl::StrCat(where, " ran out of device memory on ", s.dev->name(), ": ",
-                                                          e.what())));
+    s.ctx->Fail(absl::ResourceExhaustedError(
+        absl::StrCat(where, " ran out of device memory on ", s.dev->name(), ": ", e.what())));
     return;
   }
   s.ctx->Fail(absl::InternalError(absl::StrCat(where, " failed: ", e.what())));

@@ -121,7 +121,7 @@ class SlotAttempt {
   const std::shared_ptr<SlotLedger> ledger_;
   DeviceHealth* const health_;
   const int64_t losses_at_start_;
-  bool rerun_ = false;               // set before the run is submitted
+  bool rerun_ = false;              // set before the run is submitted
   std::function<void()> on_fault_;  // likewise
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> out_of_memory_{false};

@@ -93,10 +93,10 @@ void Controller::Replan() {
   // the job, or the profiling one, keeps its shape on fewer workers (the dispatch plan adapts).
   const bool resize = measured_.has_value() && n > 0 && n != plan_workers_;
   if ((ooms.empty() && !resize) || n == 0) return;
-  const planning::CostModel costs =
-      measured_ ? *measured_
-                : UniformTimes(runtime::ProfileBaseCosts(*store_, last_microbatch_rows_, last_seq_len_,
-                                                         opt_.head_chunk_tokens));
+  const planning::CostModel costs = measured_
+                                        ? *measured_
+                                        : UniformTimes(runtime::ProfileBaseCosts(
+                                              *store_, last_microbatch_rows_, last_seq_len_, opt_.head_chunk_tokens));
   for (const runtime::OutOfMemoryRun& o : ooms) {
     // The stage that did not fit had at most its predicted bytes: plan every stage well below.
     const int64_t tighter = std::max<int64_t>(1, StageBytes(costs, o.task) * 3 / 4);
@@ -118,8 +118,7 @@ void Controller::Replan() {
     return;
   }
   std::string why;
-  if (PlanPartition(costs, n, measured_.has_value() && opt_.partition_by_simulation && !cap_from_memory_fault_,
-                    &why)) {
+  if (PlanPartition(costs, n, measured_.has_value() && opt_.partition_by_simulation && !cap_from_memory_fault_, &why)) {
     if (last != nullptr) {
       last->partition = planned_->partition.ToString();
       absl::StrAppend(&last->detail, "; re-planned for ", n, " workers: ", last->partition);

@@ -90,10 +90,11 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   auto job = std::make_shared<Job>();
   if (absl::Status st = runtime::PrepareJob(spec, RawDevices(), job.get()); !st.ok()) return st;
   if (host_memory_limit_ > 0 && job->predicted_host_state_bytes > host_memory_limit_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job: its model states need ", job->predicted_host_state_bytes, " bytes of host memory, more than the limit of ",
-        host_memory_limit_, " bytes all jobs share (DaemonConfig.hostMemoryLimitBytes); raise it or train a smaller "
-        "model (LoRA, a lower precision)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job: its model states need ", job->predicted_host_state_bytes,
+                     " bytes of host memory, more than the limit of ", host_memory_limit_,
+                     " bytes all jobs share (DaemonConfig.hostMemoryLimitBytes); raise it or train a smaller "
+                     "model (LoRA, a lower precision)"));
   }
   base::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("engine is shutting down");
