@@ -212,7 +212,7 @@ struct JobWait {
   int ahead_priority = 0;
   std::vector<JobId> running;  // kRunningLimit, kHostMemory: the jobs running now
   int max_running = 0;         // kRunningLimit: EngineOptions::max_running_jobs
-  int64_t need_bytes = 0;      // kHostMemory: the job's predicted model states
+  int64_t need_bytes = 0;      // kHostMemory: the job's predicted model states (and CPU workers' stage copies)
   int64_t free_bytes = 0;      // kHostMemory: what the host can give now
   bool operator==(const JobWait&) const = default;
 };
@@ -300,6 +300,9 @@ struct JobInfo {
   // as predicted at Submit (what admission used), and the most held after any step of this run
   // (0 before the first); the activation store's peak (checkpoints, boundary activations).
   int64_t predicted_host_state_bytes = 0;
+  // CPU backend: the workers' stage copies live in host memory too (planning::CpuWorkingSetBytes);
+  // admission counts them beside the states. 0 on GPUs.
+  int64_t predicted_worker_bytes = 0;
   int64_t peak_host_state_bytes = 0;
   int64_t peak_activation_bytes = 0;
 };

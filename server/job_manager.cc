@@ -72,7 +72,10 @@ absl::Status JobManager::Admit(const std::shared_ptr<ManagedJob>& job) {
     // Steps of the whole job (resumed steps included): max_steps, capped by what a token file holds.
     const int64_t total = info.ok() ? info->total_steps : 0;
     job->record.set_total_steps(total > 0 ? total : job->record.spec().max_steps());
-    if (info.ok()) job->record.mutable_host_memory()->set_predicted_state_bytes(info->predicted_host_state_bytes);
+    if (info.ok()) {
+      job->record.mutable_host_memory()->set_predicted_state_bytes(info->predicted_host_state_bytes);
+      job->record.mutable_host_memory()->set_predicted_worker_bytes(info->predicted_worker_bytes);
+    }
   }
   // The pump runs behind a barrier: an unexpected exception cancels that job (logged), it never
   // terminates the daemon.

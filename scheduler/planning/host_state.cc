@@ -64,4 +64,16 @@ int64_t HostStateBytes(const spec::ModelConfig& m, const HostStateOptions& o) {
   return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
 }
 
+int64_t CpuWorkingSetBytes(const spec::ModelConfig& m, const HostStateOptions& o) {
+  const double sparse = m.SparseBlockCount();
+  const double base = static_cast<double>(m.EmbeddingParams()) + sparse * static_cast<double>(m.BlockParams()) +
+                      (m.num_blocks - sparse) * static_cast<double>(m.DenseBlockParams()) +
+                      static_cast<double>(m.HeadParams());
+  const double adapters = m.lora.rank > 0 ? static_cast<double>(m.LoraParams()) : 0.0;
+  const double trained = m.lora.rank > 0 ? adapters : base;
+  const double bytes = 2.0 * o.master_bytes * (base + adapters + trained);
+  constexpr double kMax = 9.0e18;
+  return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
+}
+
 }  // namespace rp::planning

@@ -35,4 +35,11 @@ int64_t AdafactorStateElements(const spec::ModelConfig& m);
 // saturated near INT64_MAX: sizes come from clients and files and the estimate never wraps.
 int64_t HostStateBytes(const spec::ModelConfig& m, const HostStateOptions& o);
 
+// On a backend whose device memory is host memory (the CPU backend), what the workers' stage
+// copies add to a job's host memory: every layer's weights uploaded (master dtype) and, where
+// trained, its gradient in the same dtype — twice, since a forward and a backward slot of the
+// same layers may be resident at once (each worker holds the running stage and the next one).
+// Zero-copy backends (GPUs, the paced one) add nothing to host memory. Saturated like HostStateBytes.
+int64_t CpuWorkingSetBytes(const spec::ModelConfig& m, const HostStateOptions& o);
+
 }  // namespace rp::planning

@@ -89,12 +89,12 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   // takes the job, so a queued job costs no host memory and Submit returns at once.
   auto job = std::make_shared<Job>();
   if (absl::Status st = runtime::PrepareJob(spec, RawDevices(), job.get()); !st.ok()) return st;
-  if (host_memory_limit_ > 0 && job->predicted_host_state_bytes > host_memory_limit_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("job: its model states need ", job->predicted_host_state_bytes,
-                     " bytes of host memory, more than the limit of ", host_memory_limit_,
-                     " bytes all jobs share (DaemonConfig.hostMemoryLimitBytes); raise it or train a smaller "
-                     "model (LoRA, a lower precision)"));
+  if (host_memory_limit_ > 0 && job->AdmissionBytes() > host_memory_limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job: its model states", job->predicted_worker_bytes > 0 ? " and the CPU workers' stage copies" : "", " need ",
+        job->AdmissionBytes(), " bytes of host memory, more than the limit of ", host_memory_limit_,
+        " bytes all jobs share (DaemonConfig.hostMemoryLimitBytes); raise it or train a smaller "
+        "model (LoRA, a lower precision)"));
   }
   base::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("engine is shutting down");
@@ -250,6 +250,7 @@ absl::StatusOr<JobInfo> Engine::Impl::Info(JobId id) const {
   info.best_checkpoint = job->best_checkpoint;
   info.profile = job->profile_written;
   info.predicted_host_state_bytes = job->predicted_host_state_bytes;
+  info.predicted_worker_bytes = job->predicted_worker_bytes;
   info.peak_host_state_bytes = job->peak_host_state_bytes;
   info.peak_activation_bytes = job->peak_activation_bytes;
   return info;

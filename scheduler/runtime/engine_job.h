@@ -102,6 +102,10 @@ struct EngineJob {
   // most they held after any step of this run (store + optimizer state), and the activation
   // store's peak.
   int64_t predicted_host_state_bytes = 0;  // set by PrepareJob, then read-only
+  // CPU backend: the workers' stage copies, in host memory too (planning::CpuWorkingSetBytes);
+  // 0 on other backends. Set by PrepareJob. Admission counts both.
+  int64_t predicted_worker_bytes = 0;
+  int64_t AdmissionBytes() const { return predicted_host_state_bytes + predicted_worker_bytes; }
   int64_t peak_host_state_bytes ABSL_GUARDED_BY(mu) = 0;
   int64_t peak_activation_bytes ABSL_GUARDED_BY(mu) = 0;
   int64_t consumed_offset = 0;                      // batches consumed before this run

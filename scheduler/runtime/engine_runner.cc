@@ -55,8 +55,9 @@ int64_t Engine::Impl::HeldByRunningLocked() const {
   for (JobId id : running_) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
-    base::MutexLock jl(&it->second->mu);
-    held += std::max(it->second->predicted_host_state_bytes, it->second->peak_host_state_bytes);
+    Job* j = it->second.get();
+    base::MutexLock jl(&j->mu);
+    held += std::max(j->predicted_host_state_bytes, j->peak_host_state_bytes) + j->predicted_worker_bytes;
   }
   return held;
 }
@@ -85,10 +86,10 @@ JobWait Engine::Impl::HeadWaitLocked(const Job& head, int64_t available) const {
     w.cause = JobWait::Cause::kRunningLimit;
     w.running = running_;
     w.max_running = max_running_;
-  } else if (!running_.empty() && available >= 0 && head.predicted_host_state_bytes > available) {
+  } else if (!running_.empty() && available >= 0 && head.AdmissionBytes() > available) {
     w.cause = JobWait::Cause::kHostMemory;
     w.running = running_;
-    w.need_bytes = head.predicted_host_state_bytes;
+    w.need_bytes = head.AdmissionBytes();
     w.free_bytes = available;
   }
   return w;

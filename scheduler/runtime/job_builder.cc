@@ -186,6 +186,11 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   auto predicted = PredictHostStateBytes(spec);
   if (!predicted.ok()) return predicted.status();
   job->predicted_host_state_bytes = *predicted;
+  const bool host_devices =
+      std::all_of(devices.begin(), devices.end(), [](workers::Device* d) { return d->torch_device().is_cpu(); });
+  if (host_devices && !devices.empty()) {
+    job->predicted_worker_bytes = planning::CpuWorkingSetBytes(spec.model, HostStateOptionsFor(spec, false));
+  }
   if (!spec.lora_adapter_dir.empty()) {
     if (job->model.lora.rank <= 0) return absl::InvalidArgumentError("job: an adapter dir needs a LoRA model");
     if (absl::Status st = workers::io::CheckPeftAdapter(spec.lora_adapter_dir, job->model); !st.ok()) return st;

@@ -114,6 +114,7 @@ void SlotRecovery::RecoverPass() {
     }
   }
   if (dead.empty()) return;
+  DropIdlePasses();
   std::sort(dead.begin(), dead.end(), [](const Run& a, const Run& b) { return a.seq < b.seq; });
   std::vector<Spare>& spares = passes_.emplace_back();
   size_t next_spare = 0;
@@ -167,10 +168,24 @@ void SlotRecovery::Rerun(const Run& dead, std::vector<Spare>& spares, size_t& ne
   r.handled = false;
   r.drained = sp.worker->Submit(r.task, r.ctx, r.attempt);
   sp.worker->Flush();
+  sp.drained.push_back(r.drained);
   base::MutexLock lock(&mu_);
   ++rerun_by_iteration_[r.task.iteration];
   runs_.push_back(std::move(r));
   ++slots_rerun_;
+}
+
+void SlotRecovery::DropIdlePasses() {
+  passes_.erase(std::remove_if(passes_.begin(), passes_.end(),
+                               [](const std::vector<Spare>& pass) {
+                                 for (const Spare& sp : pass) {
+                                   for (const workers::EventPtr& e : sp.drained) {
+                                     if (!e->IsSet()) return false;
+                                   }
+                                 }
+                                 return true;
+                               }),
+                passes_.end());
 }
 
 }  // namespace rp::scheduler::runtime

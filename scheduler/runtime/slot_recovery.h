@@ -78,11 +78,15 @@ class SlotRecovery {
     bool handled = false;
     int out_of_memory_runs = 0;  // earlier runs of the slot that ran out of device memory
   };
-  // A survivor's fresh lane for one recovery pass.
+  // A survivor's fresh lane for one recovery pass, and what was run on it.
   struct Spare {
     std::unique_ptr<workers::LaneDevice> lane;
     std::unique_ptr<workers::DeviceWorker> worker;
+    std::vector<workers::EventPtr> drained;
   };
+  // Frees the lanes of earlier passes whose runs have all drained (a long job that keeps running
+  // out of memory would otherwise keep five threads per survivor per pass).
+  void DropIdlePasses();
   void Loop();
   // One pass: every unhandled run on a lost device, drained, abandoned and re-run elsewhere.
   void RecoverPass();
