@@ -347,6 +347,16 @@ int CmdInfo(rp::client::Client& c, const Args&) {
     std::printf("  %d %-8s %-7s %s%s%s\n", d.worker(), d.name().c_str(), d.state().c_str(), d.description().c_str(),
                 d.lost_reason().empty() ? "" : ": ", d.lost_reason().c_str());
   }
+  std::printf("running %d of at most %d job(s)\n", info->running_jobs_size(), info->max_running_jobs());
+  for (const auto& j : info->running_jobs()) {
+    std::string per_worker;
+    for (int w = 0; w < j.worker_compute_seconds_size(); ++w) {
+      absl::StrAppend(&per_worker, w == 0 ? "" : ", ", "worker ", w, " ",
+                      absl::StrFormat("%.1f", j.worker_compute_seconds(w)), " s");
+    }
+    std::printf("  %s share %g: compute %.1f s (%s)\n", j.job_id().c_str(), j.share(), j.compute_seconds(),
+                per_worker.c_str());
+  }
   return kOk;
 }
 

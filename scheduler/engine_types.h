@@ -339,6 +339,7 @@ struct EngineStats {
     JobId id = 0;
     double share = 1;
     double compute_seconds = 0;
+    std::vector<double> worker_compute_seconds;  // per worker (device index): its share of compute_seconds
   };
   std::vector<RunningJob> running;
 };

@@ -81,6 +81,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerCo
     pj->set_job_id(manager_->NameOf(j.id));
     pj->set_share(j.share);
     pj->set_compute_seconds(j.compute_seconds);
+    for (double s : j.worker_compute_seconds) pj->add_worker_compute_seconds(s);
   }
   r->Finish(grpc::Status::OK);
   return r;

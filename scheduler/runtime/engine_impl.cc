@@ -328,9 +328,13 @@ EngineStats Engine::Impl::Stats() const {
   s.max_running_jobs = max_running_;
   for (JobId id : running_) {
     const std::shared_ptr<Job>& job = jobs_.at(id);
-    EngineStats::RunningJob r{id, job->spec.share, 0};
+    EngineStats::RunningJob r{id, job->spec.share, 0, std::vector<double>(devices_.size(), 0.0)};
     base::MutexLock jl(&job->mu);
-    for (const auto& [device, lane] : job->gate_lanes) r.compute_seconds += gates_[device]->used_seconds(lane);
+    for (const auto& [device, lane] : job->gate_lanes) {
+      const double used = gates_[device]->used_seconds(lane);
+      r.compute_seconds += used;
+      r.worker_compute_seconds[static_cast<size_t>(device)] += used;
+    }
     s.running.push_back(r);
   }
   for (const auto& [id, job] : jobs_) {

@@ -158,7 +158,8 @@ TEST_F(DaemonPoolTest, AnOperatorDrainsAndEnablesWorkers) {
 }
 
 // A running job sees a worker leave and come back as WatchJob events (PlanChange), each before
-// the step that ran with it, and goes on training through both.
+// the step that ran with it, and goes on training through both; GetServerInfo and `roundpipe
+// info` show its compute per worker (none on the drained one meanwhile).
 TEST_F(DaemonPoolTest, AJobSeesAWorkerLeaveAndReturnAsEvents) {
   ASSERT_TRUE(StartDaemon()) << daemon_.Output();
   auto c = daemon_.Connect();
@@ -169,9 +170,33 @@ TEST_F(DaemonPoolTest, AJobSeesAWorkerLeaveAndReturnAsEvents) {
   Watcher w(*c, job->id());
   ASSERT_TRUE(c->StreamBatches(job->id(), {TinyBatch(job->id(), 1, /*keep_open=*/true)}).ok());
   ASSERT_TRUE(w.WaitForSteps(1)) << daemon_.Output();
+  // GetServerInfo: the job's compute on each worker (step 1 ran on both).
+  auto compute_on = [&]() {
+    auto info = c->Info();
+    std::vector<double> per_worker;
+    if (info.ok() && info->running_jobs_size() == 1) {
+      per_worker.assign(info->running_jobs(0).worker_compute_seconds().begin(),
+                        info->running_jobs(0).worker_compute_seconds().end());
+    }
+    return per_worker;
+  };
+  const std::vector<double> after_one = compute_on();
+  ASSERT_EQ(after_one.size(), 2u);
+  EXPECT_GT(after_one[0], 0);
+  EXPECT_GT(after_one[1], 0);
+  std::string out;
+  const std::string cli = std::string(RP_ROUNDPIPE_CLI) + " --address " + daemon_.address();
+  EXPECT_EQ(RunCommand(cli + " info", &out), 0) << out;
+  EXPECT_NE(out.find("running 1 of at most 1 job(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find(job->id() + " share 1: compute"), std::string::npos) << out;
   ASSERT_TRUE(c->DrainWorker(1, /*now=*/false).ok());
   ASSERT_TRUE(c->StreamBatches(job->id(), {TinyBatch(job->id(), 2, /*keep_open=*/true)}).ok());
   ASSERT_TRUE(w.WaitForSteps(2)) << daemon_.Output();
+  // Step 2 ran on worker 0 alone: nothing more on the drained worker 1.
+  const std::vector<double> after_two = compute_on();
+  ASSERT_EQ(after_two.size(), 2u);
+  EXPECT_GT(after_two[0], after_one[0]);
+  EXPECT_EQ(after_two[1], after_one[1]);
   ASSERT_TRUE(c->EnableWorker(1).ok());
   ASSERT_TRUE(c->StreamBatches(job->id(), {TinyBatch(job->id(), 3)}).ok());
   ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
