@@ -196,6 +196,21 @@ void JobEventTracker::ApplyIteration(const scheduler::JobEvent& e, std::chrono::
   }
 }
 
+void JobEventTracker::ApplyPlanChange(const scheduler::JobEvent& e, v1::Job& rec, EventEffect& fx) {
+  const scheduler::PlanChange& c = e.plan_change;
+  v1::PlanChange* pc = fx.out.mutable_plan_change();
+  pc->set_cause(ToProto(c.cause));
+  pc->set_worker(c.worker);
+  pc->set_workers(c.workers);
+  pc->set_partition(c.partition);
+  pc->set_stage_memory_cap(c.stage_memory_cap);
+  fx.out.set_message(c.detail);
+  if (!c.partition.empty()) rec.set_partition(c.partition);
+  fx.log = c.cause == scheduler::PlanChange::Cause::kWorkerReturned ? EventEffect::Log::kInfo : EventEffect::Log::kWarn;
+  fx.log_line = absl::StrCat(scheduler::PlanChangeCauseName(c.cause),
+                             c.worker >= 0 ? absl::StrCat(" (worker ", c.worker, ")") : "", ": ", c.detail);
+}
+
 void JobEventTracker::ApplyEval(const scheduler::JobEvent& e, v1::Job& rec, EventEffect& fx) {
   v1::JobEvent& out = fx.out;
   const scheduler::EvalStats& ev = e.eval;
@@ -296,22 +311,9 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
     case scheduler::JobEvent::Kind::kWaiting:
       ApplyWaiting(e, rec, fx);
       break;
-    case scheduler::JobEvent::Kind::kPlanChange: {
-      const scheduler::PlanChange& c = e.plan_change;
-      v1::PlanChange* pc = out.mutable_plan_change();
-      pc->set_cause(ToProto(c.cause));
-      pc->set_worker(c.worker);
-      pc->set_workers(c.workers);
-      pc->set_partition(c.partition);
-      pc->set_stage_memory_cap(c.stage_memory_cap);
-      out.set_message(c.detail);
-      if (!c.partition.empty()) rec.set_partition(c.partition);
-      fx.log =
-          c.cause == scheduler::PlanChange::Cause::kWorkerReturned ? EventEffect::Log::kInfo : EventEffect::Log::kWarn;
-      fx.log_line = absl::StrCat(scheduler::PlanChangeCauseName(c.cause),
-                                 c.worker >= 0 ? absl::StrCat(" (worker ", c.worker, ")") : "", ": ", c.detail);
+    case scheduler::JobEvent::Kind::kPlanChange:
+      ApplyPlanChange(e, rec, fx);
       break;
-    }
     case scheduler::JobEvent::Kind::kBatchRejected:
       out.set_batch_rejected(e.message);
       fx.log = EventEffect::Log::kWarn;

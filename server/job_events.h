@@ -55,6 +55,7 @@ class JobEventTracker {
                       EventEffect& fx);
   void ApplyEval(const scheduler::JobEvent& e, roundpipe::v1::Job& rec, EventEffect& fx);
   void ApplyWaiting(const scheduler::JobEvent& e, roundpipe::v1::Job& rec, EventEffect& fx);
+  void ApplyPlanChange(const scheduler::JobEvent& e, roundpipe::v1::Job& rec, EventEffect& fx);
 
   std::chrono::steady_clock::time_point last_step_at_{}, last_persist_{};
   double ema_step_s_ = 0;          // smoothed wall time per step (ETA)

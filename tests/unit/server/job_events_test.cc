@@ -195,5 +195,42 @@ TEST(JobEventTracker, AWaitNamesTheOtherJobsAndIsForgottenOnceTheJobRuns) {
   EXPECT_EQ(other.message(), "waits behind engine job 9 (priority 5)");
 }
 
+// A plan change (a worker lost, drained or back; a device out-of-memory re-plan) reaches watchers
+// as its own event with the cause and what was re-planned, and the record's partition follows.
+TEST(JobEvents, APlanChangeIsAnEventAndMovesThePartition) {
+  JobEventTracker t;
+  v1::Job rec;
+  rec.set_state(v1::JOB_STATE_RUNNING);
+  rec.set_partition("F[2,2] B1=2 B[2,2]");
+  JobEvent e;
+  e.kind = JobEvent::Kind::kPlanChange;
+  e.state = JobState::kRunning;
+  e.plan_change.cause = scheduler::PlanChange::Cause::kOutOfMemory;
+  e.plan_change.workers = 3;
+  e.plan_change.partition = "F[1,1,1] B1=1 B[1,1]";
+  e.plan_change.stage_memory_cap = 1234;
+  e.plan_change.detail = "recompute of stage slot 3 (layers 2..3) on cpu:1: out of memory";
+  auto fx = t.Apply(e, Clock::now(), false, &rec);
+  ASSERT_TRUE(fx.out.has_plan_change());
+  EXPECT_EQ(fx.out.plan_change().cause(), v1::PlanChange::DEVICE_OUT_OF_MEMORY);
+  EXPECT_EQ(fx.out.plan_change().worker(), -1);
+  EXPECT_EQ(fx.out.plan_change().workers(), 3);
+  EXPECT_EQ(fx.out.plan_change().stage_memory_cap(), 1234);
+  EXPECT_EQ(fx.out.message(), e.plan_change.detail);
+  EXPECT_EQ(rec.partition(), "F[1,1,1] B1=1 B[1,1]");
+  EXPECT_EQ(fx.log, EventEffect::Log::kWarn);
+  EXPECT_EQ(fx.log_line, "device out of memory: " + e.plan_change.detail);
+  e.plan_change = {};
+  e.plan_change.cause = scheduler::PlanChange::Cause::kWorkerReturned;
+  e.plan_change.worker = 1;
+  e.plan_change.workers = 2;
+  e.plan_change.detail = "back in the pool";
+  fx = t.Apply(e, Clock::now(), false, &rec);
+  EXPECT_EQ(fx.out.plan_change().cause(), v1::PlanChange::WORKER_RETURNED);
+  EXPECT_EQ(rec.partition(), "F[1,1,1] B1=1 B[1,1]");  // unchanged: nothing re-planned
+  EXPECT_EQ(fx.log, EventEffect::Log::kInfo);
+  EXPECT_EQ(fx.log_line, "worker returned (worker 1): back in the pool");
+}
+
 }  // namespace
 }  // namespace rp::server
