@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,9 +61,12 @@ struct RunContext {
     base::MutexLock lock(&mu_);
     return !error_.ok();
   }
+  // A copy of its own (code and message), never a second reference to the stored one: the
+  // context dies on whichever stream thread drops it last, and absl's shared status is
+  // reference-counted inside the system's uninstrumented absl (ThreadSanitizer cannot see it).
   absl::Status error() const {
     base::MutexLock lock(&mu_);
-    return error_;
+    return error_.ok() ? absl::OkStatus() : absl::Status(error_.code(), std::string(error_.message()));
   }
   double loss() const {
     base::MutexLock lock(&mu_);
