@@ -42,12 +42,24 @@ int64_t AdafactorStateElements(const spec::ModelConfig& m) {
   }
 }
 
+namespace {
+// The model's parameters (embedding, dense and sparse blocks, head), in double.
+double ModelParams(const spec::ModelConfig& m) {
+  const double sparse = m.SparseBlockCount();
+  return static_cast<double>(m.EmbeddingParams()) + sparse * static_cast<double>(m.BlockParams()) +
+         (m.num_blocks - sparse) * static_cast<double>(m.DenseBlockParams()) + static_cast<double>(m.HeadParams());
+}
+
+// `bytes` as int64, saturated below INT64_MAX (9.22e18); NaN saturates too.
+int64_t Saturated(double bytes) {
+  constexpr double kMax = 9.0e18;
+  return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
+}
+}  // namespace
+
 int64_t HostStateBytes(const spec::ModelConfig& m, const HostStateOptions& o) {
   // In double: sizes come from clients and files.
-  const double sparse = m.SparseBlockCount();
-  const double base = static_cast<double>(m.EmbeddingParams()) + sparse * static_cast<double>(m.BlockParams()) +
-                      (m.num_blocks - sparse) * static_cast<double>(m.DenseBlockParams()) +
-                      static_cast<double>(m.HeadParams());
+  const double base = ModelParams(m);
   // A trained parameter: fp32 copy, master, fp32 gradient, moments, the async gradient copy;
   // factored moments (Adafactor) are counted apart.
   const double moments = o.factored_moments ? 0 : o.moment_bytes;
@@ -60,20 +72,14 @@ int64_t HostStateBytes(const spec::ModelConfig& m, const HostStateOptions& o) {
     bytes = (o.mapped_base ? 0.0 : base * o.master_bytes) + adapters * trained;
   }
   if (o.factored_moments) bytes += 4.0 * static_cast<double>(AdafactorStateElements(m));
-  constexpr double kMax = 9.0e18;  // below INT64_MAX (9.22e18)
-  return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
+  return Saturated(bytes);
 }
 
 int64_t CpuWorkingSetBytes(const spec::ModelConfig& m, const HostStateOptions& o) {
-  const double sparse = m.SparseBlockCount();
-  const double base = static_cast<double>(m.EmbeddingParams()) + sparse * static_cast<double>(m.BlockParams()) +
-                      (m.num_blocks - sparse) * static_cast<double>(m.DenseBlockParams()) +
-                      static_cast<double>(m.HeadParams());
+  const double base = ModelParams(m);
   const double adapters = m.lora.rank > 0 ? static_cast<double>(m.LoraParams()) : 0.0;
   const double trained = m.lora.rank > 0 ? adapters : base;
-  const double bytes = 2.0 * o.master_bytes * (base + adapters + trained);
-  constexpr double kMax = 9.0e18;
-  return !(bytes < kMax) ? static_cast<int64_t>(kMax) : static_cast<int64_t>(bytes);
+  return Saturated(2.0 * o.master_bytes * (base + adapters + trained));
 }
 
 }  // namespace rp::planning
