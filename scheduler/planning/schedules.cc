@@ -119,6 +119,9 @@ class RoundPipeLayout {
       last_slot_on_worker_[static_cast<size_t>(sl.worker)] = static_cast<int>(i);
     }
     while (built_iterations < K_) AddOptimizerTasks(built_iterations++);
+    for (size_t i = 0; i < plan_.slots.size(); ++i) {
+      s_.slots.push_back({upload_task_[i], first_task_[i], plan_.slots[i].num_microbatches, grads_done_[i]});
+    }
     return std::move(s_);
   }
 

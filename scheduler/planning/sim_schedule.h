@@ -2,8 +2,9 @@
 // (GPU workers, the CPU optimizer, per-worker parameter-upload links), a fixed execution order
 // per resource, and dependency edges.
 //
-// Contract: plain data built by the schedule builders (RoundPipe: roundpipe_schedule.h,
-// baselines: baselines.h); read-only once built. Not thread-safe for concurrent mutation.
+// Contract: plain data built by the schedule builders (schedules.h: RoundPipe and the
+// weight-bound baselines; lost_worker_sim.h re-runs a lost worker's slots); read-only once built.
+// Not thread-safe for concurrent mutation.
 #pragma once
 
 #include <string>
@@ -37,6 +38,15 @@ struct SimTask {
   double head_fraction = 0;
 };
 
+// One DispatchPlan slot's tasks in a RoundPipe schedule (-1: none): its weight upload, its
+// micro-batches (consecutive ids), its gradient download.
+struct SlotTasks {
+  int upload = -1;
+  int first = -1;
+  int count = 0;
+  int grad_download = -1;
+};
+
 struct SimSchedule {
   std::string name;
   int num_workers = 0;    // GPU workers = resources 0..num_workers-1
@@ -49,6 +59,7 @@ struct SimSchedule {
   bool balance_all_phases_together = false;
   std::vector<SimTask> tasks;
   std::vector<std::vector<int>> order;  // per resource: task ids in execution order
+  std::vector<SlotTasks> slots;         // RoundPipe schedules: per DispatchPlan slot
 
   // Appends a task at the end of its resource's order; returns its id.
   int Add(SimTask t);

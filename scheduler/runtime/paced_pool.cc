@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/planning/pool_simulator.h"
 #include "scheduler/runtime/controller.h"
 #include "workers/base/mutex.h"
 #include "workers/device/compute_gate.h"
@@ -163,6 +164,8 @@ absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
   for (size_t k = 0; k < jobs.size(); ++k) {
     if (!jobs[k].status.ok()) return jobs[k].status;
     r.job_end_s.push_back(jobs[k].done_at.empty() ? 0 : jobs[k].done_at.back() / scale);
+    r.iteration_end_s.emplace_back();
+    for (double at : jobs[k].done_at) r.iteration_end_s.back().push_back(at / scale);
     r.makespan_s = std::max(r.makespan_s, r.job_end_s.back());
     compute += ComputeSeconds(jobs[k]);
   }
@@ -174,6 +177,45 @@ absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
     r.iterations_per_s.push_back(first_end_s > 0 ? iterations_at_first_end[k] / (first_end_s / scale) : 0);
   }
   for (PoolJob& j : jobs) j.controller.reset();  // before the lanes, the gates and the devices
+  return r;
+}
+
+absl::StatusOr<PacedPoolResult> SimulatePacedPool(const PacedPoolOptions& o) {
+  if (o.jobs.empty()) return absl::InvalidArgumentError("paced pool: no jobs");
+  std::vector<planning::PoolSimJob> jobs;
+  for (const PacedPoolJob& pj : o.jobs) {
+    auto schedule = PacedSchedule(pj.run, pj.run.warmup + pj.run.iterations);
+    if (!schedule.ok()) return schedule.status();
+    jobs.push_back({*std::move(schedule), pj.share, 0, pj.run.async});
+  }
+  planning::PoolSimOptions po;
+  po.hold_max_s =
+      std::chrono::duration<double>(workers::ComputeGate::kAnticipation).count() / o.jobs.front().run.time_scale;
+  PacedPoolResult r;
+  if (o.side_by_side) {
+    auto sim = planning::SimulatePool(jobs, po);
+    if (!sim.ok()) return sim.status();
+    for (const planning::PoolSimJobResult& j : sim->jobs) {
+      r.job_end_s.push_back(j.end_s);
+      r.iteration_end_s.push_back(j.iteration_end);
+    }
+    r.makespan_s = sim->makespan_s;
+    r.utilisation = sim->utilisation;
+    r.compute_split = sim->compute_split;
+    r.iterations_per_s = sim->iterations_per_s;
+    return r;
+  }
+  double compute = 0;
+  for (planning::PoolSimJob& job : jobs) {
+    job.start_s = r.makespan_s;
+    auto alone = planning::SimulatePool({job}, po);
+    if (!alone.ok()) return alone.status();
+    r.makespan_s = alone->makespan_s;
+    r.job_end_s.push_back(alone->makespan_s);
+    r.iteration_end_s.push_back(alone->jobs.front().iteration_end);
+    compute += alone->jobs.front().compute_s;
+  }
+  r.utilisation = compute / (o.jobs.front().run.workers * r.makespan_s);
   return r;
 }
 

@@ -27,9 +27,10 @@ struct PacedPoolOptions {
 };
 
 struct PacedPoolResult {
-  double makespan_s = 0;          // from the start until every job ended
-  std::vector<double> job_end_s;  // when each job ended
-  double utilisation = 0;         // compute time of every job / (workers x makespan)
+  double makespan_s = 0;                             // from the start until every job ended
+  std::vector<double> job_end_s;                     // when each job ended
+  std::vector<std::vector<double>> iteration_end_s;  // per job: when each of its iterations ended
+  double utilisation = 0;                            // compute time of every job / (workers x makespan)
   // While every job ran (until the first one ended): each job's part of the pool's compute time
   // and its iterations per second.
   std::vector<double> compute_split;
@@ -38,5 +39,11 @@ struct PacedPoolResult {
 };
 
 absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& options);
+
+// What the pool simulator (scheduler/planning/pool_simulator.h) predicts for the same jobs: each
+// job's schedule from the simulator (PacedSchedule), shared by the fair share with the gate's
+// hold (ComputeGate::kAnticipation at the run's time scale); one after another, each job alone
+// from where the one before ended. wall_s stays 0.
+absl::StatusOr<PacedPoolResult> SimulatePacedPool(const PacedPoolOptions& options);
 
 }  // namespace rp::scheduler::runtime

@@ -164,15 +164,14 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
   return r;
 }
 
-absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& o) {
+absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& o, int iterations, int workers) {
   auto costs = PacedCosts(o);
   if (!costs.ok()) return costs.status();
-  const int total = o.warmup + o.iterations + 1;  // + a trailing iteration, as RunPaced
   planning::DispatchOptions d;
-  d.num_workers = o.workers;
+  d.num_workers = workers > 0 ? workers : o.workers;
   d.microbatches_per_iteration = o.microbatches;
   d.microbatches_per_round = o.microbatches_per_round;
-  d.iterations = total;
+  d.iterations = iterations;
   d.mode = o.async ? planning::OptimizerMode::kAsync : planning::OptimizerMode::kSync;
   auto plan = planning::BuildDispatchPlan(o.partition, costs->num_layers(), d);
   if (!plan.ok()) return plan.status();
@@ -180,7 +179,12 @@ absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& o) {
   so.transfers = o.transfers;
   so.host_link_bandwidth = o.link_bytes_per_s;
   so.recompute_ahead = o.recompute_ahead;
-  auto schedule = planning::RoundPipeSchedule(*plan, *costs, so);
+  return planning::RoundPipeSchedule(*plan, *costs, so);
+}
+
+absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& o) {
+  const int total = o.warmup + o.iterations + 1;  // + a trailing iteration, as RunPaced
+  auto schedule = PacedSchedule(o, total);
   if (!schedule.ok()) return schedule.status();
   auto sim = planning::Simulate(*schedule);
   if (!sim.ok()) return sim.status();

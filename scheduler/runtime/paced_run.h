@@ -17,6 +17,7 @@
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/partition.h"
 #include "scheduler/planning/profile_file.h"
+#include "scheduler/planning/sim_schedule.h"
 #include "workers/device/pacer.h"
 #include "workers/spec/model_config.h"
 
@@ -68,6 +69,10 @@ struct SimulatedRun {
   std::vector<SlotStart> starts;  // one iteration after warm-up, relative to its first start
 };
 absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& options);
+
+// The simulator's schedule of `iterations` iterations of the run (its costs, partition, mode and
+// links) on `workers` workers (0: the run's).
+absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& options, int iterations, int workers = 0);
 
 // The paced workers' clock for a run's profile, time scale and links.
 absl::StatusOr<std::shared_ptr<const workers::Pacer>> MakePacedClock(const PacedRunOptions& options);

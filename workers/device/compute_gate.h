@@ -28,7 +28,7 @@
 #include <optional>
 
 #include "workers/base/mutex.h"
-#include "workers/device/fair_share.h"
+#include "workers/spec/fair_share.h"
 
 namespace rp::workers {
 
@@ -49,7 +49,7 @@ class ComputeGate {
 
   mutable base::Mutex mu_;
   base::CondVar cv_;
-  FairShare share_ ABSL_GUARDED_BY(mu_);
+  spec::FairShare share_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;            // a lane's operation holds the device
   std::optional<int> granted_ ABSL_GUARDED_BY(mu_);   // the lane whose turn came, until it takes it
   std::optional<int> reserved_ ABSL_GUARDED_BY(mu_);  // the device is held for this lane ...

@@ -12,11 +12,13 @@
 
 #include "workers/device/compute_gate.h"
 #include "workers/device/cpu_device.h"
-#include "workers/device/fair_share.h"
 #include "workers/device/lane_device.h"
+#include "workers/spec/fair_share.h"
 
 namespace rp::workers {
 namespace {
+
+using spec::FairShare;
 
 // Every lane keeps an operation waiting; each operation costs `cost[lane]`. Returns the compute
 // time each lane was given over `grants` turns.

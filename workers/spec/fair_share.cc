@@ -1,11 +1,11 @@
-#include "workers/device/fair_share.h"
+#include "workers/spec/fair_share.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "workers/base/check.h"
 
-namespace rp::workers {
+namespace rp::spec {
 
 int FairShare::AddLane(double weight) {
   RP_CHECK(weight > 0) << "a lane's weight must be positive";
@@ -72,4 +72,4 @@ bool FairShare::waiting(int lane) const { return Get(lane).waiting; }
 
 double FairShare::virtual_time(int lane) const { return Get(lane).vtime; }
 
-}  // namespace rp::workers
+}  // namespace rp::spec

@@ -6,6 +6,10 @@
 // was away. Over any stretch where the jobs keep waiting, each gets compute time in proportion
 // to its weight (to within one operation).
 //
+// It lives with the shared value types because two rooms follow it: a device's ComputeGate
+// (workers/device/compute_gate.h) orders real operations by it, and the planner's pool simulator
+// (scheduler/planning/pool_simulator.h) orders simulated ones by the same code.
+//
 // Contract: plain data, not thread-safe (ComputeGate holds it under its lock). Lanes are ids
 // handed out by AddLane; calls with other ids are invariant violations (RP_CHECK).
 #pragma once
@@ -13,7 +17,7 @@
 #include <map>
 #include <optional>
 
-namespace rp::workers {
+namespace rp::spec {
 
 class FairShare {
  public:
@@ -49,4 +53,4 @@ class FairShare {
   int next_id_ = 0;
 };
 
-}  // namespace rp::workers
+}  // namespace rp::spec
