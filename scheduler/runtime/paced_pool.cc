@@ -139,6 +139,9 @@ absl::StatusOr<PacedPoolResult> RunPacedPool(const PacedPoolOptions& o) {
   double first_end_s = 0;
   const auto t0 = Clock::now();
   auto run_job = [&](size_t k) {
+    if (o.side_by_side && o.jobs[k].start_s > 0) {
+      std::this_thread::sleep_until(t0 + std::chrono::duration<double>(o.jobs[k].start_s * first.time_scale));
+    }
     RunIterations(o.jobs[k].run, jobs[k], t0);
     base::MutexLock lock(&mu);
     if (first_ended) return;
@@ -186,7 +189,7 @@ absl::StatusOr<PacedPoolResult> SimulatePacedPool(const PacedPoolOptions& o) {
   for (const PacedPoolJob& pj : o.jobs) {
     auto schedule = PacedSchedule(pj.run, pj.run.warmup + pj.run.iterations);
     if (!schedule.ok()) return schedule.status();
-    jobs.push_back({*std::move(schedule), pj.share, 0, pj.run.async});
+    jobs.push_back({*std::move(schedule), pj.share, o.side_by_side ? pj.start_s : 0, pj.run.async});
   }
   planning::PoolSimOptions po;
   po.hold_max_s =

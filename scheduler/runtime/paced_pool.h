@@ -19,6 +19,7 @@ namespace rp::scheduler::runtime {
 struct PacedPoolJob {
   PacedRunOptions run;  // warmup + iterations are run (all jobs: same workers, time scale and links)
   double share = 1;
+  double start_s = 0;  // side by side: submitted this long (real-time equivalent) after the first
 };
 
 struct PacedPoolOptions {

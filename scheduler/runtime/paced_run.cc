@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/dispatch_plan.h"
+#include "scheduler/planning/lost_worker_sim.h"
 #include "scheduler/planning/schedules.h"
 #include "scheduler/planning/simulator.h"
 #include "scheduler/runtime/controller.h"
@@ -164,22 +165,62 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
   return r;
 }
 
-absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& o, int iterations, int workers) {
-  auto costs = PacedCosts(o);
-  if (!costs.ok()) return costs.status();
+namespace {
+
+planning::DispatchOptions PacedDispatch(const PacedRunOptions& o, int iterations, int workers) {
   planning::DispatchOptions d;
   d.num_workers = workers > 0 ? workers : o.workers;
   d.microbatches_per_iteration = o.microbatches;
   d.microbatches_per_round = o.microbatches_per_round;
   d.iterations = iterations;
   d.mode = o.async ? planning::OptimizerMode::kAsync : planning::OptimizerMode::kSync;
-  auto plan = planning::BuildDispatchPlan(o.partition, costs->num_layers(), d);
-  if (!plan.ok()) return plan.status();
+  return d;
+}
+
+planning::SimOptions PacedSimOptions(const PacedRunOptions& o) {
   planning::SimOptions so;
   so.transfers = o.transfers;
   so.host_link_bandwidth = o.link_bytes_per_s;
   so.recompute_ahead = o.recompute_ahead;
-  return planning::RoundPipeSchedule(*plan, *costs, so);
+  return so;
+}
+
+// Each measured iteration's period (RunPaced's iteration_period_s) from iteration ends.
+std::vector<double> MeasuredPeriods(const PacedRunOptions& o, const std::vector<double>& end) {
+  std::vector<double> periods;
+  for (int k = o.warmup; k < o.warmup + o.iterations && k < static_cast<int>(end.size()); ++k) {
+    periods.push_back(end[static_cast<size_t>(k)] - end[static_cast<size_t>(k - 1)]);
+  }
+  return periods;
+}
+
+}  // namespace
+
+absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& o, int iterations, int workers) {
+  auto costs = PacedCosts(o);
+  if (!costs.ok()) return costs.status();
+  auto plan = planning::BuildDispatchPlan(o.partition, costs->num_layers(), PacedDispatch(o, iterations, workers));
+  if (!plan.ok()) return plan.status();
+  return planning::RoundPipeSchedule(*plan, *costs, PacedSimOptions(o));
+}
+
+absl::StatusOr<SimulatedLoss> SimulatePacedLoss(const PacedRunOptions& o, const planning::LostWorkerFault& fault) {
+  const int total = o.warmup + o.iterations + 1;  // as RunPaced
+  auto costs = PacedCosts(o);
+  if (!costs.ok()) return costs.status();
+  auto clean = PacedSchedule(o, total);
+  if (!clean.ok()) return clean.status();
+  auto clean_run = planning::Simulate(*clean);
+  if (!clean_run.ok()) return clean_run.status();
+  auto lost =
+      planning::SimulateLostWorker(o.partition, *costs, PacedDispatch(o, total, 0), PacedSimOptions(o), fault);
+  if (!lost.ok()) return lost.status();
+  SimulatedLoss r;
+  r.clean_period_s = MeasuredPeriods(o, clean_run->iteration_end);
+  r.lost_period_s = MeasuredPeriods(o, lost->iteration_end);
+  r.lost_worker = lost->lost_worker;
+  r.slots_rerun = lost->slots_rerun;
+  return r;
 }
 
 absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& o) {

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/planning/cost_model.h"
+#include "scheduler/planning/lost_worker_sim.h"
 #include "scheduler/planning/partition.h"
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/planning/sim_schedule.h"
@@ -73,6 +74,15 @@ absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& options);
 // The simulator's schedule of `iterations` iterations of the run (its costs, partition, mode and
 // links) on `workers` workers (0: the run's).
 absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& options, int iterations, int workers = 0);
+
+// The simulator's figures for a RunPaced that loses a worker (planning/lost_worker_sim.h): each
+// measured iteration's period without and with the loss (RunPaced's iteration_period_s).
+struct SimulatedLoss {
+  std::vector<double> clean_period_s, lost_period_s;
+  int lost_worker = 0;
+  int slots_rerun = 0;
+};
+absl::StatusOr<SimulatedLoss> SimulatePacedLoss(const PacedRunOptions& options, const planning::LostWorkerFault& fault);
 
 // The paced workers' clock for a run's profile, time scale and links.
 absl::StatusOr<std::shared_ptr<const workers::Pacer>> MakePacedClock(const PacedRunOptions& options);

@@ -62,12 +62,13 @@ struct Named {
   std::string name;
   PacedRunOptions run;
   double share = 1;
+  double start_s = 0;
 };
 
 PacedPoolOptions Options(const std::vector<Named>& jobs, bool side_by_side) {
   PacedPoolOptions o;
   o.side_by_side = side_by_side;
-  for (const Named& j : jobs) o.jobs.push_back({j.run, j.share});
+  for (const Named& j : jobs) o.jobs.push_back({j.run, j.share, j.start_s});
   return o;
 }
 
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
               "ratio", "sim", "util tog", "sim");
   const std::vector<std::vector<Named>> mixes = {
       {{"qwen3-1.7b sync", *q_sync}, {"qwen3-1.7b sync", *q_sync}},
+      {{"qwen3-1.7b sync", *q_sync}, {"qwen3-1.7b sync 1 s later", *q_sync, 1, 1.0}},
       {{"qwen3-1.7b async", *q_async}, {"qwen3-1.7b async", *q_async}},
       {{"qwen3-1.7b sync", *q_sync}, {"llama-3.1-8b sync", *l_sync}},
       {{"qwen3-1.7b sync", *q_sync}, {"qwen3-1.7b async", *q_async}, {"llama-3.1-8b sync", *l_sync}},
