@@ -212,8 +212,7 @@ absl::StatusOr<SimulatedLoss> SimulatePacedLoss(const PacedRunOptions& o, const 
   if (!clean.ok()) return clean.status();
   auto clean_run = planning::Simulate(*clean);
   if (!clean_run.ok()) return clean_run.status();
-  auto lost =
-      planning::SimulateLostWorker(o.partition, *costs, PacedDispatch(o, total, 0), PacedSimOptions(o), fault);
+  auto lost = planning::SimulateLostWorker(o.partition, *costs, PacedDispatch(o, total, 0), PacedSimOptions(o), fault);
   if (!lost.ok()) return lost.status();
   SimulatedLoss r;
   r.clean_period_s = MeasuredPeriods(o, clean_run->iteration_end);

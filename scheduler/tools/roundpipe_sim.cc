@@ -27,6 +27,7 @@
 #include "scheduler/planning/presets.h"
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/planning/report.h"
+#include "scheduler/tools/sim_pool.h"
 
 ABSL_FLAG(
     std::string, model, "qwen3-1.7b",
@@ -98,6 +99,19 @@ ABSL_FLAG(bool, explain, false,
 ABSL_FLAG(bool, paper, false,
           "Run the paper's §5.8.1 experiment: the five preset models with the other flags "
           "(defaults: rtx4090, 8 GPUs, 16 micro-batches of 4 x 2048 tokens); prints one summary table");
+
+ABSL_FLAG(std::string, pool, "",
+          "Instead of the comparison: jobs of this model side by side on one pool of --gpus workers, one per "
+          "listed optimizer mode (e.g. sync,sync,async), each on the partition the simulator picks for its mode "
+          "(or --partition), --iterations each; prints each job's end against alone and the pool's makespan and "
+          "utilisation against one after another (docs/SIMULATOR.md, \"Several jobs on one pool\")");
+ABSL_FLAG(std::string, pool_shares, "", "With --pool: each job's share, comma-separated (default 1 each)");
+ABSL_FLAG(std::string, pool_starts_s, "", "With --pool: when each job is submitted, in seconds (default 0 each)");
+ABSL_FLAG(std::string, lose_worker, "",
+          "Instead of the comparison: ITERATION,SLOT,MICROBATCH: the worker that runs stage slot SLOT (0 = F_1) of "
+          "that iteration is lost as that micro-batch starts; prints each iteration's end with and without the loss "
+          "(docs/SIMULATOR.md, \"A lost worker\")");
+ABSL_FLAG(std::string, lose_worker_mode, "sync", "With --lose_worker: the optimizer mode, sync or async");
 
 namespace rp::planning {
 namespace {
@@ -326,6 +340,20 @@ int Main() {
     model_name = model->name;
   }
   if (!costs.ok()) return Fail(costs.status());
+  if (const std::string pool = absl::GetFlag(FLAGS_pool); !pool.empty()) {
+    auto jobs = ParsePoolFlags(pool, absl::GetFlag(FLAGS_pool_shares), absl::GetFlag(FLAGS_pool_starts_s));
+    if (!jobs.ok()) return Fail(jobs.status());
+    return RunPool(*costs, setup->options, *jobs);
+  }
+  if (const std::string lose = absl::GetFlag(FLAGS_lose_worker); !lose.empty()) {
+    auto fault = ParseLostWorkerFlag(lose);
+    if (!fault.ok()) return Fail(fault.status());
+    const std::string mode = absl::GetFlag(FLAGS_lose_worker_mode);
+    if (mode != "sync" && mode != "async") {
+      return Fail(absl::InvalidArgumentError("--lose_worker_mode must be sync or async"));
+    }
+    return RunLostWorker(*costs, setup->options, mode == "sync" ? OptimizerMode::kSync : OptimizerMode::kAsync, *fault);
+  }
   auto rows = CompareSchedules(*costs, setup->options);
   if (!rows.ok()) return Fail(rows.status());
 
@@ -378,6 +406,8 @@ int main(int argc, char** argv) {
       "  roundpipe-sim --model qwen3-1.7b --device rtx4090 --gpus 8 --microbatches 16 --schedule all\n"
       "  roundpipe-sim --paper\n"
       "  roundpipe-sim --profile out/profile.json --gpus 4 --microbatches 8\n"
+      "  roundpipe-sim --model qwen3-1.7b --pool sync,async --pool_shares 3,1\n"
+      "  roundpipe-sim --model qwen3-1.7b --lose_worker 2,3,8\n"
       "Exit codes: 0 ok, 2 bad arguments or impossible plan, 1 other errors.");
   absl::ParseCommandLine(argc, argv);
   return rp::planning::Main();

@@ -50,7 +50,8 @@ void ExpectDependenciesHold(const LostWorkerRun& r) {
   const SimSchedule& s = r.schedule;
   for (size_t t = 0; t < s.tasks.size(); ++t) {
     for (const TaskDep& d : s.tasks[t].deps) {
-      const double at = d.on_start ? r.result.start[static_cast<size_t>(d.task)] : r.result.finish[static_cast<size_t>(d.task)];
+      const double at =
+          d.on_start ? r.result.start[static_cast<size_t>(d.task)] : r.result.finish[static_cast<size_t>(d.task)];
       const double tail = s.tasks[t].duration_s * (1 - s.tasks[t].head_fraction);
       const double gated = d.tail_only ? r.result.finish[t] - tail : r.result.start[t];
       ASSERT_GE(gated + 1e-9, at + d.latency_s) << "task " << t << " dep " << d.task;
@@ -83,8 +84,8 @@ TEST(LostWorkerSim, TheLostWorkersSlotsRunAgainOnTheSurvivorsAndLaterIterationsA
       // The slots re-run: the faulted one and every later one of its worker dispatched before.
       int expect_rerun = 0;
       for (const StageSlot& sl : plan->slots) {
-        expect_rerun += sl.worker == faulted->worker && sl.index >= faulted->index &&
-                        sl.iteration <= r->last_iteration_before;
+        expect_rerun +=
+            sl.worker == faulted->worker && sl.index >= faulted->index && sl.iteration <= r->last_iteration_before;
       }
       EXPECT_EQ(r->slots_rerun, expect_rerun);
       const SimSchedule& s = r->schedule;
@@ -107,7 +108,8 @@ TEST(LostWorkerSim, TheLostWorkersSlotsRunAgainOnTheSurvivorsAndLaterIterationsA
       // The extra compute: the faulted slot's micro-batches that had run on the lost worker.
       auto clean = RoundPipeSchedule(*plan, Layers(6), so);
       ASSERT_TRUE(clean.ok());
-      const double slot_time = s.tasks[static_cast<size_t>(s.slots[static_cast<size_t>(faulted->index)].first)].duration_s;
+      const double slot_time =
+          s.tasks[static_cast<size_t>(s.slots[static_cast<size_t>(faulted->index)].first)].duration_s;
       EXPECT_NEAR(ComputeSum(s), ComputeSum(*clean) + 3 * slot_time, 1e-9);
       EXPECT_GT(r->iteration_end.back(), 0);
     }
