@@ -167,9 +167,9 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
 
 namespace {
 
-planning::DispatchOptions PacedDispatch(const PacedRunOptions& o, int iterations, int workers) {
+planning::DispatchOptions PacedDispatch(const PacedRunOptions& o, int iterations) {
   planning::DispatchOptions d;
-  d.num_workers = workers > 0 ? workers : o.workers;
+  d.num_workers = o.workers;
   d.microbatches_per_iteration = o.microbatches;
   d.microbatches_per_round = o.microbatches_per_round;
   d.iterations = iterations;
@@ -196,10 +196,10 @@ std::vector<double> MeasuredPeriods(const PacedRunOptions& o, const std::vector<
 
 }  // namespace
 
-absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& o, int iterations, int workers) {
+absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& o, int iterations) {
   auto costs = PacedCosts(o);
   if (!costs.ok()) return costs.status();
-  auto plan = planning::BuildDispatchPlan(o.partition, costs->num_layers(), PacedDispatch(o, iterations, workers));
+  auto plan = planning::BuildDispatchPlan(o.partition, costs->num_layers(), PacedDispatch(o, iterations));
   if (!plan.ok()) return plan.status();
   return planning::RoundPipeSchedule(*plan, *costs, PacedSimOptions(o));
 }
@@ -212,7 +212,7 @@ absl::StatusOr<SimulatedLoss> SimulatePacedLoss(const PacedRunOptions& o, const 
   if (!clean.ok()) return clean.status();
   auto clean_run = planning::Simulate(*clean);
   if (!clean_run.ok()) return clean_run.status();
-  auto lost = planning::SimulateLostWorker(o.partition, *costs, PacedDispatch(o, total, 0), PacedSimOptions(o), fault);
+  auto lost = planning::SimulateLostWorker(o.partition, *costs, PacedDispatch(o, total), PacedSimOptions(o), fault);
   if (!lost.ok()) return lost.status();
   SimulatedLoss r;
   r.clean_period_s = MeasuredPeriods(o, clean_run->iteration_end);

@@ -71,9 +71,9 @@ struct SimulatedRun {
 };
 absl::StatusOr<SimulatedRun> SimulatePaced(const PacedRunOptions& options);
 
-// The simulator's schedule of `iterations` iterations of the run (its costs, partition, mode and
-// links) on `workers` workers (0: the run's).
-absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& options, int iterations, int workers = 0);
+// The simulator's schedule of `iterations` iterations of the run (its costs, partition, mode,
+// workers and links).
+absl::StatusOr<planning::SimSchedule> PacedSchedule(const PacedRunOptions& options, int iterations);
 
 // The simulator's figures for a RunPaced that loses a worker (planning/lost_worker_sim.h): each
 // measured iteration's period without and with the loss (RunPaced's iteration_period_s).
