@@ -112,6 +112,74 @@ int LostWorkerRow(PacedRunOptions o, const std::string& row) {
   return 0;
 }
 
+// One row's run options: the model on the partition the simulator picks for the mode (its
+// candidates simulated), the time scale chosen from the simulated period unless given.
+absl::StatusOr<PacedRunOptions> RowOptions(const rp::planning::Profile& profile, const rp::spec::ModelConfig& cfg,
+                                           bool async, bool transfers) {
+  PacedRunOptions o;
+  o.profile = profile;
+  o.model = cfg;
+  o.workers = absl::GetFlag(FLAGS_workers);
+  o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.async = async;
+  o.transfers = transfers;
+  o.link_bytes_per_s = absl::GetFlag(FLAGS_link_gbps) * 1e9;
+  const double flag_scale = absl::GetFlag(FLAGS_time_scale);
+  o.time_scale = flag_scale > 0 ? flag_scale : 0.2;  // auto: chosen below from the simulated period
+  o.iterations = absl::GetFlag(FLAGS_iterations);
+  auto costs = rp::scheduler::runtime::PacedCosts(o);
+  if (!costs.ok()) return costs.status();
+  rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches,
+                                         static_cast<int64_t>(absl::GetFlag(FLAGS_stage_cap_gib) * (1 << 30))};
+  rp::planning::SimulatedChoice choice;
+  choice.mode = o.async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
+  choice.choose_round_size = absl::GetFlag(FLAGS_choose_round_size);
+  auto part = rp::planning::SimulatedBestPartition(problem, choice);
+  if (!part.ok()) return part.status();
+  o.partition = part->partition;
+  o.microbatches_per_round = part->microbatches_per_round;
+  if (flag_scale <= 0) {
+    auto sim = rp::scheduler::runtime::SimulatePaced(o);
+    if (!sim.ok()) return sim.status();
+    o.time_scale = std::clamp(1.5 / sim->period_s, 0.05, 0.5);
+  }
+  return o;
+}
+
+// One row of the table: the engine's median of --repeats runs beside the simulator.
+absl::Status TableRow(const PacedRunOptions& o, const std::string& model, absl::string_view mode,
+                      absl::string_view xfer) {
+  auto sim = rp::scheduler::runtime::SimulatePaced(o);
+  if (!sim.ok()) return sim.status();
+  std::vector<double> periods, bubbles;
+  double wall = 0;
+  for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
+    auto run = rp::scheduler::runtime::RunPaced(o);
+    if (!run.ok()) return run.status();
+    periods.push_back(run->period_s);
+    bubbles.push_back(run->bubble);
+    wall += run->wall_s;
+  }
+  const double med = Median(periods);
+  const double spread =
+      (*std::max_element(periods.begin(), periods.end()) - *std::min_element(periods.begin(), periods.end())) / med;
+  std::printf("%-16s %-5s %-4s %-28s %6.3f %10.1f %10.1f %7.1f%% %8.3f %7.2f%% %6.2f%% %7.1f\n", model.c_str(),
+              std::string(mode).c_str(), std::string(xfer).c_str(),
+              (o.microbatches_per_round > 0 ? absl::StrCat("M_R=", o.microbatches_per_round, " ") : std::string())
+                  .append(o.partition.ToString())
+                  .substr(0, 28)
+                  .c_str(),
+              o.time_scale, sim->period_s * 1e3, med * 1e3, 100 * spread, med / sim->period_s, Percent(sim->bubble),
+              100 * Median(bubbles), wall);
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "%s: %s\n", what.c_str(), std::string(s.message()).c_str());
+  return 1;
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // The host work of a paced run is small; LibTorch's spinning intra-op threads would only take
@@ -130,83 +198,19 @@ int main(int argc, char** argv) {
     const std::string model(name);
     auto profile = rp::planning::ParseProfile(
         rp::testing::ReadWholeFile(absl::GetFlag(FLAGS_profiles_dir) + "/" + model + ".json"));
+    if (!profile.ok()) return Fail(model, profile.status());
     auto preset = rp::planning::ModelPreset(model);
-    if (!profile.ok() || !preset.ok()) {
-      std::fprintf(stderr, "%s: %s %s\n", model.c_str(), std::string(profile.status().message()).c_str(),
-                   std::string(preset.status().message()).c_str());
-      return 1;
-    }
-    if (absl::Status valid = preset->Validate(); !valid.ok()) {
-      std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(valid.message()).c_str());
-      return 1;
-    }
-    const rp::spec::ModelConfig* cfg = &*preset;
+    if (!preset.ok()) return Fail(model, preset.status());
+    if (absl::Status valid = preset->Validate(); !valid.ok()) return Fail(model, valid);
     for (absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
       for (absl::string_view xfer : absl::StrSplit(absl::GetFlag(FLAGS_transfers), ',')) {
-        PacedRunOptions o;
-        o.profile = *profile;
-        o.model = *cfg;
-        o.workers = absl::GetFlag(FLAGS_workers);
-        o.microbatches = absl::GetFlag(FLAGS_microbatches);
-        o.async = mode == "async";
-        o.transfers = xfer == "on";
-        o.link_bytes_per_s = absl::GetFlag(FLAGS_link_gbps) * 1e9;
-        const double flag_scale = absl::GetFlag(FLAGS_time_scale);
-        o.time_scale = flag_scale > 0 ? flag_scale : 0.2;  // auto: chosen below from the simulated period
-        o.iterations = absl::GetFlag(FLAGS_iterations);
-        // The partition the simulator picks for this mode (its candidates simulated).
-        auto costs = rp::scheduler::runtime::PacedCosts(o);
-        if (!costs.ok()) {
-          std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(costs.status().message()).c_str());
-          return 1;
-        }
-        rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches,
-                                               static_cast<int64_t>(absl::GetFlag(FLAGS_stage_cap_gib) * (1 << 30))};
-        rp::planning::SimulatedChoice choice;
-        choice.mode = o.async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
-        choice.choose_round_size = absl::GetFlag(FLAGS_choose_round_size);
-        auto part = rp::planning::SimulatedBestPartition(problem, choice);
-        if (!part.ok()) {
-          std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(part.status().message()).c_str());
-          return 1;
-        }
-        o.partition = part->partition;
-        o.microbatches_per_round = part->microbatches_per_round;
-        auto sim = rp::scheduler::runtime::SimulatePaced(o);
-        if (sim.ok() && flag_scale <= 0) o.time_scale = std::clamp(1.5 / sim->period_s, 0.05, 0.5);
-        if (!sim.ok()) {
-          std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(sim.status().message()).c_str());
-          return 1;
-        }
+        auto o = RowOptions(*profile, *preset, mode == "async", xfer == "on");
+        if (!o.ok()) return Fail(model, o.status());
         if (absl::GetFlag(FLAGS_lose_worker)) {
-          if (LostWorkerRow(o, absl::StrCat(model, " ", mode, " ", xfer)) != 0) return 1;
+          if (LostWorkerRow(*o, absl::StrCat(model, " ", mode, " ", xfer)) != 0) return 1;
           continue;
         }
-        std::vector<double> periods, bubbles;
-        double wall = 0;
-        for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
-          auto run = rp::scheduler::runtime::RunPaced(o);
-          if (!run.ok()) {
-            std::fprintf(stderr, "%s: %s\n", model.c_str(), std::string(run.status().message()).c_str());
-            return 1;
-          }
-          periods.push_back(run->period_s);
-          bubbles.push_back(run->bubble);
-          wall += run->wall_s;
-        }
-        const double med = Median(periods);
-        const double spread =
-            (*std::max_element(periods.begin(), periods.end()) - *std::min_element(periods.begin(), periods.end())) /
-            med;
-        std::printf("%-16s %-5s %-4s %-28s %6.3f %10.1f %10.1f %7.1f%% %8.3f %7.2f%% %6.2f%% %7.1f\n", model.c_str(),
-                    std::string(mode).c_str(), std::string(xfer).c_str(),
-                    (o.microbatches_per_round > 0 ? absl::StrCat("M_R=", o.microbatches_per_round, " ") : std::string())
-                        .append(o.partition.ToString())
-                        .substr(0, 28)
-                        .c_str(),
-                    o.time_scale, sim->period_s * 1e3, med * 1e3, 100 * spread, med / sim->period_s,
-                    Percent(sim->bubble), 100 * Median(bubbles), wall);
-        std::fflush(stdout);
+        if (absl::Status st = TableRow(*o, model, mode, xfer); !st.ok()) return Fail(model, st);
       }
     }
   }
