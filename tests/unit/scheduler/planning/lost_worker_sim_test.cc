@@ -9,23 +9,10 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "tests/unit/scheduler/planning/growing_layers.h"
 
 namespace rp::planning {
 namespace {
-
-CostModel Layers(int L) {
-  CostModel c;
-  for (int l = 0; l < L; ++l) {
-    LayerCost x;
-    x.fwd_s = 1.0 + 0.1 * l;
-    x.bwd_s = 2.5 + 0.2 * l;
-    x.fused_s = 3.0 + 0.3 * l;
-    x.param_bytes = 4000;
-    x.trainable_bytes = 4000;
-    c.layers.push_back(x);
-  }
-  return c;
-}
 
 const Partition kPartition{{2, 2}, 2, {2, 2}};  // 5 slots per round
 
@@ -67,7 +54,7 @@ TEST(LostWorkerSim, TheLostWorkersSlotsRunAgainOnTheSurvivorsAndLaterIterationsA
       so.host_link_bandwidth = 4000;
       const DispatchOptions d = Dispatch(mode);
       const LostWorkerFault fault{2, 1, 3};  // iteration 2, F_2, micro-batch 3
-      auto r = SimulateLostWorker(kPartition, Layers(6), d, so, fault);
+      auto r = SimulateLostWorker(kPartition, GrowingLayers(6), d, so, fault);
       ASSERT_TRUE(r.ok()) << r.status();
       SCOPED_TRACE(absl::StrCat(OptimizerModeName(mode), transfers ? " transfers" : ""));
       ExpectDependenciesHold(*r);
@@ -106,7 +93,7 @@ TEST(LostWorkerSim, TheLostWorkersSlotsRunAgainOnTheSurvivorsAndLaterIterationsA
       // One fresh lane per survivor as long as there are slots to spread.
       EXPECT_EQ(static_cast<int>(rerun_resources.size()), std::min(expect_rerun, d.num_workers - 1));
       // The extra compute: the faulted slot's micro-batches that had run on the lost worker.
-      auto clean = RoundPipeSchedule(*plan, Layers(6), so);
+      auto clean = RoundPipeSchedule(*plan, GrowingLayers(6), so);
       ASSERT_TRUE(clean.ok());
       const double slot_time =
           s.tasks[static_cast<size_t>(s.slots[static_cast<size_t>(faulted->index)].first)].duration_s;
@@ -118,7 +105,7 @@ TEST(LostWorkerSim, TheLostWorkersSlotsRunAgainOnTheSurvivorsAndLaterIterationsA
 
 TEST(LostWorkerSim, AFaultThatNamesNoSlotIsRefused) {
   SimOptions so;
-  auto r = SimulateLostWorker(kPartition, Layers(6), Dispatch(OptimizerMode::kSync), so, {2, 9, 0});
+  auto r = SimulateLostWorker(kPartition, GrowingLayers(6), Dispatch(OptimizerMode::kSync), so, {2, 9, 0});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("no slot 9"), std::string::npos) << r.status();
 }

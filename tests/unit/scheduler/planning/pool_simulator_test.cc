@@ -15,25 +15,10 @@
 #include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/planning/schedules.h"
 #include "scheduler/planning/simulator.h"
+#include "tests/unit/scheduler/planning/growing_layers.h"
 
 namespace rp::planning {
 namespace {
-
-CostModel Layers(int L) {
-  CostModel c;
-  for (int l = 0; l < L; ++l) {
-    LayerCost x;
-    x.fwd_s = 1.0 + 0.1 * l;
-    x.bwd_s = 2.5 + 0.2 * l;
-    x.fused_s = 3.0 + 0.3 * l;
-    x.param_bytes = 4000;
-    x.trainable_bytes = 4000;
-    c.layers.push_back(x);
-  }
-  c.tokens_per_microbatch = 10;
-  c.boundary_bytes_per_token = 10;
-  return c;
-}
 
 SimSchedule RoundPipe(const CostModel& c, int N, int K, OptimizerMode mode, bool transfers) {
   DispatchOptions o;
@@ -68,7 +53,7 @@ SimSchedule Chain(int n, double duration, double gap) {
 }
 
 TEST(PoolSimulator, OneJobAloneIsTheSingleJobSimulator) {
-  const CostModel c = Layers(6);
+  const CostModel c = GrowingLayers(6);
   for (OptimizerMode mode : {OptimizerMode::kSync, OptimizerMode::kAsync}) {
     for (bool transfers : {false, true}) {
       const SimSchedule s = RoundPipe(c, 4, 3, mode, transfers);
@@ -115,7 +100,7 @@ void ExpectNoOverlapAndOwnOrder(const std::vector<PoolSimJob>& jobs, const PoolS
 }
 
 TEST(PoolSimulator, JobsSideBySideShareTheWorkersWithoutOverlap) {
-  const CostModel c = Layers(6);
+  const CostModel c = GrowingLayers(6);
   const SimSchedule sync = RoundPipe(c, 4, 3, OptimizerMode::kSync, false);
   const SimSchedule async = RoundPipe(c, 4, 3, OptimizerMode::kAsync, false);
   auto alone_sync = SimulatePool({{sync}});
