@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -53,20 +54,55 @@ void WriteFile(const std::string& path, int64_t bytes) {
   }
 }
 
-// Seconds for one upload of `host` to the GPU (synchronised).
-double UploadSeconds(const at::Tensor& host) {
-  at::Tensor dev = at::empty(host.sizes(), host.options().device(at::kCUDA));
-  dev.copy_(host, /*non_blocking=*/true);  // warm the path once
-  cudaDeviceSynchronize();
-  const auto t0 = Clock::now();
-  dev.copy_(host, /*non_blocking=*/true);
-  cudaDeviceSynchronize();
-  return Since(t0);
+// The bandwidth of one upload of `host` to the GPU, in 64 MiB pieces each synchronised, so that
+// a slow or stalled source shows where: the first piece's time goes to stderr at once, and the
+// upload stops after `deadline_s` (the rate then covers the pieces that finished, and says so).
+// The whole tensor is copied once beforehand (the path warmed) unless that too passes the deadline.
+struct UploadRate {
+  double gb_per_s = 0;
+  bool finished = false;
+  int64_t bytes = 0;
+};
+
+UploadRate TimedUpload(const at::Tensor& host, double deadline_s) {
+  const at::Tensor src = host.view(at::kByte);
+  at::Tensor dev = at::empty(src.sizes(), src.options().device(at::kCUDA));
+  const int64_t piece = int64_t{64} << 20;
+  UploadRate r;
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto t0 = Clock::now();
+    int64_t done = 0;
+    for (; done < src.numel(); done += piece) {
+      const int64_t n = std::min(piece, src.numel() - done);
+      dev.narrow(0, done, n).copy_(src.narrow(0, done, n), /*non_blocking=*/true);
+      cudaDeviceSynchronize();
+      if (done == 0) std::fprintf(stderr, "  pass %d: first %lld bytes in %.4f s\n", pass, static_cast<long long>(n), Since(t0));
+      if (Since(t0) > deadline_s) {
+        done += n;
+        break;
+      }
+    }
+    done = std::min(done, src.numel());
+    r = UploadRate{static_cast<double>(done) / Since(t0) / 1e9, done == src.numel(), done};
+    if (!r.finished) break;
+  }
+  return r;
+}
+
+std::string RateCell(const UploadRate& r) {
+  char cell[96];
+  if (r.finished) {
+    std::snprintf(cell, sizeof cell, "%14.2f", r.gb_per_s);
+  } else {
+    std::snprintf(cell, sizeof cell, "%14.4f  (stopped after %lld MiB)", r.gb_per_s, static_cast<long long>(r.bytes >> 20));
+  }
+  return cell;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row reaches a log even if the run is killed
   const double gib = argc > 1 ? std::atof(argv[1]) : 1.0;
   const std::string dir = argc > 2 ? argv[2] : std::filesystem::temp_directory_path().string();
   if (rp::workers::VisibleCudaDevices() == 0) {
@@ -93,18 +129,18 @@ int main(int argc, char** argv) {
   std::printf("host_register_bench: %.2f GiB base on %s\n", static_cast<double>(bytes) / (1 << 30),
               d.description().c_str());
   std::printf("%-36s %10s %12s %14s\n", "source", "setup s", "RssAnon +MiB", "upload GB/s");
-  const double plain = UploadSeconds(view);
-  std::printf("%-36s %10s %12s %14.2f\n", "mapping, unregistered (pageable)", "-", "0",
-              static_cast<double>(bytes) / plain / 1e9);
+  const double deadline_s = 20;
+  std::printf("%-36s %10s %12s %s\n", "mapping, unregistered (pageable)", "-", "0",
+              RateCell(TimedUpload(view, deadline_s)).c_str());
   {
     const int64_t anon0 = RssAnonBytes();
     const auto t0 = Clock::now();
     auto handle = d.RegisterHostMemory(file->mapping(), file->mapping_bytes());
     const double setup = Since(t0);
     if (handle.ok()) {
-      const double up = UploadSeconds(view);
-      std::printf("%-36s %10.3f %12.0f %14.2f\n", "mapping, registered (cudaHostRegister)", setup,
-                  static_cast<double>(RssAnonBytes() - anon0) / (1 << 20), static_cast<double>(bytes) / up / 1e9);
+      std::printf("%-36s %10.3f", "mapping, registered (cudaHostRegister)", setup);
+      const std::string rate = RateCell(TimedUpload(view, deadline_s));
+      std::printf(" %12.0f %s\n", static_cast<double>(RssAnonBytes() - anon0) / (1 << 20), rate.c_str());
       const auto t1 = Clock::now();
       handle->reset();
       std::printf("  (unregistering took %.3f s)\n", Since(t1));
@@ -118,9 +154,8 @@ int main(int argc, char** argv) {
     at::Tensor pinned = d.EmptyHost(view.sizes(), view.scalar_type());
     pinned.copy_(view);
     const double setup = Since(t0);
-    const double up = UploadSeconds(pinned);
-    std::printf("%-36s %10.3f %12.0f %14.2f\n", "pinned arena copy (the fallback)", setup,
-                static_cast<double>(RssAnonBytes() - anon0) / (1 << 20), static_cast<double>(bytes) / up / 1e9);
+    std::printf("%-36s %10.3f %12.0f %s\n", "pinned arena copy (the fallback)", setup,
+                static_cast<double>(RssAnonBytes() - anon0) / (1 << 20), RateCell(TimedUpload(pinned, deadline_s)).c_str());
   }
   std::filesystem::remove(path);
   return 0;
