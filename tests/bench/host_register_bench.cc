@@ -76,7 +76,8 @@ UploadRate TimedUpload(const at::Tensor& host, double deadline_s) {
       const int64_t n = std::min(piece, src.numel() - done);
       dev.narrow(0, done, n).copy_(src.narrow(0, done, n), /*non_blocking=*/true);
       cudaDeviceSynchronize();
-      if (done == 0) std::fprintf(stderr, "  pass %d: first %lld bytes in %.4f s\n", pass, static_cast<long long>(n), Since(t0));
+      if (done == 0)
+        std::fprintf(stderr, "  pass %d: first %lld bytes in %.4f s\n", pass, static_cast<long long>(n), Since(t0));
       if (Since(t0) > deadline_s) {
         done += n;
         break;
@@ -94,7 +95,8 @@ std::string RateCell(const UploadRate& r) {
   if (r.finished) {
     std::snprintf(cell, sizeof cell, "%14.2f", r.gb_per_s);
   } else {
-    std::snprintf(cell, sizeof cell, "%14.4f  (stopped after %lld MiB)", r.gb_per_s, static_cast<long long>(r.bytes >> 20));
+    std::snprintf(cell, sizeof cell, "%14.4f  (stopped after %lld MiB)", r.gb_per_s,
+                  static_cast<long long>(r.bytes >> 20));
   }
   return cell;
 }
@@ -155,7 +157,8 @@ int main(int argc, char** argv) {
     pinned.copy_(view);
     const double setup = Since(t0);
     std::printf("%-36s %10.3f %12.0f %s\n", "pinned arena copy (the fallback)", setup,
-                static_cast<double>(RssAnonBytes() - anon0) / (1 << 20), RateCell(TimedUpload(pinned, deadline_s)).c_str());
+                static_cast<double>(RssAnonBytes() - anon0) / (1 << 20),
+                RateCell(TimedUpload(pinned, deadline_s)).c_str());
   }
   std::filesystem::remove(path);
   return 0;
