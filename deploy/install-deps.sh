@@ -40,6 +40,7 @@ DEB_PACKAGES=(
   python3-grpcio python3-protobuf openssl  # the example Python client and its test; TLS test certificates
   clang libclang-rt-14-dev  # libFuzzer targets (tests/fuzz): clang recommends, but does not pull in, its runtime
   civetweb  # Debian's civetweb CMake package references /usr/bin/civetweb (prometheus-cpp pull needs it)
+  chromium  # headless, for the test that opens a job's TensorBoard pages as a person would
 )
 # Print the first Debian archive URI this machine's apt sources use (deb822 or one-line).
 debian_archive_uri() {

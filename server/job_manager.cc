@@ -14,6 +14,7 @@
 #include "scheduler/job_files.h"
 #include "server/job_events.h"
 #include "server/job_manager_internal.h"
+#include "server/job_tensorboard.h"
 #include "server/paths.h"
 #include "server/status_util.h"
 #include "server/stream_batch.h"
@@ -289,10 +290,14 @@ absl::Status JobManager::EndStream(const std::string& id, bool keep_open) {
 
 void JobManager::PumpLoop(const std::shared_ptr<ManagedJob>& job) {
   scheduler::JobId eid;
+  v1::Job at_start;
   {
     absl::MutexLock lock(&job->mu);
     eid = *job->engine_id;
+    at_start = job->record;
   }
+  // The pump's own: opened here (a resumed job's log is trimmed first), off the Submit path.
+  JobTensorBoard tensorboard(job->id, at_start, job->resolved.output_dir);
   for (;;) {
     auto events = engine_->AwaitEvents(eid, std::chrono::milliseconds(250));
     {
@@ -316,6 +321,7 @@ void JobManager::PumpLoop(const std::shared_ptr<ManagedJob>& job) {
         metrics_->evaluations.Increment();
       }
       if (fx.persist) Persist(*job);
+      tensorboard.OnEvent(e, fx.out);
       if (fx.publish) Publish(*job, fx.out, fx.ended);
       if (fx.ended) ended = true;
       // Every state change wakes the job's waiters (a drain waits for PAUSED, not only the end).

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/fixtures.h"
 #include "tests/support/reference_model.h"
+#include "tests/support/tensorboard_reader.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/io/safetensors_writer.h"
 #include "workers/store/host_model_store.h"
@@ -112,6 +114,58 @@ TEST_F(DaemonTest, NotifiesSystemdReadyWatchdogAndStopping) {
   close(fd);
 }
 
+// The TensorBoard files (issue: what a fine-tuner looks at) of a job killed and resumed, against
+// the same job run straight: every step once in the killed job's files, across the SIGKILL and the
+// restart, and each series equal to the job's metrics step for step, as float as TensorBoard keeps
+// them. Loss, learning rate and gradient norm equal the straight run's WatchJob metrics (the
+// training is bit-identical); the timing series equal each job's own events.
+void ExpectTensorBoardMatchesTheMetrics(const std::string& jobs_dir, const std::string& killed_id,
+                                        const std::string& straight_id, const std::vector<v1::JobEvent>& straight,
+                                        const std::vector<v1::JobEvent>& resumed) {
+  std::map<int64_t, v1::StepMetrics> steps;
+  std::vector<std::pair<int64_t, double>> evals;
+  for (const v1::JobEvent& e : straight) {
+    if (e.has_step()) steps[e.step().step()] = e.step();
+    if (e.has_eval()) evals.emplace_back(e.eval().step(), static_cast<float>(e.eval().loss()));
+  }
+  ASSERT_EQ(steps.size(), 16u);
+  const nlohmann::json killed_tb = ReadTensorBoard(jobs_dir + killed_id + "/tensorboard");
+  const nlohmann::json straight_tb = ReadTensorBoard(jobs_dir + straight_id + "/tensorboard");
+  using Get = std::function<double(const v1::StepMetrics&)>;
+  auto series = [&](const Get& get) {
+    std::vector<std::pair<int64_t, double>> s;
+    for (const auto& [step, m] : steps) s.emplace_back(step, static_cast<float>(get(m)));
+    return s;
+  };
+  const std::vector<std::pair<std::string, Get>> exact = {
+      {"train/loss", [](const v1::StepMetrics& m) { return m.loss(); }},
+      {"train/learning_rate", [](const v1::StepMetrics& m) { return m.learning_rate(); }},
+      {"train/grad_norm", [](const v1::StepMetrics& m) { return m.grad_norm(); }}};
+  for (const auto& [tag, get] : exact) {
+    EXPECT_EQ(TensorBoardSeries(killed_tb, tag), series(get)) << tag;
+    EXPECT_EQ(TensorBoardSeries(straight_tb, tag), series(get)) << tag;
+  }
+  EXPECT_EQ(TensorBoardSeries(straight_tb, "train/tokens_per_second"),
+            series([](const v1::StepMetrics& m) { return m.tokens_per_second(); }));
+  EXPECT_EQ(TensorBoardSeries(straight_tb, "train/bubble_ratio"),
+            series([](const v1::StepMetrics& m) { return m.bubble_ratio(); }));
+  const auto killed_tps_series = TensorBoardSeries(killed_tb, "train/tokens_per_second");
+  std::map<int64_t, double> killed_tps(killed_tps_series.begin(), killed_tps_series.end());
+  int after_restart = 0;
+  for (const v1::JobEvent& e : resumed) {
+    if (!e.has_step()) continue;
+    ++after_restart;
+    EXPECT_EQ(killed_tps[e.step().step()], static_cast<float>(e.step().tokens_per_second())) << e.step().step();
+  }
+  EXPECT_GE(after_restart, 6);
+  EXPECT_EQ(TensorBoardSeries(killed_tb, "eval/loss"), evals);
+  EXPECT_EQ(TensorBoardSeries(straight_tb, "eval/loss"), evals);
+  // The spec as hyperparameters, once per job.
+  EXPECT_EQ(killed_tb["plugins"]["hparams"].size(), 1u);
+  EXPECT_EQ(killed_tb["hparams"]["max_steps"], 16.0);
+  EXPECT_EQ(killed_tb["hparams"]["optimizer.mode"], "OPTIMIZER_MODE_ASYNC");
+}
+
 // Exact resume (issue: checkpoints): a job killed with SIGKILL at an arbitrary step, its newest
 // checkpoint damaged on top, continues after a restart from the previous good checkpoint and ends
 // with weights bit-identical to the same job run straight through — async optimizer included —
@@ -201,6 +255,7 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
     EXPECT_EQ(e.eval().loss(), straight_evals[e.eval().step()]) << "eval at step " << e.eval().step();
   }
   EXPECT_GE(resumed_evals, 3);
+  ExpectTensorBoardMatchesTheMetrics(root_ + "/state/jobs/", killed_id, straight->id(), ws.Events(), w.Events());
   auto done = c->Get(straight->id());
   resumed = c->Get(killed_id);
   ASSERT_TRUE(done.ok() && resumed.ok());

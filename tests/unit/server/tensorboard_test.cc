@@ -19,6 +19,7 @@
 #include "server/tensorboard/record_file.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/tensorboard_reader.h"
 
 namespace rp::tensorboard {
 namespace {
@@ -26,23 +27,9 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// What TensorBoard reads from `dir`; fails the test when its reader fails.
-json ReadWithTensorBoard(const fs::path& dir) {
-  std::string out;
-  const int rc = rp::testing::RunCommand(std::string(RP_VENV_PYTHON) + " " + RP_SOURCE_DIR +
-                                             "/tests/unit/server/read_tfevents.py " + dir.string() + " 2>/dev/null",
-                                         &out);
-  EXPECT_EQ(rc, 0) << "tensorboard's reader failed (is PyPI tensorboard installed in the venv?):\n" << out;
-  if (rc != 0) return json::object();
-  return json::parse(out);
-}
-
-// The (step, value) pairs of a scalar series as TensorBoard read them.
+json ReadWithTensorBoard(const fs::path& dir) { return rp::testing::ReadTensorBoard(dir.string()); }
 std::vector<std::pair<int64_t, double>> Series(const json& j, const std::string& tag) {
-  std::vector<std::pair<int64_t, double>> s;
-  if (!j.contains("scalars") || !j["scalars"].contains(tag)) return s;
-  for (const auto& p : j["scalars"][tag]) s.emplace_back(p[0].get<int64_t>(), p[1].get<double>());
-  return s;
+  return rp::testing::TensorBoardSeries(j, tag);
 }
 
 std::vector<std::pair<int64_t, double>> Expected(int64_t first, int64_t last, double scale) {
