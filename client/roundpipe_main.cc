@@ -1,5 +1,6 @@
 // roundpipe — the command-line client of roundpiped. See `roundpipe --help`.
 #include <google/protobuf/util/json_util.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -15,11 +16,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "client/client.h"
+#include "client/watch_view.h"
 
 ABSL_FLAG(std::string, address, "",
           "daemon address host:port or unix:PATH (default $ROUNDPIPE_ADDRESS or 127.0.0.1:50151)");
@@ -56,7 +59,8 @@ const char kUsageText[] =
     "  submit SPEC.json [--watch]    submit a job (JSON mapped onto roundpipe.v1.JobSpec); prints its id\n"
     "  stream JOB FILE...            stream byte-level tokens of FILEs (text) to a job with streamed data\n"
     "                                [--batch B --seq S] [--keep_open]\n"
-    "  watch JOB                     live progress (step, loss, tokens/s, ETA) until the job ends\n"
+    "  watch JOB                     live progress until the job ends: in a terminal a loss curve above\n"
+    "                                the progress line (step, loss, tokens/s, ETA); plain lines otherwise\n"
     "  ls [--state S]                list jobs\n"
     "  get JOB                       one job (--json for everything)\n"
     "  cancel|pause|resume JOB       control a job\n"
@@ -101,14 +105,6 @@ std::string StateName(v1::JobState s) {
   return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
 }
 
-std::string Duration(double s) {
-  if (s < 0 || !std::isfinite(s)) return "?";
-  const int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) return absl::StrFormat("%dh%02dm", t / 3600, t / 60 % 60);
-  if (t >= 60) return absl::StrFormat("%dm%02ds", t / 60, t % 60);
-  return absl::StrFormat("%ds", t);
-}
-
 absl::StatusOr<std::vector<int32_t>> ByteTokens(const std::vector<std::string>& files) {
   std::vector<int32_t> tokens;
   for (const auto& f : files) {
@@ -120,84 +116,22 @@ absl::StatusOr<std::vector<int32_t>> ByteTokens(const std::vector<std::string>& 
   return tokens;
 }
 
-// Prints progress until the job ends; returns the exit code.
+// Prints progress until the job ends (client/watch_view.h); returns the exit code.
 int WatchJob(rp::client::Client& c, const std::string& id) {
-  const bool tty = isatty(fileno(stdout));
-  v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
-  std::string final_message;
-  int64_t total = 0;
-  if (auto j = c.Get(id); j.ok()) total = j->total_steps();
-  bool dirty = false;
-  std::string eval;  // "  eval 3.2109" once the job was evaluated
-  absl::Status st = c.Watch(id, [&](const v1::JobEvent& e) {
-    if (e.has_step()) {
-      const auto& m = e.step();
-      std::string line =
-          absl::StrFormat("[%s] step %d%s  loss %.4f%s  tokens/s %.0f  lr %.2e  bubble %.1f%%  ETA %s", id, m.step(),
-                          total > 0 ? absl::StrCat("/", total) : "", m.loss(), eval, m.tokens_per_second(),
-                          m.learning_rate(), 100 * m.bubble_ratio(), Duration(m.eta_seconds()));
-      if (tty) {
-        std::printf("\r%-100s", line.c_str());
-        dirty = true;
-      } else if (m.step() == 1 || m.step() % 10 == 0 || (total > 0 && m.step() == total)) {
-        std::printf("%s\n", line.c_str());
-      }
-      std::fflush(stdout);
-    } else if (e.event_case() == v1::JobEvent::kState) {
-      if (dirty) std::printf("\n");
-      dirty = false;
-      std::printf("[%s] %s%s%s\n", id.c_str(), StateName(e.state()).c_str(), e.message().empty() ? "" : ": ",
-                  e.message().c_str());
-      std::fflush(stdout);
-      final_state = e.state();
-      final_message = e.message();
-    } else if (e.event_case() == v1::JobEvent::kCheckpoint) {
-      if (dirty) std::printf("\n");
-      dirty = false;
-      std::printf("[%s] checkpoint at step %lld: %s\n", id.c_str(), static_cast<long long>(e.checkpoint().step()),
-                  e.checkpoint().path().c_str());
-    } else if (e.event_case() == v1::JobEvent::kWaiting) {  // queued: what it waits for
-      if (dirty) std::printf("\n");
-      dirty = false;
-      std::printf("[%s] %s\n", id.c_str(), e.message().c_str());
-      std::fflush(stdout);
-    } else if (e.event_case() == v1::JobEvent::kProgress) {  // loading, before the first step
-      if (dirty) std::printf("\n");
-      dirty = false;
-      std::printf("[%s] %s\n", id.c_str(), e.progress().c_str());
-      std::fflush(stdout);
-    } else if (e.event_case() == v1::JobEvent::kEval) {
-      const auto& m = e.eval();
-      eval = absl::StrFormat("  eval %.4f", m.loss());
-      if (dirty) std::printf("\n");
-      dirty = false;
-      std::printf("[%s] eval at step %lld: loss %.4f over %lld tokens (%s)\n", id.c_str(),
-                  static_cast<long long>(m.step()), m.loss(), static_cast<long long>(m.tokens()),
-                  m.is_best()
-                      ? "best so far"
-                      : absl::StrFormat("best %.4f at step %lld", m.best_loss(), static_cast<long long>(m.best_step()))
-                            .c_str());
-      std::fflush(stdout);
-    } else if (e.event_case() == v1::JobEvent::kPlanChange) {  // a worker left or came back; a re-plan
-      if (dirty) std::printf("\n");
-      dirty = false;
-      std::string cause = absl::AsciiStrToLower(v1::PlanChange::Cause_Name(e.plan_change().cause()));
-      absl::StrReplaceAll({{"_", " "}}, &cause);
-      std::printf("[%s] %s%s: %s\n", id.c_str(), cause.c_str(),
-                  e.plan_change().worker() >= 0 ? absl::StrCat(" (worker ", e.plan_change().worker(), ")").c_str() : "",
-                  e.message().c_str());
-      std::fflush(stdout);
-    } else if (e.event_case() == v1::JobEvent::kBatchRejected) {
-      std::printf("\n[%s] batch rejected: %s\n", id.c_str(), e.batch_rejected().c_str());
-    } else if (e.event_case() == v1::JobEvent::kCheckpointFailed) {
-      if (dirty) std::printf("\n");
-      dirty = false;
-      std::printf("[%s] %s\n", id.c_str(), e.checkpoint_failed().c_str());
-    }
-  });
-  if (dirty) std::printf("\n");
+  rp::client::WatchViewOptions o;
+  o.terminal = isatty(fileno(stdout)) != 0;
+  winsize ws{};
+  if (o.terminal && ioctl(fileno(stdout), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) o.columns = ws.ws_col;
+  if (auto j = c.Get(id); j.ok()) o.total_steps = j->total_steps();
+  if (auto info = c.Info(); info.ok()) {
+    o.cpu_workers = info->devices_size() > 0;
+    for (const auto& d : info->devices()) o.cpu_workers = o.cpu_workers && absl::StartsWith(d.name(), "cpu");
+  }
+  rp::client::WatchView view(id, stdout, o);
+  absl::Status st = c.Watch(id, [&](const v1::JobEvent& e) { view.OnEvent(e); });
+  view.Finish();
   if (!st.ok()) return Report(st);
-  return final_state == v1::JOB_STATE_SUCCEEDED ? kOk : kJobNotOk;
+  return view.final_state() == v1::JOB_STATE_SUCCEEDED ? kOk : kJobNotOk;
 }
 
 using Args = std::vector<std::string>;  // the command and its operands

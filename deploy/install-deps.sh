@@ -41,6 +41,7 @@ DEB_PACKAGES=(
   clang libclang-rt-14-dev  # libFuzzer targets (tests/fuzz): clang recommends, but does not pull in, its runtime
   civetweb  # Debian's civetweb CMake package references /usr/bin/civetweb (prometheus-cpp pull needs it)
   chromium  # headless, for the test that opens a job's TensorBoard pages as a person would
+  tmux  # a real terminal for the test of `roundpipe watch`'s live curve
 )
 # Print the first Debian archive URI this machine's apt sources use (deb822 or one-line).
 debian_archive_uri() {
