@@ -139,6 +139,13 @@ void WatchView::Redraw() {
 void WatchView::Finish() {
   if (o_.terminal && block_lines_ > 0) std::fprintf(out_, "\n");
   block_lines_ = 0;
+  // Not a terminal: the whole curve once, as plain text, when the job is over.
+  if (!o_.terminal && train_.size() >= 2) {
+    ChartOptions c;
+    c.width = 60;
+    c.height = 10;
+    for (const std::string& line : RenderLossChart(train_, eval_, c)) std::fprintf(out_, "%s\n", line.c_str());
+  }
   std::fflush(out_);
 }
 

@@ -30,7 +30,8 @@ class WatchView {
  public:
   WatchView(std::string job_id, std::FILE* out, WatchViewOptions options);
   void OnEvent(const roundpipe::v1::JobEvent& e);
-  // After the stream ends: leaves the cursor below the live block.
+  // After the stream ends: leaves the cursor below the live block (not a terminal: prints the
+  // curve).
   void Finish();
   roundpipe::v1::JobState final_state() const { return final_state_; }
 

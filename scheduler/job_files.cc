@@ -1,5 +1,7 @@
 #include "scheduler/job_files.h"
 
+#include <fcntl.h>
+
 #include <ATen/ATen.h>
 
 #include "absl/strings/ascii.h"
@@ -84,6 +86,15 @@ absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner) {
 }
 
 void ReleaseOutputDir(const std::string& dir) { (void)files::RemoveTree(absl::StrCat(dir, "/", kOutputClaimFile)); }
+
+absl::StatusOr<int> OpenConfinedDirectory(const std::string& dir, bool create) {
+  if (create) {
+    if (absl::Status st = files::MakeDirs(dir); !st.ok()) return st;
+  }
+  auto fd = files::OpenConfined(dir, O_RDONLY | O_DIRECTORY);
+  if (!fd.ok()) return fd.status();
+  return fd->release();
+}
 
 int RemoveTornWrite(const std::string& target) { return files::RemoveTornTemporaries(target); }
 

@@ -53,6 +53,13 @@ inline constexpr char kOutputClaimFile[] = ".roundpipe-job";
 absl::Status ClaimOutputDir(const std::string& dir, const std::string& owner);
 void ReleaseOutputDir(const std::string& dir);
 
+// The directory `dir` (created with its missing parents when `create`) opened beneath the confined
+// roots, as a descriptor the caller owns and closes: files made with *at() calls relative to it
+// stay where it is even if a path component is swapped for a symlink later, and a symlink that
+// leads outside the roots now is refused (PermissionDenied). For the daemon's own files in a
+// job's output dir (its TensorBoard log).
+absl::StatusOr<int> OpenConfinedDirectory(const std::string& dir, bool create);
+
 // Removes what a crash left of an unfinished write of directory `target` (a checkpoint's or an
 // export's hidden temporary sibling); how many were removed. Confined like every other access.
 int RemoveTornWrite(const std::string& target);

@@ -7,6 +7,7 @@
 
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
+#include "scheduler/job_files.h"
 #include "server/job_manager_internal.h"
 
 namespace rp::server {
@@ -113,10 +114,22 @@ HParams SpecHParams(const Message& spec) {
 }
 
 JobTensorBoard::JobTensorBoard(const std::string& job_id, const v1::Job& record, const std::string& output_dir)
-    : job_id_(job_id) {
-  if (record.spec().tensorboard().disabled()) return;
-  const std::string dir = (std::filesystem::path(output_dir) / "tensorboard").string();
-  auto log = tensorboard::EventLog::Open(dir, record.progress().step());
+    : job_id_(job_id),
+      dir_((std::filesystem::path(output_dir) / "tensorboard").string()),
+      resume_step_(record.progress().step()),
+      enabled_(!record.spec().tensorboard().disabled()),
+      spec_(record.spec()) {}
+
+void JobTensorBoard::Open() {
+  enabled_ = false;  // one attempt
+  // Opened beneath the daemon's roots at the moment of use: an output dir swapped for a symlink
+  // leading out is refused.
+  auto fd = scheduler::OpenConfinedDirectory(dir_, /*create=*/true);
+  if (!fd.ok()) {
+    JobLog()->warn("[{}] no TensorBoard log: {}", job_id_, fd.status().ToString());
+    return;
+  }
+  auto log = tensorboard::EventLog::OpenAt(*fd, dir_, resume_step_);
   if (!log.ok()) {
     JobLog()->warn("[{}] no TensorBoard log: {}", job_id_, log.status().ToString());
     return;
@@ -125,12 +138,15 @@ JobTensorBoard::JobTensorBoard(const std::string& job_id, const v1::Job& record,
   for (const std::string& note : log_->notes()) JobLog()->warn("[{}] TensorBoard log: {}", job_id_, note);
   if (log_->dropped_records() > 0) {
     JobLog()->info("[{}] TensorBoard log: resumed at step {}; {} records of later steps dropped (they run again)",
-                   job_id_, record.progress().step(), log_->dropped_records());
+                   job_id_, resume_step_, log_->dropped_records());
   }
-  Check(log_->AddHParams(SpecHParams(record.spec()), job_id_, WallTime()));
+  Check(log_->AddHParams(SpecHParams(spec_), job_id_, WallTime()));
 }
 
 void JobTensorBoard::OnEvent(const scheduler::JobEvent& e, const v1::JobEvent& out) {
+  const bool logged = e.kind == scheduler::JobEvent::Kind::kIteration || e.kind == scheduler::JobEvent::Kind::kEval;
+  if (!logged) return;
+  if (!log_ && enabled_) Open();
   if (!log_) return;
   if (e.kind == scheduler::JobEvent::Kind::kIteration && out.has_step()) {
     Check(log_->AddScalars(out.step().step(), StepScalars(e.stats, out.step()), WallTime()));

@@ -29,16 +29,22 @@ std::vector<std::pair<std::string, tensorboard::EventLog::HParam>> SpecHParams(c
 class JobTensorBoard {
  public:
   // `record`: the job as its pump starts (its spec; progress().step() is where it resumes: the
-  // files' records of later steps are dropped). Disabled in the spec: does nothing.
+  // files' records of later steps are dropped). Disabled in the spec: does nothing. Touches no
+  // file yet: the log is opened at the first step or evaluation (a queued job writes nothing).
   JobTensorBoard(const std::string& job_id, const roundpipe::v1::Job& record, const std::string& output_dir);
   // After the tracker applied `e` (`out` is what watchers were sent for it).
   void OnEvent(const scheduler::JobEvent& e, const roundpipe::v1::JobEvent& out);
   bool active() const { return log_ != nullptr; }
 
  private:
+  void Open();
   void Check(const absl::Status& st);
 
   std::string job_id_;
+  std::string dir_;
+  int64_t resume_step_ = 0;
+  bool enabled_ = true;  // not disabled by the spec, and not yet tried
+  roundpipe::v1::JobSpec spec_;
   std::unique_ptr<tensorboard::EventLog> log_;
 };
 

@@ -75,6 +75,10 @@ absl::StatusOr<std::unique_ptr<EventLog>> EventLog::Open(const std::string& dir,
   if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) return Errno(absl::StrCat("creating ", dir));
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dir_fd < 0) return Errno(absl::StrCat("opening ", dir, " (a directory, not a symlink)"));
+  return OpenAt(dir_fd, dir, resume_step);
+}
+
+absl::StatusOr<std::unique_ptr<EventLog>> EventLog::OpenAt(int dir_fd, const std::string& dir, int64_t resume_step) {
   std::unique_ptr<EventLog> log(new EventLog(dir_fd, dir));
   if (absl::Status st = log->TrimExisting(resume_step); !st.ok()) return st;
   if (absl::Status st = log->StartFile(); !st.ok()) return st;

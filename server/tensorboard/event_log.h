@@ -7,7 +7,8 @@
 // torn last record (a writer killed mid-record), then starts a new file. So the series have no
 // duplicate and no missing step across a kill -9 and a resume from a checkpoint.
 //
-// Hostile directories: the directory is opened without following a symlink, files are opened
+// Hostile directories: the directory is opened without following a symlink (or handed over
+// already opened, confined to the daemon's roots), files are opened
 // relative to it with O_NOFOLLOW | O_NONBLOCK, and anything that is not a regular file (a FIFO, a
 // device, a symlink) or is larger than kMaxRewriteBytes is left alone and reported in
 // `notes()`, never read.
@@ -43,6 +44,9 @@ class EventLog {
   // Creates `dir` (one level; its parent must exist) or opens it, trims what follows
   // `resume_step` (0 = a fresh job: every earlier record of a step > 0 goes) and starts a new file.
   static absl::StatusOr<std::unique_ptr<EventLog>> Open(const std::string& dir, int64_t resume_step);
+  // The same on a directory the caller opened (confined: scheduler::OpenConfinedDirectory); the
+  // log owns `dir_fd` from here on, on failure too. `dir` names it in messages and file_path().
+  static absl::StatusOr<std::unique_ptr<EventLog>> OpenAt(int dir_fd, const std::string& dir, int64_t resume_step);
   ~EventLog();
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;

@@ -198,6 +198,24 @@ TEST_F(HardeningTest, AnOutputDirSwappedForASymlinkAfterSubmitLeadsNowhere) {
   EXPECT_TRUE(e2.ok()) << e2.status();
 }
 
+// <out>/tensorboard a symlink to a directory outside: the job trains, its TensorBoard log is
+// refused (logged), nothing is written outside (the fixture checks the outside stays untouched).
+TEST_F(HardeningTest, TensorBoardNeverWritesThroughASymlink) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  const std::string out = root_ + "/data/out";
+  fs::create_directories(out);
+  fs::create_symlink(outside_->dir(), out + "/tensorboard");
+  v1::JobSpec spec = TinySpec();
+  spec.set_output_dir(out);
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(c->StreamBatches(job->id(), Batches(job->id(), 2)).ok());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED));
+  EXPECT_NE(daemon_.Output().find("no TensorBoard log"), std::string::npos) << daemon_.Output();
+}
+
 // 6. <out>/checkpoints a symlink to a directory outside: keep_last pruning deleted files there.
 TEST_F(HardeningTest, PruningNeverDeletesThroughASymlink) {
   ASSERT_TRUE(StartDaemon());

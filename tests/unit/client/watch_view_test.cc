@@ -1,5 +1,5 @@
 // What `roundpipe watch` prints (client/watch_view.h): plain lines when the output is not a
-// terminal (no escape codes, no curve), and in a terminal a live block — the curve above the
+// terminal (no escape codes; the curve once at the end), and in a terminal a live block — the curve above the
 // progress line — redrawn in place, with events printed above it. (As a person sees it in a real
 // terminal: the daemon test that runs it under tmux.)
 #include "client/watch_view.h"
@@ -55,7 +55,11 @@ TEST(WatchView, APipeGetsPlainLines) {
   o.cpu_workers = true;
   const std::string s = Watch(o, 20);
   EXPECT_EQ(s.find('\x1b'), std::string::npos) << s;
-  EXPECT_EQ(s.find("\xE2\xA0"), std::string::npos) << "no braille curve in a pipe";
+  // The curve once, at the end, after the last line of the job.
+  const size_t curve = s.find("\xE2\xA0");
+  ASSERT_NE(curve, std::string::npos) << "the curve at the end";
+  EXPECT_GT(curve, s.find("[job-000001] SUCCEEDED")) << s;
+  EXPECT_EQ(s.find("train loss"), s.rfind("train loss")) << "once";
   EXPECT_NE(s.find("[job-000001] step 1/20"), std::string::npos) << s;
   EXPECT_NE(s.find("[job-000001] step 10/20"), std::string::npos) << s;
   EXPECT_NE(s.find("[job-000001] step 20/20"), std::string::npos) << s;
