@@ -173,6 +173,10 @@ void ComputeMicrobatch(StageState& s, int m) {
       break;
     }
     case spec::StageKind::kEval: {
+      if (ctx.want_last_logits) {  // generation: each row's next-token logits, no loss
+        s.last_logits[i] = LastLogitsStage(*ctx.cfg, s.weights, layout, s.in[i]);
+        break;
+      }
       const models::HeadLoss r = EvalStage(*ctx.cfg, s.weights, layout, s.in[i], s.labels[i], ctx.head_chunk_tokens);
       s.attempt->ledger().Once(SlotLedger::Effect::kLoss, m,
                                [&] { ctx.AddLoss(r.loss_sum * ctx.loss_scale, r.tokens); });
@@ -213,6 +217,10 @@ void DownloadOutputs(StageState& s, int m, int mb) {
       }
       for (auto& [layer, t] : routes) ctx.acts->Put(ActKind::kRouting, layer, mb, std::move(t), 1, sl.iteration);
     });
+  } else if (sl.kind == spec::StageKind::kEval && s.last_logits[i].defined()) {
+    at::Tensor logits = s.dev->Download(s.last_logits[i]);
+    s.last_logits[i] = at::Tensor();
+    ledger.Once(SlotLedger::Effect::kOutputs, m, [&] { ctx.PutLastLogits(mb, std::move(logits)); });
   } else if (Trains(sl.kind) && sl.first_layer > 0) {
     at::Tensor g = s.dev->Download(s.grad_in[i]);
     s.grad_in[i] = at::Tensor();
@@ -387,6 +395,7 @@ EventPtr DeviceWorker::Submit(const StageTask& task, std::shared_ptr<RunContext>
   s->routing.resize(mbs);
   s->fwd_out.resize(mbs);
   s->grad_in.resize(mbs);
+  s->last_logits.resize(mbs);
   const std::vector<int> owners = StageOwners(task);
 
   const EventPtr params_ready = EnqueueWeightUpload(*device_, s, owners, compute_done_[0], prev_inputs_uploaded_);

@@ -6,6 +6,7 @@
 // by one mutex; Fail() also aborts the ActivationStore so no stream waits forever.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,19 @@ struct RunContext {
   // (needs replay_routing); null: off. Set before the context is shared.
   std::shared_ptr<RouterAuxTally> router_aux;
 
+  // Generation (the controller's LastLogits): the loss stage computes no loss but each row's
+  // logits at its last position, [rows, vocab] fp32 in host memory, per micro-batch. Set before
+  // the context is shared.
+  bool want_last_logits = false;
+  void PutLastLogits(int microbatch, at::Tensor logits) {
+    base::MutexLock lock(&mu_);
+    last_logits_[microbatch] = std::move(logits);
+  }
+  std::map<int, at::Tensor> last_logits() const {
+    base::MutexLock lock(&mu_);
+    return last_logits_;
+  }
+
   void AddLoss(double scaled_loss, int64_t tokens) {
     base::MutexLock lock(&mu_);
     loss_ += scaled_loss;
@@ -82,6 +96,7 @@ struct RunContext {
   double loss_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::map<int, at::Tensor> last_logits_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rp::workers

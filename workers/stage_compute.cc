@@ -136,6 +136,16 @@ models::HeadLoss EvalStage(const spec::ModelConfig& cfg, const StageWeights& w, 
   return models::ChunkedHeadLoss(hn.reshape({-1, hn.size(-1)}), head[1], labels.reshape({-1}), chunk_tokens);
 }
 
+at::Tensor LastLogitsStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+                           const at::Tensor& in) {
+  at::NoGradGuard no_grad;
+  const int n_blocks = static_cast<int>(w.layers.size()) - 1;  // the last layer is the head
+  at::Tensor h = RunLayers(cfg, w, layout, in, w.first_layer, n_blocks);
+  const std::vector<at::Tensor>& head = w.layers.back();
+  at::Tensor hn = models::FinalNorm(cfg, head[0], h.select(1, h.size(1) - 1));
+  return at::matmul(hn, head[1].t()).to(at::kFloat);
+}
+
 Recomputed RecomputeStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                           const at::Tensor& in, const RoutingTape* replay, bool router_probs) {
   at::AutoGradMode grad_on(true);

@@ -63,6 +63,10 @@ FusedResult FusedStage(const spec::ModelConfig& cfg, const StageWeights& w, cons
 // `labels`; the unscaled CE sum and the tokens it counts.
 models::HeadLoss EvalStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
                            const at::Tensor& in, const at::Tensor& labels, int64_t chunk_tokens);
+// Generation (no autograd): layers [first, L) including the head on `in`, and only each row's
+// last position through the head: [rows, vocab] logits in fp32.
+at::Tensor LastLogitsStage(const spec::ModelConfig& cfg, const StageWeights& w, const models::TokenLayout& layout,
+                           const at::Tensor& in);
 
 // B_j in two steps, so that the recompute can run before the upstream gradient arrived: the
 // recompute of layers [first, first+n) from the checkpoint `in` with autograd (the graph lives in

@@ -42,8 +42,9 @@ struct StageState {
   std::vector<at::Tensor> in, grad_out, labels, positions;  // per micro-batch, on device
   std::vector<std::vector<std::pair<int, at::Tensor>>> fwd_out;
   std::vector<at::Tensor> grad_in;
-  std::vector<Recomputed> recomputed;  // backward stages recomputing ahead: the graph awaiting its gradient
-  std::vector<RoutingTape> routing;    // per micro-batch: recorded (forward) or to replay (backward)
+  std::vector<at::Tensor> last_logits;  // generation: per micro-batch, on device until downloaded
+  std::vector<Recomputed> recomputed;   // backward stages recomputing ahead: the graph awaiting its gradient
+  std::vector<RoutingTape> routing;     // per micro-batch: recorded (forward) or to replay (backward)
 };
 
 // Runs `fn`, turning any exception into the iteration's error; skips the work once the

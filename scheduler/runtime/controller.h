@@ -133,6 +133,12 @@ class Controller {
   // mode it first lets the optimizer finish (a Flush), so the weights are every step so far.
   absl::StatusOr<EvalResult> Evaluate(const at::Tensor& tokens, const std::optional<at::Tensor>& labels = std::nullopt,
                                       const std::optional<at::Tensor>& positions = std::nullopt);
+  // Generation: a pass like Evaluate's over `tokens` [B, S] (B divisible by the micro-batches;
+  // positions as in RunIteration — a row's left padding may be a document of its own) that
+  // computes no loss but each row's logits at its last position: [B, vocab] fp32 on the host,
+  // the next token's scores. Same rules as Evaluate (between iterations; async: after a Flush).
+  absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens,
+                                        const std::optional<at::Tensor>& positions = std::nullopt);
   // Waits for a submitted iteration (async: its stages and its optimizer step) and returns its
   // stats or its error.
   absl::StatusOr<IterationStats> AwaitIteration(int iteration);
@@ -236,6 +242,8 @@ class Controller {
   absl::StatusOr<HostBatch> ToHostMicrobatches(const at::Tensor& tokens, const std::optional<at::Tensor>& labels,
                                                const std::optional<at::Tensor>& positions, bool training,
                                                bool validated = false);
+  // Evaluate's and LastLogits' pass: the plan's forward slots, B_1's as a loss (or logits) stage.
+  absl::StatusOr<std::shared_ptr<workers::RunContext>> ForwardPass(HostBatch host, int64_t seq_len, bool last_logits);
   int evaluations_ = 0;  // evaluation passes run (their iteration ids: -2, -3, ...)
   void RecordProfile(int iteration, const InFlight& f);
   std::unique_ptr<planning::MeasuredProfile> profile_;

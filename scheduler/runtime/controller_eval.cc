@@ -6,6 +6,7 @@
 #include "scheduler/planning/dispatch_plan.h"
 #include "scheduler/runtime/controller.h"
 #include "scheduler/runtime/model_adapter.h"
+#include "workers/models/layers.h"
 
 namespace rp::scheduler {
 
@@ -22,6 +23,37 @@ absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, con
   if (!host.ok()) return host.status();
   if (host->valid == 0) return EvalResult{};  // nothing to evaluate in this batch
   const auto start = std::chrono::steady_clock::now();
+  auto ctx = ForwardPass(std::move(*host), tokens_in.size(1), /*last_logits=*/false);
+  if (!ctx.ok()) return ctx.status();
+  EvalResult r;
+  r.loss_sum = (*ctx)->loss();
+  r.tokens = (*ctx)->tokens();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+absl::StatusOr<at::Tensor> Controller::LastLogits(const at::Tensor& tokens_in,
+                                                  const std::optional<at::Tensor>& positions_in) {
+  if (!inflight_.empty()) {
+    return absl::FailedPreconditionError("controller: await every submitted iteration before generating");
+  }
+  if (absl::Status st = Flush(); !st.ok()) return st;
+  // No label counts: every target ignored (the pass computes logits, not a loss).
+  const at::Tensor labels = at::full(tokens_in.sizes(), workers::models::kIgnoreIndex, at::kLong);
+  auto host = ToHostMicrobatches(tokens_in, labels, positions_in, /*training=*/false);
+  if (!host.ok()) return host.status();
+  auto ctx = ForwardPass(std::move(*host), tokens_in.size(1), /*last_logits=*/true);
+  if (!ctx.ok()) return ctx.status();
+  std::vector<at::Tensor> rows;
+  for (auto& [mb, logits] : (*ctx)->last_logits()) rows.push_back(logits);
+  if (static_cast<int>(rows.size()) != opt_.microbatches) {
+    return absl::InternalError("controller: a generation pass lost a micro-batch's logits");
+  }
+  return at::cat(rows, 0);  // micro-batches in order: the map is sorted by micro-batch
+}
+
+absl::StatusOr<std::shared_ptr<workers::RunContext>> Controller::ForwardPass(HostBatch host, int64_t seq_len,
+                                                                             bool last_logits) {
   const int L = store_->config().num_layers();
   const int M = opt_.microbatches;
   const int E = -2 - evaluations_++;  // an iteration id of its own: never a training iteration's
@@ -30,10 +62,11 @@ absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, con
   ctx->store = store_;
   ctx->acts = &acts_;
   ctx->iteration = E;
-  ctx->seq_len = tokens_in.size(1);
-  ctx->positions = std::move(host->positions);
+  ctx->seq_len = seq_len;
+  ctx->positions = std::move(host.positions);
   ctx->loss_scale = 1.0;  // sums, not means: the caller averages over a whole validation set
   ctx->head_chunk_tokens = opt_.head_chunk_tokens;
+  ctx->want_last_logits = last_logits;
   // Who takes layer l's input: the forward stages that start there and the loss stage.
   ctx->act_consumers.assign(static_cast<size_t>(L + 1), 0);
   int first = 0;
@@ -43,8 +76,8 @@ absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, con
   }
   ++ctx->act_consumers[static_cast<size_t>(L - opt_.partition.fused)];
   for (int m = 0; m < M; ++m) {
-    acts_.Put(workers::ActKind::kActivation, 0, m, std::move(host->tokens[m]), ctx->act_consumers[0], E);
-    acts_.Put(workers::ActKind::kLabels, 0, m, std::move(host->labels[m]), 1, E);
+    acts_.Put(workers::ActKind::kActivation, 0, m, std::move(host.tokens[m]), ctx->act_consumers[0], E);
+    acts_.Put(workers::ActKind::kLabels, 0, m, std::move(host.labels[m]), 1, E);
   }
   // The training plan's forward slots and B_1's, on the workers the round-robin continues with.
   const std::vector<int> usable = recovery_->Usable();
@@ -73,11 +106,7 @@ absl::StatusOr<EvalResult> Controller::Evaluate(const at::Tensor& tokens_in, con
     acts_.Discard(E);
     return err;
   }
-  EvalResult r;
-  r.loss_sum = ctx->loss();
-  r.tokens = ctx->tokens();
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
+  return ctx;
 }
 
 }  // namespace rp::scheduler

@@ -1,0 +1,32 @@
+"""Greedy generation by PyPI transformers (the oracle of generate_test):
+
+  hf_generate.py MODEL_DIR MAX_NEW_TOKENS PROMPTS_JSON
+prints a JSON list, per prompt, of the ids `model.generate` appends (greedy, fp32, no end-of-text
+stop: exactly MAX_NEW_TOKENS each). Each prompt alone (batch of one: no padding involved).
+"""
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM
+
+
+def main():
+    model_dir, max_new, prompts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    model.generation_config.eos_token_id = None
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p], dtype=torch.long)
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, min_new_tokens=max_new,
+                                 do_sample=False, pad_token_id=0)
+            out.append(gen[0, len(p):].tolist())
+    print()  # the answer on a line of its own, after anything transformers printed
+    json.dump(out, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
