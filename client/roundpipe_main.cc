@@ -37,7 +37,7 @@ ABSL_FLAG(int, seq, 0, "stream: tokens per sequence (default: the job's sequence
 ABSL_FLAG(std::string, out, "", "export: output directory (inside the daemon's allowed roots); tokenize: output file");
 ABSL_FLAG(std::string, state, "",
           "ls: only jobs in this state (queued, running, paused, succeeded, failed, cancelled)");
-ABSL_FLAG(bool, json, false, "get/ls/info: print JSON");
+ABSL_FLAG(bool, json, false, "get/ls/info/samples: print JSON");
 ABSL_FLAG(bool, merge_lora, false, "export: LoRA jobs export merged full weights instead of the PEFT adapter");
 ABSL_FLAG(bool, now, false, "worker drain: at once (the worker's stage slots are re-run on the others)");
 
@@ -59,6 +59,7 @@ const char kUsageText[] =
     "  submit SPEC.json [--watch]    submit a job (JSON mapped onto roundpipe.v1.JobSpec); prints its id\n"
     "  stream JOB FILE...            stream byte-level tokens of FILEs (text) to a job with streamed data\n"
     "                                [--batch B --seq S] [--keep_open]\n"
+    "  samples JOB [--json]          the latest evaluation's sample generations (eval.samples)\n"
     "  watch JOB                     live progress until the job ends: in a terminal a loss curve above\n"
     "                                the progress line (step, loss, tokens/s, ETA); plain lines otherwise\n"
     "  ls [--state S]                list jobs\n"
@@ -317,6 +318,28 @@ int CmdWorker(rp::client::Client& c, const Args& args) {
 
 // The measured profile: its path on the daemon's machine, and its JSON when readable from here
 // (the same machine, or a shared file system).
+// The latest evaluation's sample generations (GetJob's last_eval).
+int CmdSamples(rp::client::Client& c, const Args& args) {
+  if (args.size() != 2) return Usage("samples: one job id");
+  auto j = c.Get(args[1]);
+  if (!j.ok()) return Report(j.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(j->last_eval()).c_str());
+    return kOk;
+  }
+  if (j->last_eval().samples().empty()) {
+    return Report(absl::FailedPreconditionError(absl::StrCat(
+        "job ", j->id(), " has no sample generations yet (eval.samples in its spec; they come with each evaluation)")));
+  }
+  std::printf("samples at step %lld (eval loss %.4f):\n", static_cast<long long>(j->last_eval().step()),
+              j->last_eval().loss());
+  for (const v1::Sample& s : j->last_eval().samples()) {
+    std::printf("--- prompt\n%s\n--- completion (%d tokens)\n%s\n", s.prompt().c_str(), s.token_ids_size(),
+                s.completion().c_str());
+  }
+  return kOk;
+}
+
 int CmdProfile(rp::client::Client& c, const Args& args) {
   if (args.size() != 2) return Usage("profile: one job id");
   auto j = c.Get(args[1]);
@@ -354,10 +377,10 @@ int main(int argc, char** argv) {
 
   using Command = int (*)(rp::client::Client&, const Args&);
   static const std::map<std::string, Command> kCommands = {
-      {"submit", CmdSubmit},   {"stream", CmdStream},         {"watch", CmdWatch},   {"ls", CmdList},
-      {"get", CmdGet},         {"cancel", CmdControl},        {"pause", CmdControl}, {"resume", CmdControl},
-      {"export", CmdExport},   {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},     {"drain", CmdDrain},
-      {"profile", CmdProfile}, {"worker", CmdWorker}};
+      {"submit", CmdSubmit},   {"stream", CmdStream},         {"watch", CmdWatch},    {"ls", CmdList},
+      {"get", CmdGet},         {"cancel", CmdControl},        {"pause", CmdControl},  {"resume", CmdControl},
+      {"export", CmdExport},   {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},      {"drain", CmdDrain},
+      {"profile", CmdProfile}, {"worker", CmdWorker},         {"samples", CmdSamples}};
   auto command = kCommands.find(args[0]);
   if (command == kCommands.end()) return Usage(absl::StrCat("unknown command '", args[0], "'"));
   auto options = ClientOptionsFromFlags();

@@ -54,9 +54,15 @@ std::string WatchView::EventLine(const v1::JobEvent& e) {
       const v1::EvalMetrics& m = e.eval();
       eval_.push_back({m.step(), m.loss()});
       eval_note_ = absl::StrFormat("  eval %.4f", m.loss());
-      return absl::StrFormat(
+      std::string line = absl::StrFormat(
           "%seval at step %d: loss %.4f over %d tokens (%s)", head, m.step(), m.loss(), m.tokens(),
           m.is_best() ? "best so far" : absl::StrFormat("best %.4f at step %d", m.best_loss(), m.best_step()));
+      for (const v1::Sample& s : m.samples()) {  // one line each: a newline shows as a return sign
+        std::string text = absl::StrCat(s.prompt(), " \xE2\x9F\xB6 ", s.completion());
+        absl::StrReplaceAll({{"\n", "\xE2\x8F\x8E"}, {"\r", ""}, {"\x1b", ""}}, &text);
+        absl::StrAppend(&line, "\n", head, "  sample: ", text);
+      }
+      return line;
     }
     case v1::JobEvent::kPlanChange: {
       std::string cause = absl::AsciiStrToLower(v1::PlanChange::Cause_Name(e.plan_change().cause()));

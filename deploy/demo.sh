@@ -4,7 +4,8 @@
 # job (a small Llama-style model trained on the text files under /usr/share/common-licenses, or on
 # the files you name: a BPE tokenizer is trained on them, and their paragraphs become a JSONL
 # dataset the daemon tokenizes itself, packed with document masks, every 20th paragraph held out
-# for validation: the eval loss is reported six times), watch it train live, export the model
+# for validation: the eval loss and two sample generations are reported six times), watch it
+# train live (a loss curve), export the model
 # as a Hugging Face directory, show the Prometheus metrics, stop the daemon (SIGTERM = drain), and
 # show the schedule at the paper's scale: the engine on 8 paced workers beside the simulator.
 #
@@ -103,7 +104,8 @@ cat >"$WORK/job.json" <<JSON
   "data": {"tokenFile": {"path": "$WORK/data/train.jsonl", "tokenizerDir": "$WORK/data/tokenizer", "maxEpochs": 100,
                          "shuffle": true, "shuffleSeed": 1, "packing": "PACKING_DOCUMENT_MASKED"},
            "validation": {"path": "$WORK/data/valid.jsonl", "tokenizerDir": "$WORK/data/tokenizer"}},
-  "eval": {"everySteps": $(( STEPS / 6 > 0 ? STEPS / 6 : 1 )), "keepBestCheckpoint": true},
+  "eval": {"everySteps": $(( STEPS / 6 > 0 ? STEPS / 6 : 1 )), "keepBestCheckpoint": true,
+           "samples": {"prompts": ["This License", "The software is provided"], "maxNewTokens": 24}},
   "maxSteps": $STEPS,
   "outputDir": "$WORK/data/out"
 }
@@ -112,6 +114,8 @@ echo "== submitting the default job ($WORK/job.json) and watching it"
 JOB="$("$CLI" submit "$WORK/job.json")"
 "$CLI" watch "$JOB"
 "$CLI" get "$JOB"
+echo "== what the model now says (greedy, from the final weights; generated at every evaluation)"
+"$CLI" samples "$JOB"
 
 echo "== exporting the model"
 EXPORT="$("$CLI" export "$JOB")"

@@ -82,6 +82,23 @@ struct EvalPolicy {
   // The checkpoint of the best evaluation is kept (never pruned by keep_last): a job with a
   // checkpoint root writes one at every new best.
   bool keep_best_checkpoint = false;
+  // Sample generations at every evaluation (the final one included), from the weights evaluated,
+  // through the job's own pipeline (runtime/generate.h): each prompt's completion, encoded and
+  // decoded with the job's tokenizer (the data's tokenizer_dir or the model's hf_dir; byte-level
+  // for a model of 256+ tokens without one). Empty prompts: none.
+  struct Samples {
+    std::vector<std::string> prompts;
+    int max_new_tokens = 32;
+    double temperature = 0;  // 0 = greedy
+    uint64_t seed = 0;
+  } samples;
+};
+
+// One prompt's sample generation (EvalStats::samples).
+struct GeneratedSample {
+  std::string prompt;
+  std::string completion;          // decoded
+  std::vector<int32_t> token_ids;  // what the model generated (the prompt's ids not included)
 };
 
 struct JobSpec {
@@ -193,14 +210,15 @@ struct IterationStats {
 
 // One evaluation on the validation source.
 struct EvalStats {
-  int64_t step = 0;        // optimizer steps the weights hold
-  double loss = 0;         // mean CE over the validation set's labelled tokens
-  int64_t tokens = 0;      // labelled tokens evaluated
-  double seconds = 0;      // the whole pass
-  double best_loss = 0;    // the best eval loss so far (this one included)
-  int64_t best_step = 0;   // and its step
-  bool is_best = false;    // this evaluation is the best so far
-  std::string checkpoint;  // keep_best_checkpoint: the checkpoint kept for this best one
+  int64_t step = 0;                      // optimizer steps the weights hold
+  double loss = 0;                       // mean CE over the validation set's labelled tokens
+  int64_t tokens = 0;                    // labelled tokens evaluated
+  double seconds = 0;                    // the whole pass
+  double best_loss = 0;                  // the best eval loss so far (this one included)
+  int64_t best_step = 0;                 // and its step
+  bool is_best = false;                  // this evaluation is the best so far
+  std::string checkpoint;                // keep_best_checkpoint: the checkpoint kept for this best one
+  std::vector<GeneratedSample> samples;  // EvalPolicy::samples, from the weights evaluated
 };
 
 // Why a queued job has not started yet (JobEvent::Kind::kWaiting). Jobs start in priority order

@@ -384,6 +384,10 @@ absl::Status ResolveData(const v1::JobSpec& spec, const JobSpecContext& ctx, Res
   e.eval.every_steps = ev.every_steps();
   e.eval.early_stopping_patience = ev.early_stopping_patience();
   e.eval.keep_best_checkpoint = ev.keep_best_checkpoint();
+  e.eval.samples.prompts.assign(ev.samples().prompts().begin(), ev.samples().prompts().end());
+  e.eval.samples.max_new_tokens = ev.samples().max_new_tokens() != 0 ? ev.samples().max_new_tokens() : 32;
+  e.eval.samples.temperature = ev.samples().temperature();
+  e.eval.samples.seed = ev.samples().seed();
   if (r.streamed() && ctx.max_message_bytes > 0) {
     // A streamed batch is one message: packed varint token ids (< vocab) plus a packed bool mask.
     int64_t id_bytes = 1;

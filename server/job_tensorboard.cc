@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "scheduler/job_files.h"
@@ -96,6 +97,14 @@ void Flatten(const Message& msg, const std::string& prefix, int depth, HParams* 
 
 }  // namespace
 
+std::string SampleMarkdown(const v1::Sample& s) {
+  // Fenced, so that the model's output shows as it is (a fence inside it cannot close ours).
+  std::string fence = "```";
+  while (s.prompt().find(fence) != std::string::npos || s.completion().find(fence) != std::string::npos) fence += "`";
+  return absl::StrCat("**prompt**\n\n", fence, "\n", s.prompt(), "\n", fence, "\n\n**completion**\n\n", fence, "\n",
+                      s.completion(), "\n", fence);
+}
+
 tensorboard::EventLog::Scalars StepScalars(const scheduler::IterationStats& st, const v1::StepMetrics& m) {
   return {{"train/loss", m.loss()},
           {"train/learning_rate", m.learning_rate()},
@@ -151,8 +160,11 @@ void JobTensorBoard::OnEvent(const scheduler::JobEvent& e, const v1::JobEvent& o
   if (e.kind == scheduler::JobEvent::Kind::kIteration && out.has_step()) {
     Check(log_->AddScalars(out.step().step(), StepScalars(e.stats, out.step()), WallTime()));
   } else if (e.kind == scheduler::JobEvent::Kind::kEval && out.has_eval()) {
-    Check(log_->AddScalars(out.eval().step(),
-                           {{"eval/loss", out.eval().loss()}, {"eval/best_loss", out.eval().best_loss()}}, WallTime()));
+    const v1::EvalMetrics& m = out.eval();
+    Check(log_->AddScalars(m.step(), {{"eval/loss", m.loss()}, {"eval/best_loss", m.best_loss()}}, WallTime()));
+    for (int i = 0; i < m.samples_size() && log_; ++i) {
+      Check(log_->AddText(m.step(), absl::StrCat("samples/", i), SampleMarkdown(m.samples(i)), WallTime()));
+    }
   }
 }
 

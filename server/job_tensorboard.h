@@ -19,6 +19,8 @@
 
 namespace rp::server {
 
+// A sample generation as TensorBoard's text tab shows it (tag "samples/<i>" at the eval's step).
+std::string SampleMarkdown(const roundpipe::v1::Sample& s);
 // The scalars one step logs, tagged "train/...".
 tensorboard::EventLog::Scalars StepScalars(const scheduler::IterationStats& st, const roundpipe::v1::StepMetrics& m);
 // Every set scalar field of `spec` (nested messages flattened to dotted names, enums by name,

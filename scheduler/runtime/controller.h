@@ -162,6 +162,7 @@ class Controller {
 
   int next_g0() const { return next_g0_; }
   const planning::Partition& partition() const { return opt_.partition; }
+  int microbatches() const { return opt_.microbatches; }  // M of every pass
   // The round size in use (0 = M); with choose_round_size, the planned one after profiling.
   int microbatches_per_round() const { return opt_.microbatches_per_round; }
   // Automatic partitioning: the smoothed measured per-layer costs, once complete.

@@ -33,6 +33,7 @@
 #include "workers/io/safetensors_reader.h"
 #include "workers/spec/model_config.h"
 #include "workers/store/host_model_store.h"
+#include "workers/text/tokenizer.h"
 
 namespace rp::scheduler::runtime {
 
@@ -73,7 +74,9 @@ struct EngineJob {
   std::deque<WaitingFeed> waiting ABSL_GUARDED_BY(mu);  // at most spec.max_queued_batches
   std::unique_ptr<runtime::TokenDataset> data;          // token-file jobs (opened at Submit: mapped, not read)
   std::unique_ptr<runtime::TokenDataset> validation;    // the validation source (JobSpec::validation)
-  int64_t data_steps ABSL_GUARDED_BY(mu) = 0;           // the data's steps, kept when it is released at the end
+  // EvalPolicy::samples' tokenizer (loaded when the job starts); null: byte-level or no samples.
+  std::shared_ptr<const workers::text::Tokenizer> sample_tokenizer;
+  int64_t data_steps ABSL_GUARDED_BY(mu) = 0;  // the data's steps, kept when it is released at the end
   // Evaluations (the runner's): the latest, the best loss and step, how many in a row did not
   // improve on it, the best one's checkpoint (keep_best_checkpoint).
   std::optional<EvalStats> last_eval ABSL_GUARDED_BY(mu);

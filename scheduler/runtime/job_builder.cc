@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/cost_model.h"
+#include "scheduler/runtime/job_samples.h"
 #include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "scheduler/runtime/token_dataset_file.h"
@@ -255,6 +256,10 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   if (spec.eval.keep_best_checkpoint && spec.checkpoint_root.empty()) {
     return absl::InvalidArgumentError("eval.keep_best_checkpoint: the job has no checkpoint directory");
   }
+  if (absl::Status st = CheckSamples(spec.eval.samples, spec.validation.has_value()); !st.ok()) return st;
+  if (!spec.eval.samples.prompts.empty()) {
+    if (auto dir = SampleTokenizerDir(spec); !dir.ok()) return dir.status();
+  }
   ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
   o.microbatches = spec.microbatches;
@@ -281,6 +286,15 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     job.message = what;
     job.Emit({JobEvent::Kind::kProgress, job.state, {}, std::move(what)});
   };
+  if (!spec.eval.samples.prompts.empty()) {  // the tokenizer of the sample generations, for the job's life
+    auto dir = SampleTokenizerDir(spec);
+    if (!dir.ok()) return dir.status();
+    if (!dir->empty()) {
+      auto tok = LoadTokenizerDir(*dir, "");
+      if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("eval.samples: ", tok.status().message()));
+      job.sample_tokenizer = std::make_shared<const workers::text::Tokenizer>(std::move(tok->tokenizer));
+    }
+  }
   progress("allocating the host model store");
   std::shared_ptr<workers::HostModelStore> store;
   // A LoRA base from a model directory is mapped where it lies (no anonymous copy) when its

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/planning/profile_file.h"
+#include "scheduler/runtime/job_samples.h"
 #include "workers/files/confined_fs.h"
 
 namespace rp::scheduler::runtime {
@@ -222,6 +223,7 @@ JobRunner::EvalOutcome JobRunner::Evaluate(bool at_end) {
   auto last_report = t0;
   double sum = 0;
   int64_t tokens = 0;
+  std::vector<GeneratedSample> samples;
   {
     base::MutexLock run(&job_.run_mu);
     for (int64_t b = 0; b < batches; ++b) {
@@ -252,6 +254,25 @@ JobRunner::EvalOutcome JobRunner::Evaluate(bool at_end) {
       sum += r->loss_sum;
       tokens += r->tokens;
     }
+    if (!job_.spec.eval.samples.prompts.empty()) {
+      auto interrupted = [this] {
+        base::MutexLock lock(&job_.mu);
+        return job_.cancel || job_.pause;
+      };
+      auto generated =
+          GenerateSamples(c_, job_.spec.eval.samples, job_.sample_tokenizer.get(), c_.microbatches(), interrupted);
+      if (absl::IsCancelled(generated.status())) {
+        last_eval_step_ = previous_eval_step;  // abandoned like the pass: evaluated again at this step
+        return EvalOutcome::kInterrupted;
+      }
+      if (!generated.ok()) {
+        base::MutexLock lock(&job_.mu);
+        job_.SetState(JobState::kFailed,
+                      absl::StrCat("sample generation at step ", step, ": ", generated.status().message()));
+        return EvalOutcome::kEnded;
+      }
+      samples = std::move(*generated);
+    }
   }
   base::MutexLock lock(&job_.mu);
   if (tokens == 0) {
@@ -263,6 +284,7 @@ JobRunner::EvalOutcome JobRunner::Evaluate(bool at_end) {
   ev.loss = sum / static_cast<double>(tokens);
   ev.tokens = tokens;
   ev.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ev.samples = std::move(samples);
   const bool had_best = job_.last_eval.has_value();
   ev.is_best = !had_best || ev.loss < job_.last_eval->best_loss;
   ev.best_loss = ev.is_best ? ev.loss : job_.last_eval->best_loss;

@@ -271,7 +271,9 @@ TEST(JsonlDocuments, ALongReadReportsItsProgress) {
   for (size_t k = 0; k < reports.size(); ++k) {
     EXPECT_EQ(reports[k].second, 8);
     EXPECT_LE(reports[k].first, 8);
-    if (k > 0) EXPECT_GE(reports[k].first, reports[k - 1].first);
+    if (k > 0) {
+      EXPECT_GE(reports[k].first, reports[k - 1].first);
+    }
     midway = midway || (reports[k].first > 0 && reports[k].first < 8);
   }
   EXPECT_TRUE(midway) << "reported while the read ran";
