@@ -312,8 +312,11 @@ struct JobInfo {
   int queued_batches = 0;              // streamed batches waiting for the runner
   int64_t total_steps = 0;             // max_steps, or what the token file holds; 0 = open-ended
   std::optional<EvalStats> last_eval;  // the latest evaluation (its best_* fields: the best so far)
-  std::string best_checkpoint;         // keep_best_checkpoint: the best evaluation's checkpoint
-  std::string profile;                 // the measured profile's file, once written
+  // A job resumed from a checkpoint (resume_from): whether that state holds the evaluation of its
+  // own step (the checkpoint was taken after it), so that it is not run again. Fixed at Submit.
+  bool resumed_after_its_evaluation = false;
+  std::string best_checkpoint;  // keep_best_checkpoint: the best evaluation's checkpoint
+  std::string profile;          // the measured profile's file, once written
   // Host memory of the model states (master copies, fp32 copies, gradients, optimizer state):
   // as predicted at Submit (what admission used), and the most held after any step of this run
   // (0 before the first); the activation store's peak (checkpoints, boundary activations).

@@ -297,7 +297,10 @@ void JobManager::PumpLoop(const std::shared_ptr<ManagedJob>& job) {
     at_start = job->record;
   }
   // The pump's own: opened here (a resumed job's log is trimmed first), off the Submit path.
-  JobTensorBoard tensorboard(job->id, at_start, job->resolved.output_dir);
+  // A job resumed from a checkpoint taken after its evaluation at that step does not evaluate again.
+  const auto info = engine_->Info(eid);
+  const bool evaluated_at_resume = info.ok() && info->resumed_after_its_evaluation;
+  JobTensorBoard tensorboard(job->id, at_start, job->resolved.output_dir, evaluated_at_resume);
   for (;;) {
     auto events = engine_->AwaitEvents(eid, std::chrono::milliseconds(250));
     {

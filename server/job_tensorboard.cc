@@ -122,10 +122,12 @@ HParams SpecHParams(const Message& spec) {
   return out;
 }
 
-JobTensorBoard::JobTensorBoard(const std::string& job_id, const v1::Job& record, const std::string& output_dir)
+JobTensorBoard::JobTensorBoard(const std::string& job_id, const v1::Job& record, const std::string& output_dir,
+                               bool evaluated_at_resume)
     : job_id_(job_id),
       dir_((std::filesystem::path(output_dir) / "tensorboard").string()),
       resume_step_(record.progress().step()),
+      evaluated_at_resume_(evaluated_at_resume),
       enabled_(!record.spec().tensorboard().disabled()),
       spec_(record.spec()) {}
 
@@ -138,7 +140,9 @@ void JobTensorBoard::Open() {
     JobLog()->warn("[{}] no TensorBoard log: {}", job_id_, fd.status().ToString());
     return;
   }
-  auto log = tensorboard::EventLog::OpenAt(*fd, dir_, resume_step_);
+  tensorboard::EventLog::Resume resume{resume_step_, {}};
+  if (!evaluated_at_resume_) resume.redo_at_step = {"eval/", "samples/"};
+  auto log = tensorboard::EventLog::OpenAt(*fd, dir_, resume);
   if (!log.ok()) {
     JobLog()->warn("[{}] no TensorBoard log: {}", job_id_, log.status().ToString());
     return;

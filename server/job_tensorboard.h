@@ -33,7 +33,10 @@ class JobTensorBoard {
   // `record`: the job as its pump starts (its spec; progress().step() is where it resumes: the
   // files' records of later steps are dropped). Disabled in the spec: does nothing. Touches no
   // file yet: the log is opened at the first step or evaluation (a queued job writes nothing).
-  JobTensorBoard(const std::string& job_id, const roundpipe::v1::Job& record, const std::string& output_dir);
+  // `evaluated_at_resume`: the state it resumes from holds the evaluation of its step (else an
+  // evaluation due at that step runs again, and its records there are dropped too).
+  JobTensorBoard(const std::string& job_id, const roundpipe::v1::Job& record, const std::string& output_dir,
+                 bool evaluated_at_resume = false);
   // After the tracker applied `e` (`out` is what watchers were sent for it).
   void OnEvent(const scheduler::JobEvent& e, const roundpipe::v1::JobEvent& out);
   bool active() const { return log_ != nullptr; }
@@ -45,6 +48,7 @@ class JobTensorBoard {
   std::string job_id_;
   std::string dir_;
   int64_t resume_step_ = 0;
+  bool evaluated_at_resume_ = false;
   bool enabled_ = true;  // not disabled by the spec, and not yet tried
   roundpipe::v1::JobSpec spec_;
   std::unique_ptr<tensorboard::EventLog> log_;

@@ -247,6 +247,7 @@ absl::StatusOr<JobInfo> Engine::Impl::Info(JobId id) const {
       job->data ? job->data->batches_per_epoch() * job->spec.token_file->max_epochs : job->data_steps;
   if (data_steps > 0) info.total_steps = info.total_steps > 0 ? std::min(info.total_steps, data_steps) : data_steps;
   info.last_eval = job->last_eval;
+  info.resumed_after_its_evaluation = job->resumed_after_its_evaluation;
   info.best_checkpoint = job->best_checkpoint;
   info.profile = job->profile_written;
   info.predicted_host_state_bytes = job->predicted_host_state_bytes;

@@ -80,6 +80,7 @@ struct EngineJob {
   // Evaluations (the runner's): the latest, the best loss and step, how many in a row did not
   // improve on it, the best one's checkpoint (keep_best_checkpoint).
   std::optional<EvalStats> last_eval ABSL_GUARDED_BY(mu);
+  bool resumed_after_its_evaluation = false;  // JobInfo's; set at Submit, read-only after
   int evals_without_improvement ABSL_GUARDED_BY(mu) = 0;
   std::string best_checkpoint ABSL_GUARDED_BY(mu);
   std::string profile_written ABSL_GUARDED_BY(mu);  // spec.profile_path once the measured profile is there

@@ -219,6 +219,7 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
                                  ev.step == ev.best_step ? ev.best_checkpoint : ""};
       job->evals_without_improvement = ev.without_improvement;
       job->best_checkpoint = ev.best_checkpoint;
+      job->resumed_after_its_evaluation = ev.step == meta->step;
     }
     if (meta->fused > 0) {
       spec.partition = planning::Partition{meta->forward, meta->fused, meta->backward};

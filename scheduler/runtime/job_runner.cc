@@ -210,29 +210,15 @@ JobRunner::EvalOutcome JobRunner::MaybeEvaluate() {
   return Evaluate(/*at_end=*/false);
 }
 
-JobRunner::EvalOutcome JobRunner::Evaluate(bool at_end) {
-  if (!FinishPending()) return EvalOutcome::kEnded;
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t step;
-  {
-    base::MutexLock lock(&job_.mu);
-    step = job_.first_step + job_.steps_done;
-  }
-  const int64_t previous_eval_step = std::exchange(last_eval_step_, step);
+JobRunner::EvalOutcome JobRunner::RunEvalPass(int64_t step, std::chrono::steady_clock::time_point t0, EvalPass* pass) {
   const int64_t batches = job_.validation->batches_per_epoch();
   auto last_report = t0;
-  double sum = 0;
-  int64_t tokens = 0;
-  std::vector<GeneratedSample> samples;
   {
     base::MutexLock run(&job_.run_mu);
     for (int64_t b = 0; b < batches; ++b) {
       {
         base::MutexLock lock(&job_.mu);
-        if (job_.cancel || job_.pause) {
-          last_eval_step_ = previous_eval_step;  // abandoned: evaluated again at this step
-          return EvalOutcome::kInterrupted;
-        }
+        if (job_.cancel || job_.pause) return EvalOutcome::kInterrupted;
         const auto now = std::chrono::steady_clock::now();
         if (now - t0 >= kEvalProgressAfter && now - last_report >= kEvalProgressEvery) {
           last_report = now;
@@ -251,8 +237,8 @@ JobRunner::EvalOutcome JobRunner::Evaluate(bool at_end) {
                       absl::StrCat("evaluation at step ", step, ", validation batch ", b, ": ", r.status().message()));
         return EvalOutcome::kEnded;
       }
-      sum += r->loss_sum;
-      tokens += r->tokens;
+      pass->sum += r->loss_sum;
+      pass->tokens += r->tokens;
     }
     if (!job_.spec.eval.samples.prompts.empty()) {
       auto interrupted = [this] {
@@ -261,19 +247,37 @@ JobRunner::EvalOutcome JobRunner::Evaluate(bool at_end) {
       };
       auto generated =
           GenerateSamples(c_, job_.spec.eval.samples, job_.sample_tokenizer.get(), c_.microbatches(), interrupted);
-      if (absl::IsCancelled(generated.status())) {
-        last_eval_step_ = previous_eval_step;  // abandoned like the pass: evaluated again at this step
-        return EvalOutcome::kInterrupted;
-      }
+      if (absl::IsCancelled(generated.status())) return EvalOutcome::kInterrupted;  // like the pass
       if (!generated.ok()) {
         base::MutexLock lock(&job_.mu);
         job_.SetState(JobState::kFailed,
                       absl::StrCat("sample generation at step ", step, ": ", generated.status().message()));
         return EvalOutcome::kEnded;
       }
-      samples = std::move(*generated);
+      pass->samples = std::move(*generated);
     }
   }
+  return EvalOutcome::kDone;
+}
+
+JobRunner::EvalOutcome JobRunner::Evaluate(bool at_end) {
+  if (!FinishPending()) return EvalOutcome::kEnded;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t step;
+  {
+    base::MutexLock lock(&job_.mu);
+    step = job_.first_step + job_.steps_done;
+  }
+  const int64_t previous_eval_step = std::exchange(last_eval_step_, step);
+  EvalPass pass;
+  if (const EvalOutcome o = RunEvalPass(step, t0, &pass); o != EvalOutcome::kDone) {
+    if (o == EvalOutcome::kInterrupted)
+      last_eval_step_ = previous_eval_step;  // abandoned: evaluated again at this step
+    return o;
+  }
+  const double sum = pass.sum;
+  const int64_t tokens = pass.tokens;
+  std::vector<GeneratedSample> samples = std::move(pass.samples);
   base::MutexLock lock(&job_.mu);
   if (tokens == 0) {
     job_.SetState(JobState::kFailed, "data.validation: no token of the validation set has a label to evaluate");

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "scheduler/runtime/engine_job.h"
 
@@ -52,6 +53,15 @@ class JobRunner {
   // this step after the resume, or after a restart from this step's checkpoint). A pass that
   // runs long reports its progress (kProgress, "evaluating at step S: batch b of B").
   EvalOutcome Evaluate(bool at_end);
+  // Evaluate's pass over the validation source at `step`, then the sample generations
+  // (EvalPolicy::samples), with run_mu held: kDone with *pass filled, kInterrupted (a cancel or
+  // pause seen), or kEnded (it failed the job).
+  struct EvalPass {
+    double sum = 0;
+    int64_t tokens = 0;
+    std::vector<GeneratedSample> samples;
+  };
+  EvalOutcome RunEvalPass(int64_t step, std::chrono::steady_clock::time_point t0, EvalPass* pass);
   // Writes the measured per-layer costs to spec.profile_path once the automatic partition has
   // them (a failure is logged as an event, never fails the job).
   void MaybeWriteProfile();

@@ -62,6 +62,18 @@ std::vector<std::string> EventFileNames(int dir_fd) {
   return names;
 }
 
+// A record of a step that runs again after the resume, or of what runs again at its very step.
+bool RunsAgain(const RecordInfo& r, const EventLog::Resume& resume) {
+  if (r.step > resume.step) return true;
+  if (r.step < resume.step) return false;
+  for (const std::string& tag : r.tags) {
+    for (const std::string& prefix : resume.redo_at_step) {
+      if (absl::StartsWith(tag, prefix)) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 EventLog::EventLog(int dir_fd, std::string dir) : dir_fd_(dir_fd), dir_(std::move(dir)) {}
@@ -71,28 +83,28 @@ EventLog::~EventLog() {
   if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
-absl::StatusOr<std::unique_ptr<EventLog>> EventLog::Open(const std::string& dir, int64_t resume_step) {
+absl::StatusOr<std::unique_ptr<EventLog>> EventLog::Open(const std::string& dir, const Resume& resume) {
   if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) return Errno(absl::StrCat("creating ", dir));
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dir_fd < 0) return Errno(absl::StrCat("opening ", dir, " (a directory, not a symlink)"));
-  return OpenAt(dir_fd, dir, resume_step);
+  return OpenAt(dir_fd, dir, resume);
 }
 
-absl::StatusOr<std::unique_ptr<EventLog>> EventLog::OpenAt(int dir_fd, const std::string& dir, int64_t resume_step) {
+absl::StatusOr<std::unique_ptr<EventLog>> EventLog::OpenAt(int dir_fd, const std::string& dir, const Resume& resume) {
   std::unique_ptr<EventLog> log(new EventLog(dir_fd, dir));
-  if (absl::Status st = log->TrimExisting(resume_step); !st.ok()) return st;
+  if (absl::Status st = log->TrimExisting(resume); !st.ok()) return st;
   if (absl::Status st = log->StartFile(); !st.ok()) return st;
   return log;
 }
 
-absl::Status EventLog::TrimExisting(int64_t resume_step) {
+absl::Status EventLog::TrimExisting(const Resume& resume) {
   for (const std::string& name : EventFileNames(dir_fd_)) {
-    if (absl::Status st = TrimFile(name, resume_step); !st.ok()) return st;
+    if (absl::Status st = TrimFile(name, resume); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
 
-absl::Status EventLog::TrimFile(const std::string& name, int64_t resume_step) {
+absl::Status EventLog::TrimFile(const std::string& name, const Resume& resume) {
   const std::string path = absl::StrCat(dir_, "/", name);
   const int fd = ::openat(dir_fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
@@ -107,7 +119,7 @@ absl::Status EventLog::TrimFile(const std::string& name, int64_t resume_step) {
   }
   if (st.st_size > kMaxRewriteBytes) {
     notes_.push_back(absl::StrCat("left ", path, " alone: ", st.st_size, " bytes, over ", kMaxRewriteBytes,
-                                  " (steps after ", resume_step, " in it may show twice)"));
+                                  " (steps after ", resume.step, " in it may show twice)"));
     return absl::OkStatus();
   }
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
@@ -125,7 +137,7 @@ absl::Status EventLog::TrimFile(const std::string& name, int64_t resume_step) {
   int64_t dropped = 0;
   for (const std::string& rec : parsed.records) {
     const RecordInfo info = DescribeRecord(rec);
-    if (info.parsed && !info.header && !info.hparams && info.step > resume_step) {
+    if (info.parsed && !info.header && !info.hparams && RunsAgain(info, resume)) {
       ++dropped;
       continue;
     }

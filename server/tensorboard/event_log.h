@@ -2,10 +2,11 @@
 // <output_dir>/tensorboard), written by the daemon itself in TensorBoard's own format: scalar
 // series, text (sample generations) and the job's hyperparameters (the hparams plugin).
 //
-// Restarts: Open(dir, resume_step) first rewrites the directory's event files without the
-// records of steps after `resume_step` (those steps run again and are logged again) and without a
-// torn last record (a writer killed mid-record), then starts a new file. So the series have no
-// duplicate and no missing step across a kill -9 and a resume from a checkpoint.
+// Restarts: Open(dir, resume) first rewrites the directory's event files without the records of
+// steps after the resume step (those steps run again and are logged again), without the records
+// at that step of what runs again there (an evaluation the checkpoint was written before), and
+// without a torn last record (a writer killed mid-record), then starts a new file. So the series
+// have no duplicate and no missing step across a kill -9 and a resume from a checkpoint.
 //
 // Hostile directories: the directory is opened without following a symlink (or handed over
 // already opened, confined to the daemon's roots), files are opened
@@ -41,12 +42,18 @@ class EventLog {
   using Scalars = std::vector<std::pair<std::string, double>>;  // tag ("train/loss") -> value
   using HParam = std::variant<std::string, double, bool>;
 
-  // Creates `dir` (one level; its parent must exist) or opens it, trims what follows
-  // `resume_step` (0 = a fresh job: every earlier record of a step > 0 goes) and starts a new file.
-  static absl::StatusOr<std::unique_ptr<EventLog>> Open(const std::string& dir, int64_t resume_step);
+  // Where the job continues. step 0 = a fresh job (every earlier record of a step > 0 goes).
+  struct Resume {
+    int64_t step = 0;
+    // Records at `step` with a tag starting with one of these go too: they are logged again.
+    std::vector<std::string> redo_at_step;
+  };
+  // Creates `dir` (one level; its parent must exist) or opens it, trims what `resume` says runs
+  // again and starts a new file.
+  static absl::StatusOr<std::unique_ptr<EventLog>> Open(const std::string& dir, const Resume& resume);
   // The same on a directory the caller opened (confined: scheduler::OpenConfinedDirectory); the
   // log owns `dir_fd` from here on, on failure too. `dir` names it in messages and file_path().
-  static absl::StatusOr<std::unique_ptr<EventLog>> OpenAt(int dir_fd, const std::string& dir, int64_t resume_step);
+  static absl::StatusOr<std::unique_ptr<EventLog>> OpenAt(int dir_fd, const std::string& dir, const Resume& resume);
   ~EventLog();
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
@@ -66,8 +73,8 @@ class EventLog {
 
  private:
   EventLog(int dir_fd, std::string dir);
-  absl::Status TrimExisting(int64_t resume_step);
-  absl::Status TrimFile(const std::string& name, int64_t resume_step);
+  absl::Status TrimExisting(const Resume& resume);
+  absl::Status TrimFile(const std::string& name, const Resume& resume);
   absl::Status StartFile();
   absl::Status Append(const std::string& records);
 

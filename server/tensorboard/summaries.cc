@@ -78,7 +78,10 @@ RecordInfo DescribeRecord(const std::string& record) {
   r.parsed = true;
   r.step = e.step();
   r.header = e.what_case() == pb::Event::kFileVersion;
-  for (const pb::SummaryValue& v : e.summary().value()) r.hparams = r.hparams || v.tag() == kHParamsTag;
+  for (const pb::SummaryValue& v : e.summary().value()) {
+    r.hparams = r.hparams || v.tag() == kHParamsTag;
+    r.tags.push_back(v.tag());
+  }
   return r;
 }
 

@@ -31,6 +31,7 @@ struct RecordInfo {
   int64_t step = 0;
   bool header = false;
   bool hparams = false;
+  std::vector<std::string> tags;  // of its summary's values
 };
 RecordInfo DescribeRecord(const std::string& record);
 

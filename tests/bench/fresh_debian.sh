@@ -12,7 +12,8 @@
 #   RP_FRESH_STEPS="demo test"  which README commands to run (default both, in that order)
 #
 # What it copies in, so that downloads reach the registries this machine reaches: the extra CA
-# certificates under /usr/local/share/ca-certificates, /etc/pip.conf and /etc/resolv.conf. The
+# certificates under /usr/local/share/ca-certificates, /etc/pip.conf and /etc/resolv.conf, and it
+# writes the /etc/hosts every installed Debian has (localhost). The
 # Debian archive is the one this machine's apt sources name (deploy/install-deps.sh
 # --print-archive). Nothing else of the host enters the chroot.
 set -euo pipefail
@@ -41,6 +42,10 @@ row "debootstrap --variant=minbase" "$rc" "$(( $(date +%s) - t ))"
 [ "$rc" = 0 ] || { printf '%s\n' "${rows[@]}"; tail -20 "$LOG/debootstrap.log"; exit 1; }
 
 cp /etc/resolv.conf "$DIR/etc/resolv.conf"
+# Every installed Debian has an /etc/hosts naming localhost (the installer or the cloud image
+# writes it); debootstrap does not. Without it "localhost" does not resolve (TensorBoard's server
+# looks it up), which no real machine shows: write the installer's two lines.
+[ -f "$DIR/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$DIR/etc/hosts"
 [ -f /etc/pip.conf ] && cp /etc/pip.conf "$DIR/etc/pip.conf"
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
   cp /usr/local/share/ca-certificates/*.crt "$DIR/usr/local/share/ca-certificates/"

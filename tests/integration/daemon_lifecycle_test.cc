@@ -196,7 +196,11 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
   spec.mutable_eval()->set_every_steps(3);
   spec.mutable_eval()->set_keep_best_checkpoint(true);
   std::string killed_id;
-  const int kill_after = 7 + static_cast<int>(getpid() % 4);  // an arbitrary step in 7..10
+  // Killed once step 9 is reported (the job may be further): every checkpoint after step 6 is
+  // damaged below, so it resumes from step 6, an evaluation step whose checkpoint was written
+  // before its evaluation: that evaluation runs again after the restart (and must show once in
+  // TensorBoard).
+  const int kill_after = 9;
   {
     auto c = daemon_.Connect();
     auto job = c->Submit(spec);
@@ -206,7 +210,7 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
     ASSERT_TRUE(w.WaitForSteps(kill_after));
     daemon_.Stop(9);  // no drain, no goodbye
   }
-  // Damage the newest checkpoint: the restart must notice (checksum) and take the one before.
+  // Damage every checkpoint after step 6: the restart must notice (checksum) and take step 6's.
   const std::string ckpts = root_ + "/state/jobs/" + killed_id + "/checkpoints";
   std::vector<std::string> steps;
   for (const auto& e : std::filesystem::directory_iterator(ckpts)) {
@@ -216,11 +220,15 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
   std::sort(steps.begin(), steps.end(), [](const std::string& a, const std::string& b) {
     return std::stoi(a.substr(a.rfind('-') + 1)) < std::stoi(b.substr(b.rfind('-') + 1));
   });
-  {
-    std::fstream f(steps.back() + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  int damaged = 0;
+  for (const std::string& dir : steps) {
+    if (std::stoi(dir.substr(dir.rfind('-') + 1)) <= 6) continue;
+    ++damaged;
+    std::fstream f(dir + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-1, std::ios::end);
     f.put('\x55');
   }
+  ASSERT_GE(damaged, 1) << "no checkpoint after step 6 to damage";
   ASSERT_TRUE(StartDaemon()) << daemon_.Output();
   auto c = daemon_.Connect();
   Watcher w(*c, killed_id);
@@ -230,6 +238,7 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
   EXPECT_EQ(resumed->progress().step(), 16);
   EXPECT_NE(daemon_.Output().find("fails its checksum"), std::string::npos)
       << "the damaged checkpoint was not reported";
+  EXPECT_NE(daemon_.Output().find("checkpoints/step-6 (step 6,"), std::string::npos) << daemon_.Output();
   // The same job straight through, in the restarted daemon.
   auto straight = c->Submit(spec);
   ASSERT_TRUE(straight.ok());

@@ -54,7 +54,7 @@ TEST(TensorBoardCrc, MatchesTheStandardCheckValueAndTensorBoardsMask) {
 TEST(TensorBoardLog, ScalarsTextAndHParamsReadBackByTensorBoard) {
   const fs::path root = rp::testing::FreshTempDir("tb", "roundtrip");
   {
-    auto log = EventLog::Open((root / "tensorboard").string(), 0);
+    auto log = EventLog::Open((root / "tensorboard").string(), {0});
     ASSERT_TRUE(log.ok()) << log.status();
     ASSERT_TRUE((*log)
                     ->AddHParams({{"optimizer.lr", 3e-4}, {"model.preset", std::string("qwen3-tiny")}, {"lora", true}},
@@ -79,21 +79,27 @@ TEST(TensorBoardLog, ScalarsTextAndHParamsReadBackByTensorBoard) {
 TEST(TensorBoardLog, AResumeDropsTheStepsThatRunAgainAndKeepsTheRest) {
   const fs::path dir = rp::testing::FreshTempDir("tb", "resume") / "tensorboard";
   {
-    auto log = EventLog::Open(dir.string(), 0);
+    auto log = EventLog::Open(dir.string(), {0});
     ASSERT_TRUE(log.ok()) << log.status();
     ASSERT_TRUE((*log)->AddHParams({{"seed", 1.0}}, "g", 1.7e9).ok());
     LogSteps(**log, 1, 10);
+    // Evaluations at steps 3 and 6; the checkpoint of step 6 was written before the one at 6.
+    ASSERT_TRUE((*log)->AddScalars(3, {{"eval/loss", 3.0}}, 1.7e9).ok());
+    ASSERT_TRUE((*log)->AddScalars(6, {{"eval/loss", 6.0}}, 1.7e9).ok());
   }
   {
-    auto log = EventLog::Open(dir.string(), 6);  // resumed from the checkpoint of step 6
+    // Resumed from the checkpoint of step 6: steps 7.. and the evaluation at 6 run again.
+    auto log = EventLog::Open(dir.string(), {6, {"eval/", "samples/"}});
     ASSERT_TRUE(log.ok()) << log.status();
-    EXPECT_EQ((*log)->dropped_records(), 4);
+    EXPECT_EQ((*log)->dropped_records(), 5);
+    ASSERT_TRUE((*log)->AddScalars(6, {{"eval/loss", 6.0}}, 1.7e9).ok());
     ASSERT_TRUE((*log)->AddHParams({{"seed", 1.0}}, "g", 1.7e9).ok());  // already there: not again
     LogSteps(**log, 7, 12);
   }
   const json j = ReadWithTensorBoard(dir);
   EXPECT_EQ(j["files"].size(), 2u);
   EXPECT_EQ(Series(j, "train/loss"), Expected(1, 12, 0.5));  // no step twice, none missing
+  EXPECT_EQ(Series(j, "eval/loss"), (std::vector<std::pair<int64_t, double>>{{3, 3.0}, {6, 6.0}}));
   EXPECT_EQ(j["hparams"].size(), 1u);
   EXPECT_EQ(j["plugins"]["hparams"].size(), 1u);
 }
@@ -102,7 +108,7 @@ TEST(TensorBoardLog, ATornLastRecordIsCutOnOpen) {
   const fs::path dir = rp::testing::FreshTempDir("tb", "torn") / "tensorboard";
   std::string first_file;
   {
-    auto log = EventLog::Open(dir.string(), 0);
+    auto log = EventLog::Open(dir.string(), {0});
     ASSERT_TRUE(log.ok());
     LogSteps(**log, 1, 3);
     first_file = (*log)->file_path();
@@ -115,7 +121,7 @@ TEST(TensorBoardLog, ATornLastRecordIsCutOnOpen) {
   }
   EXPECT_TRUE(ParseRecords(rp::testing::ReadWholeFile(first_file)).damaged_tail);
   {
-    auto log = EventLog::Open(dir.string(), 3);
+    auto log = EventLog::Open(dir.string(), {3});
     ASSERT_TRUE(log.ok());
     ASSERT_EQ((*log)->notes().size(), 1u);
     EXPECT_NE((*log)->notes()[0].find("damaged last record"), std::string::npos) << (*log)->notes()[0];
@@ -137,7 +143,7 @@ TEST(TensorBoardLog, HostileEntriesAreLeftAloneAndASymlinkedDirectoryIsRefused) 
     ASSERT_EQ(::ftruncate(fd, EventLog::kMaxRewriteBytes + 1), 0);  // sparse: costs no disk
     ::close(fd);
   }
-  auto log = EventLog::Open(dir.string(), 0);
+  auto log = EventLog::Open(dir.string(), {0});
   ASSERT_TRUE(log.ok()) << log.status();
   EXPECT_EQ((*log)->notes().size(), 3u);
   EXPECT_EQ(fs::read_symlink(dir / "events.out.tfevents.2.link"), "/etc/passwd");
@@ -145,7 +151,7 @@ TEST(TensorBoardLog, HostileEntriesAreLeftAloneAndASymlinkedDirectoryIsRefused) 
   // The log's own directory may not be a symlink (it could point anywhere).
   fs::create_directories(root / "elsewhere");
   fs::create_symlink(root / "elsewhere", root / "linked");
-  auto refused = EventLog::Open((root / "linked").string(), 0);
+  auto refused = EventLog::Open((root / "linked").string(), {0});
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("not a symlink"), std::string::npos) << refused.status();
   EXPECT_TRUE(fs::is_empty(root / "elsewhere"));
@@ -153,7 +159,7 @@ TEST(TensorBoardLog, HostileEntriesAreLeftAloneAndASymlinkedDirectoryIsRefused) 
 
 TEST(TensorBoardLog, AFailedWriteLeavesTheFileReadable) {
   const fs::path dir = rp::testing::FreshTempDir("tb", "full") / "tensorboard";
-  auto log = EventLog::Open(dir.string(), 0);
+  auto log = EventLog::Open(dir.string(), {0});
   ASSERT_TRUE(log.ok());
   LogSteps(**log, 1, 3);
   const auto good = fs::file_size((*log)->file_path());
