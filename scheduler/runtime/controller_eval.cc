@@ -1,5 +1,7 @@
 // Controller: an evaluation pass — the training plan's forward slots and B_1 (as an eval stage
 // that sums the loss, no backward), between iterations, with the weights flushed.
+#include <ATen/ATen.h>
+
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
