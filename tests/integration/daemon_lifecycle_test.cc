@@ -184,14 +184,7 @@ TEST_F(DaemonTest, SigkilledJobResumesFromItsCheckpointBitIdentically) {
   spec.set_max_steps(16);
   // Evaluations every 3 steps (drain points of the async job) with the best checkpoint kept:
   // their state is in the checkpoints, so the resumed job evaluates and ends like the straight one.
-  const std::string valid = root_ + "/data/valid.bin";
-  {
-    std::ofstream f(valid, std::ios::binary);
-    for (int32_t t : SomeTokens(3000, 11)) {
-      const uint16_t v = static_cast<uint16_t>(t);
-      f.write(reinterpret_cast<const char*>(&v), 2);
-    }
-  }
+  const std::string valid = ValidationFile(3000);
   spec.mutable_data()->mutable_validation()->set_path(valid);
   spec.mutable_eval()->set_every_steps(3);
   spec.mutable_eval()->set_keep_best_checkpoint(true);

@@ -64,6 +64,16 @@ class DaemonTest : public ::testing::Test {
     }
     return path;
   }
+  // A validation token file of `n` tokens (the same format), <root>/data/valid.bin.
+  std::string ValidationFile(int n, uint32_t seed = 11) {
+    const std::string path = root_ + "/data/valid.bin";
+    std::ofstream out(path, std::ios::binary);
+    for (int32_t t : SomeTokens(n, seed)) {
+      const uint16_t v = static_cast<uint16_t>(t);
+      out.write(reinterpret_cast<const char*>(&v), 2);
+    }
+    return path;
+  }
   static roundpipe::v1::JobSpec TinySpec() { return TinyJobSpec(); }
   // Waits until GetJob's record satisfies `pred` (polls), at most `limit`.
   template <typename Pred>

@@ -46,14 +46,7 @@ TEST_F(DaemonTest, SamplesAtEveryEvaluationEqualTransformersOnTheExport) {
   v1::JobSpec spec = TinySpec();
   spec.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
   spec.set_max_steps(8);
-  const std::string valid = root_ + "/data/valid.bin";
-  {
-    std::ofstream f(valid, std::ios::binary);
-    for (int32_t t : SomeTokens(2000, 11)) {
-      const uint16_t v = static_cast<uint16_t>(t);
-      f.write(reinterpret_cast<const char*>(&v), 2);
-    }
-  }
+  const std::string valid = ValidationFile(2000);
   spec.mutable_data()->mutable_validation()->set_path(valid);
   spec.mutable_eval()->set_every_steps(4);
   for (const std::string& p : kPrompts) spec.mutable_eval()->mutable_samples()->add_prompts(p);
