@@ -42,6 +42,16 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   return spec;
 }
 
+absl::StatusOr<v1::SamplePolicy> LoadSamplingFile(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  v1::SamplePolicy sampling;
+  if (auto st = google::protobuf::util::JsonStringToMessage(*text, &sampling); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a SamplePolicy in JSON: ", std::string(st.message())));
+  }
+  return sampling;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) {
   std::unique_ptr<Client> c(new Client(o));
   std::shared_ptr<grpc::ChannelCredentials> creds;
@@ -136,6 +146,14 @@ absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& id)
   v1::CheckpointRequest req;
   req.set_job_id(id);
   RP_UNARY(jobs_, Checkpoint, req, v1::CheckpointResponse);
+  return resp;
+}
+
+absl::StatusOr<v1::GenerateResponse> Client::Generate(const std::string& id, const v1::SamplePolicy& sampling) {
+  v1::GenerateRequest req;
+  req.set_job_id(id);
+  *req.mutable_sampling() = sampling;
+  RP_UNARY(jobs_, Generate, req, v1::GenerateResponse);
   return resp;
 }
 

@@ -31,6 +31,9 @@ absl::Status FromGrpc(const grpc::Status& st);
 // Parses a JSON job spec (unknown fields are errors).
 absl::StatusOr<roundpipe::v1::JobSpec> ParseJobSpecJson(const std::string& json);
 absl::StatusOr<roundpipe::v1::JobSpec> LoadJobSpecFile(const std::string& path);
+// A SamplePolicy in JSON ({"prompts": [...], "maxNewTokens": ...}), e.g. what
+// `roundpipe_client.py chat-prompts` writes (unknown fields are errors).
+absl::StatusOr<roundpipe::v1::SamplePolicy> LoadSamplingFile(const std::string& path);
 
 class Client {
  public:
@@ -45,6 +48,9 @@ class Client {
   absl::StatusOr<roundpipe::v1::CheckpointResponse> Checkpoint(const std::string& job_id);
   absl::StatusOr<std::string> Export(const std::string& job_id, const std::string& output_dir = "",
                                      bool merge_lora = false);
+  // Completions from a finished job's final weights (JobService.Generate).
+  absl::StatusOr<roundpipe::v1::GenerateResponse> Generate(const std::string& job_id,
+                                                           const roundpipe::v1::SamplePolicy& sampling);
   absl::StatusOr<roundpipe::v1::ServerInfo> Info();
   absl::StatusOr<int> Drain(int64_t deadline_seconds = 0);
   // One worker out of the pool (gracefully, or `now`: its slots re-run elsewhere) or back in.

@@ -37,7 +37,15 @@ ABSL_FLAG(int, seq, 0, "stream: tokens per sequence (default: the job's sequence
 ABSL_FLAG(std::string, out, "", "export: output directory (inside the daemon's allowed roots); tokenize: output file");
 ABSL_FLAG(std::string, state, "",
           "ls: only jobs in this state (queued, running, paused, succeeded, failed, cancelled)");
-ABSL_FLAG(bool, json, false, "get/ls/info/samples: print JSON");
+ABSL_FLAG(bool, json, false, "get/ls/info/samples/generate: print JSON");
+ABSL_FLAG(std::string, prompt, "", "generate: a prompt (more may follow the job id as arguments)");
+ABSL_FLAG(std::string, sampling_file, "",
+          "generate: a SamplePolicy in JSON ({\"prompts\": [...], ...}; e.g. from roundpipe_client.py chat-prompts); "
+          "--prompt and arguments add prompts, the other flags override it when set");
+ABSL_FLAG(int, max_new_tokens, 0, "generate: tokens to generate per prompt, 1 to 1024 (default: the file's, else 32)");
+ABSL_FLAG(double, temperature, 0,
+          "generate: > 0 samples softmax(logits / temperature) (default: the file's, else greedy)");
+ABSL_FLAG(uint64_t, seed, 0, "generate: the sampling seed (default: the file's, else 0)");
 ABSL_FLAG(bool, merge_lora, false, "export: LoRA jobs export merged full weights instead of the PEFT adapter");
 ABSL_FLAG(bool, now, false, "worker drain: at once (the worker's stage slots are re-run on the others)");
 
@@ -60,6 +68,9 @@ const char kUsageText[] =
     "  stream JOB FILE...            stream byte-level tokens of FILEs (text) to a job with streamed data\n"
     "                                [--batch B --seq S] [--keep_open]\n"
     "  samples JOB [--json]          the latest evaluation's sample generations (eval.samples)\n"
+    "  generate JOB --prompt TEXT [PROMPT...]  complete prompts with a finished job's final weights\n"
+    "                                [--sampling_file F.json] [--max_new_tokens N] [--temperature T\n"
+    "                                --seed S] [--json]\n"
     "  watch JOB                     live progress until the job ends: in a terminal a loss curve above\n"
     "                                the progress line (step, loss, tokens/s, ETA); plain lines otherwise\n"
     "  ls [--state S]                list jobs\n"
@@ -318,6 +329,13 @@ int CmdWorker(rp::client::Client& c, const Args& args) {
 
 // The measured profile: its path on the daemon's machine, and its JSON when readable from here
 // (the same machine, or a shared file system).
+void PrintSamples(const google::protobuf::RepeatedPtrField<v1::Sample>& samples) {
+  for (const v1::Sample& s : samples) {
+    std::printf("--- prompt\n%s\n--- completion (%d tokens)\n%s\n", s.prompt().c_str(), s.token_ids_size(),
+                s.completion().c_str());
+  }
+}
+
 // The latest evaluation's sample generations (GetJob's last_eval).
 int CmdSamples(rp::client::Client& c, const Args& args) {
   if (args.size() != 2) return Usage("samples: one job id");
@@ -333,10 +351,34 @@ int CmdSamples(rp::client::Client& c, const Args& args) {
   }
   std::printf("samples at step %lld (eval loss %.4f):\n", static_cast<long long>(j->last_eval().step()),
               j->last_eval().loss());
-  for (const v1::Sample& s : j->last_eval().samples()) {
-    std::printf("--- prompt\n%s\n--- completion (%d tokens)\n%s\n", s.prompt().c_str(), s.token_ids_size(),
-                s.completion().c_str());
+  PrintSamples(j->last_eval().samples());
+  return kOk;
+}
+
+// Completions from a finished job's final weights (JobService.Generate).
+int CmdGenerate(rp::client::Client& c, const Args& args) {
+  if (args.size() < 2) return Usage("generate: a job id, then --prompt TEXT (or prompts as arguments)");
+  v1::SamplePolicy sampling;
+  if (const std::string file = absl::GetFlag(FLAGS_sampling_file); !file.empty()) {
+    auto loaded = rp::client::LoadSamplingFile(file);
+    if (!loaded.ok()) return Usage(absl::StrCat("--sampling_file: ", loaded.status().message()));
+    sampling = *loaded;
   }
+  if (!absl::GetFlag(FLAGS_prompt).empty()) sampling.add_prompts(absl::GetFlag(FLAGS_prompt));
+  for (size_t i = 2; i < args.size(); ++i) sampling.add_prompts(args[i]);
+  if (sampling.prompts().empty()) return Usage("generate: give a prompt (--prompt TEXT or --sampling_file F)");
+  if (absl::GetFlag(FLAGS_max_new_tokens) != 0) sampling.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+  if (absl::GetFlag(FLAGS_temperature) != 0) sampling.set_temperature(absl::GetFlag(FLAGS_temperature));
+  if (absl::GetFlag(FLAGS_seed) != 0) sampling.set_seed(absl::GetFlag(FLAGS_seed));
+  auto r = c.Generate(args[1], sampling);
+  if (!r.ok()) return Report(r.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  std::printf("from step %lld (%s), %.1f s:\n", static_cast<long long>(r->step()), r->checkpoint().c_str(),
+              r->seconds());
+  PrintSamples(r->samples());
   return kOk;
 }
 
@@ -377,10 +419,10 @@ int main(int argc, char** argv) {
 
   using Command = int (*)(rp::client::Client&, const Args&);
   static const std::map<std::string, Command> kCommands = {
-      {"submit", CmdSubmit},   {"stream", CmdStream},         {"watch", CmdWatch},    {"ls", CmdList},
-      {"get", CmdGet},         {"cancel", CmdControl},        {"pause", CmdControl},  {"resume", CmdControl},
-      {"export", CmdExport},   {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},      {"drain", CmdDrain},
-      {"profile", CmdProfile}, {"worker", CmdWorker},         {"samples", CmdSamples}};
+      {"submit", CmdSubmit},   {"stream", CmdStream},         {"watch", CmdWatch},     {"ls", CmdList},
+      {"get", CmdGet},         {"cancel", CmdControl},        {"pause", CmdControl},   {"resume", CmdControl},
+      {"export", CmdExport},   {"checkpoint", CmdCheckpoint}, {"info", CmdInfo},       {"drain", CmdDrain},
+      {"profile", CmdProfile}, {"worker", CmdWorker},         {"samples", CmdSamples}, {"generate", CmdGenerate}};
   auto command = kCommands.find(args[0]);
   if (command == kCommands.end()) return Usage(absl::StrCat("unknown command '", args[0], "'"));
   auto options = ClientOptionsFromFlags();

@@ -54,6 +54,10 @@ absl::StatusOr<CheckpointInfo> Engine::Checkpoint(JobId id, const std::string& n
 absl::StatusOr<int64_t> Engine::Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop) {
   return impl_->Export(id, dir, kind, stop);
 }
+absl::StatusOr<std::vector<GeneratedSample>> Engine::Generate(const JobSpec& spec, const EvalPolicy::Samples& request,
+                                                              const StopCheck& stop) {
+  return impl_->Generate(spec, request, stop);
+}
 EngineStats Engine::Stats() const { return impl_->Stats(); }
 absl::Status Engine::DrainWorker(int worker, bool now) { return impl_->DrainWorker(worker, now); }
 absl::Status Engine::EnableWorker(int worker) { return impl_->EnableWorker(worker); }

@@ -101,6 +101,16 @@ class Engine {
   // bytes written. Waits for an iteration boundary of a running job. `stop` (optional) is polled
   // before each tensor: its error ends the export, nothing left behind.
   absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop = {});
+  // Completions of `request`'s prompts from the weights `spec` starts from — spec.resume_from
+  // (a checkpoint: a finished job's final one), else spec.hf_dir, else the seed — generated
+  // through the pipeline on the workers (runtime/generate.h). The spec is admitted like a job
+  // (checked as Submit checks it, its host memory predicted and waited for, ahead of queued jobs
+  // of lower priority, beside running ones up to max_running_jobs), built, generates, and is
+  // freed before this returns; it is never listed among the jobs. Its data, evaluation,
+  // checkpoint and profile fields are ignored. Blocks until done. `stop` (optional) is polled
+  // while it waits and between tokens: its error cancels the generation and is returned.
+  absl::StatusOr<std::vector<GeneratedSample>> Generate(const JobSpec& spec, const EvalPolicy::Samples& request,
+                                                        const StopCheck& stop = {});
   EngineStats Stats() const;
   // The workers (EngineStats::devices, by index) in and out of the pool. DrainWorker: no job plans
   // new stage slots on it from its next iteration on; what is queued there finishes (a graceful

@@ -1,5 +1,9 @@
 #include "scheduler/engine_types.h"
 
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
 namespace rp::scheduler {
 
 int PrecisionBytes(Precision p) { return p == Precision::kFloat32 ? 4 : 2; }
@@ -70,6 +74,25 @@ std::vector<HostPool> HostPools(const EngineStats& s) {
           {"mapped_base", s.host_mapped_bytes - s.host_registered_bytes},
           {"registered_base", s.host_registered_bytes},
           {"pinned", s.devices.empty() ? 0 : s.devices.front().pinned_reserved_bytes}};
+}
+
+absl::Status CheckSampleOptions(const EvalPolicy::Samples& s, const std::string& field) {
+  if (static_cast<int>(s.prompts.size()) > kMaxSamplePrompts) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".prompts: at most ", kMaxSamplePrompts));
+  }
+  for (size_t i = 0; i < s.prompts.size(); ++i) {
+    if (s.prompts[i].empty() || s.prompts[i].size() > kMaxSamplePromptBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".prompts[", i, "]: 1 to ", kMaxSamplePromptBytes, " bytes of text"));
+    }
+  }
+  if (s.max_new_tokens < 1 || s.max_new_tokens > kMaxSampleNewTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".max_new_tokens: 1 to ", kMaxSampleNewTokens));
+  }
+  if (!std::isfinite(s.temperature) || s.temperature < 0 || s.temperature > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".temperature: 0 (greedy) to 100"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rp::scheduler

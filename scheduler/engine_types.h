@@ -94,6 +94,14 @@ struct EvalPolicy {
   } samples;
 };
 
+// The limits of sample generations (EvalPolicy::Samples; Engine::Generate's request).
+inline constexpr int kMaxSamplePrompts = 16;
+inline constexpr size_t kMaxSamplePromptBytes = 16384;
+inline constexpr int kMaxSampleNewTokens = 1024;
+// InvalidArgument naming `field`'s member ("<field>.prompts[2]: ...") for prompts or options
+// beyond those limits; OK for none.
+absl::Status CheckSampleOptions(const EvalPolicy::Samples& s, const std::string& field);
+
 // One prompt's sample generation (EvalStats::samples).
 struct GeneratedSample {
   std::string prompt;

@@ -223,12 +223,7 @@ void JobEventTracker::ApplyEval(const scheduler::JobEvent& e, v1::Job& rec, Even
   m.set_best_loss(ev.best_loss);
   m.set_best_step(ev.best_step);
   m.set_is_best(ev.is_best);
-  for (const scheduler::GeneratedSample& g : ev.samples) {
-    v1::Sample* out = m.add_samples();
-    out->set_prompt(g.prompt);
-    out->set_completion(g.completion);
-    out->mutable_token_ids()->Add(g.token_ids.begin(), g.token_ids.end());
-  }
+  for (const scheduler::GeneratedSample& g : ev.samples) FillSample(g, m.add_samples());
   *rec.mutable_last_eval() = m;
   if (!ev.checkpoint.empty()) rec.set_best_checkpoint(ev.checkpoint);
   *out.mutable_eval() = m;
@@ -327,6 +322,12 @@ EventEffect JobEventTracker::Apply(const scheduler::JobEvent& e, std::chrono::st
       break;
   }
   return fx;
+}
+
+void FillSample(const scheduler::GeneratedSample& g, v1::Sample* out) {
+  out->set_prompt(g.prompt);
+  out->set_completion(g.completion);
+  out->mutable_token_ids()->Add(g.token_ids.begin(), g.token_ids.end());
 }
 
 }  // namespace rp::server

@@ -27,6 +27,9 @@ roundpipe::v1::JobWait ToProto(const scheduler::JobWait& w, const JobNames& name
 // while job-000007 runs", ...
 std::string WaitMessage(const roundpipe::v1::JobWait& w);
 
+// One generated sample as the API shows it (EvalMetrics.samples, GenerateResponse.samples).
+void FillSample(const scheduler::GeneratedSample& g, roundpipe::v1::Sample* out);
+
 // The effects the caller carries out.
 struct EventEffect {
   roundpipe::v1::JobEvent out;  // for watchers (time set from the engine's)

@@ -89,6 +89,13 @@ class JobManager {
   absl::StatusOr<std::string> Export(const std::string& id, const std::string& dir, bool merge_lora = false,
                                      const std::function<bool()>& caller_gone = {});
   absl::StatusOr<roundpipe::v1::CheckpointResponse> Checkpoint(const std::string& id);
+  // Completions of `sampling`'s prompts from the final weights of a SUCCEEDED or CANCELLED job
+  // (its final checkpoint, loaded by the engine on demand and freed after: Engine::Generate),
+  // ahead of queued jobs. Stops like Export: `caller_gone` (CANCELLED), a drain or shutdown
+  // (UNAVAILABLE). Blocks until done: call it through RunInBackground.
+  absl::StatusOr<roundpipe::v1::GenerateResponse> Generate(const std::string& id,
+                                                           const roundpipe::v1::SamplePolicy& sampling,
+                                                           const std::function<bool()>& caller_gone = {});
 
   // Stops admitting jobs and pauses running/queued ones; waits up to `deadline` for the running
   // ones to reach their pause point. Returns how many jobs it paused.
@@ -122,6 +129,11 @@ class JobManager {
   void ReadmitAfterRestart(const RecoveredJob& r);
   void ResumeAfterRestart(const RecoveredJob& r);
   void FailRecovered(ManagedJob& job, const std::string& why);
+  // Export and Generate (job_outputs.cc): the engine spec of a job as admitted (`live`: this
+  // daemon admitted it; else it is resolved again from its stored spec), and its final
+  // checkpoint, which must hold `step` (FailedPrecondition otherwise).
+  absl::StatusOr<ResolvedJob> AdmittedSpec(ManagedJob& job, bool live, const roundpipe::v1::JobSpec& spec);
+  static absl::StatusOr<std::string> FinalCheckpoint(const std::string& id, const ResolvedJob& resolved, int64_t step);
   absl::Status Admit(const std::shared_ptr<ManagedJob>& job);
   // A started job from the store: admit it from its newest usable checkpoint (false: none).
   bool ResumeFromCheckpoint(const std::shared_ptr<ManagedJob>& job, bool paused);

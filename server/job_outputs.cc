@@ -15,6 +15,27 @@ namespace rp::server {
 
 namespace v1 = roundpipe::v1;
 
+absl::StatusOr<ResolvedJob> JobManager::AdmittedSpec(ManagedJob& job, bool live, const v1::JobSpec& spec) {
+  if (live) return job.resolved;
+  // Listed from an earlier daemon run: resolved again.
+  JobSpecContext ctx = options_.spec;
+  ctx.host_memory_budget = nullptr;
+  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job.id).string();
+  return ResolveJobSpec(spec, ctx);
+}
+
+absl::StatusOr<std::string> JobManager::FinalCheckpoint(const std::string& id, const ResolvedJob& resolved,
+                                                        int64_t step) {
+  // The engine writes one when a job ends; it must hold the step the job ended at.
+  const auto all = scheduler::ListJobCheckpoints(resolved.engine.checkpoint_root);
+  if (all.empty() || all.front().step != step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " has no checkpoint of its final step ", step, " under ", resolved.engine.checkpoint_root,
+        all.empty() ? std::string() : absl::StrCat(" (newest: step ", all.front().step, ")")));
+  }
+  return all.front().path;
+}
+
 absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std::string& dir_in, bool merge_lora,
                                                const std::function<bool()>& caller_gone) {
   auto job = table_.Find(id);
@@ -33,11 +54,7 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
     step = job->record.progress().step();
     spec = job->record.spec();
   }
-  // The job as admitted (a job listed from an earlier daemon run is resolved again).
-  JobSpecContext ctx = options_.spec;
-  ctx.host_memory_budget = nullptr;
-  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / id).string();
-  auto resolved = eid ? absl::StatusOr<ResolvedJob>(job->resolved) : ResolveJobSpec(spec, ctx);
+  auto resolved = AdmittedSpec(*job, eid.has_value(), spec);
   if (!resolved.ok()) return resolved.status();
   std::string dir;
   if (dir_in.empty()) {
@@ -78,15 +95,10 @@ absl::StatusOr<std::string> JobManager::Export(const std::string& id, const std:
   if (eid) {
     bytes = engine_->Export(*eid, dir, kind, stop);
   } else {
-    // From an earlier daemon run: the job's final weights are its newest checkpoint (the engine
-    // writes one when a job ends), which must hold the step the job ended at.
-    const auto all = scheduler::ListJobCheckpoints(resolved->engine.checkpoint_root);
-    if (all.empty() || all.front().step != step) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", id, " has no checkpoint of its final step ", step, " under ", resolved->engine.checkpoint_root,
-          all.empty() ? std::string() : absl::StrCat(" (newest: step ", all.front().step, ")")));
-    }
-    bytes = scheduler::ExportCheckpoint(all.front().path, resolved->engine, dir, kind, stop);
+    // From an earlier daemon run: the job's final weights are its newest checkpoint.
+    auto final_checkpoint = FinalCheckpoint(id, *resolved, step);
+    if (!final_checkpoint.ok()) return final_checkpoint.status();
+    bytes = scheduler::ExportCheckpoint(*final_checkpoint, resolved->engine, dir, kind, stop);
   }
   if (!bytes.ok()) return bytes.status();
   JobLog()->info("[{}] exported {} MiB at step {} to {}", id, *bytes >> 20, step, dir);

@@ -327,4 +327,21 @@ grpc::ServerUnaryReactor* JobServiceImpl::ExportModel(grpc::CallbackServerContex
   return r;
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,
+                                                   v1::GenerateResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
+  // Loading the weights and generating take a while: off the callback thread.
+  auto* r = ctx->DefaultReactor();
+  absl::Status queued = manager_->RunInBackground([this, ctx, r, req, resp] {
+    // ctx and req live until Finish: a client that gave up stops the generation at the next token.
+    auto out = Guarded("Generate", [&] {
+      return manager_->Generate(req->job_id(), req->sampling(), [ctx] { return ctx->IsCancelled(); });
+    });
+    if (out.ok()) *resp = std::move(*out);
+    r->Finish(ToGrpcStatus(out.status()));
+  });
+  if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
+  return r;
+}
+
 }  // namespace rp::server

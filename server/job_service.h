@@ -36,6 +36,8 @@ class JobServiceImpl final : public roundpipe::v1::JobService::CallbackService {
                                        roundpipe::v1::CheckpointResponse* resp) override;
   grpc::ServerUnaryReactor* ExportModel(grpc::CallbackServerContext* ctx, const roundpipe::v1::ExportModelRequest* req,
                                         roundpipe::v1::ExportModelResponse* resp) override;
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* ctx, const roundpipe::v1::GenerateRequest* req,
+                                     roundpipe::v1::GenerateResponse* resp) override;
 
  private:
   JobManager* manager_;

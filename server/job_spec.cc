@@ -384,10 +384,7 @@ absl::Status ResolveData(const v1::JobSpec& spec, const JobSpecContext& ctx, Res
   e.eval.every_steps = ev.every_steps();
   e.eval.early_stopping_patience = ev.early_stopping_patience();
   e.eval.keep_best_checkpoint = ev.keep_best_checkpoint();
-  e.eval.samples.prompts.assign(ev.samples().prompts().begin(), ev.samples().prompts().end());
-  e.eval.samples.max_new_tokens = ev.samples().max_new_tokens() != 0 ? ev.samples().max_new_tokens() : 32;
-  e.eval.samples.temperature = ev.samples().temperature();
-  e.eval.samples.seed = ev.samples().seed();
+  e.eval.samples = ToSamples(ev.samples());
   if (r.streamed() && ctx.max_message_bytes > 0) {
     // A streamed batch is one message: packed varint token ids (< vocab) plus a packed bool mask.
     int64_t id_bytes = 1;
@@ -419,6 +416,15 @@ absl::Status ResolveOutput(const v1::JobSpec& spec, const JobSpecContext& ctx, R
 }
 
 }  // namespace
+
+scheduler::EvalPolicy::Samples ToSamples(const v1::SamplePolicy& p) {
+  scheduler::EvalPolicy::Samples s;
+  s.prompts.assign(p.prompts().begin(), p.prompts().end());
+  s.max_new_tokens = p.max_new_tokens() != 0 ? p.max_new_tokens() : 32;
+  s.temperature = p.temperature();
+  s.seed = p.seed();
+  return s;
+}
 
 absl::StatusOr<ResolvedJob> ResolveJobSpec(const v1::JobSpec& spec, const JobSpecContext& ctx) {
   ResolvedJob r;

@@ -37,6 +37,9 @@ struct ResolvedJob {
 // Model presets (jobs.proto ModelSpec.preset) are the planner's registry:
 // planning::ModelPreset / ModelPresetNames (scheduler/planning/presets.h).
 
+// A SamplePolicy as the engine takes it (max_new_tokens 0 = 32); unchecked.
+scheduler::EvalPolicy::Samples ToSamples(const roundpipe::v1::SamplePolicy& p);
+
 absl::StatusOr<ResolvedJob> ResolveJobSpec(const roundpipe::v1::JobSpec& spec, const JobSpecContext& ctx);
 
 // InvalidArgument naming the first double/float field (dotted path, repeated ones included) of

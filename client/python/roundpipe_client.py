@@ -7,6 +7,7 @@ puts them in <build>/client/python; add that directory to PYTHONPATH). Needs pyt
   roundpipe_client.py --address 127.0.0.1:50151 info
   roundpipe_client.py --address ... run spec.json [--text FILE ...]   # submit, stream, watch
   <venv>/bin/python roundpipe_client.py prepare --model-dir DIR --input chat.jsonl --out data.safetensors
+  <venv>/bin/python roundpipe_client.py chat-prompts --model-dir DIR --input chats.jsonl --out sampling.json
 
 `run` submits the JSON job spec, streams the bytes of the --text files as byte-level tokens when
 the job takes streamed data, then watches the job until it ends. Exit status: 0 when the job
@@ -14,7 +15,9 @@ SUCCEEDED, 1 when it failed or was cancelled, 3 when the daemon refused a reques
 
 `prepare` needs no daemon: it renders {"messages": [...]} chat records with the model's own chat
 template (transformers, in the venv that deploy/install-deps.sh makes) into a token dataset file
-with an assistant-only loss mask (roundpipe_prepare.py says how).
+with an assistant-only loss mask (roundpipe_prepare.py says how). `chat-prompts` renders
+conversations with the same template into prompts for sample generations (eval.samples, or
+`roundpipe generate --sampling_file`; roundpipe_chat.py says how).
 """
 import argparse
 import os
@@ -98,9 +101,16 @@ def main():
     pr.add_argument("--model-dir", required=True, help="holds tokenizer.json and tokenizer_config.json")
     pr.add_argument("--input", required=True, help='JSONL of {"messages": [{"role", "content"}, ...]}')
     pr.add_argument("--out", required=True, help="the .safetensors token dataset to write")
+    ch = sub.add_parser("chat-prompts", help="render chat JSONL with the model's chat template into sample prompts")
+    ch.add_argument("--model-dir", required=True, help="holds tokenizer.json and tokenizer_config.json")
+    ch.add_argument("--input", required=True, help='JSONL of {"messages": [{"role", "content"}, ...]}')
+    ch.add_argument("--out", help="the SamplePolicy JSON to write (default: stdout)")
     args = p.parse_args()
-    if args.command == "prepare":
+    if args.command in ("prepare", "chat-prompts"):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        if args.command == "chat-prompts":
+            import roundpipe_chat
+            return roundpipe_chat.main(args)
         import roundpipe_prepare
         return roundpipe_prepare.main(args)
     if grpc is None:

@@ -53,15 +53,9 @@ def conversation_tokens(tok, messages, where):
     return ids, mask
 
 
-def prepare(model_dir, input_path, out_path):
-    import numpy as np
-    from safetensors.numpy import save_file
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    if not tok.chat_template:
-        raise PrepareError(f"{model_dir}: the tokenizer has no chat template (tokenizer_config.json chat_template)")
-    ids, mask, offsets = [], [], [0]
+def read_conversations(input_path):
+    """The (messages, "file:line") of each {"messages": [...]} line; PrepareError naming the line."""
+    out = []
     with open(input_path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -77,12 +71,26 @@ def prepare(model_dir, input_path, out_path):
             for k, m in enumerate(msgs):
                 if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                     raise PrepareError(f"{where}: messages[{k}] needs string \"role\" and \"content\"")
-            i, m = conversation_tokens(tok, msgs, where)
-            ids += i
-            mask += m
-            offsets.append(len(ids))
-    if len(offsets) == 1:
+            out.append((msgs, where))
+    if not out:
         raise PrepareError(f"{input_path}: holds no conversations")
+    return out
+
+
+def prepare(model_dir, input_path, out_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if not tok.chat_template:
+        raise PrepareError(f"{model_dir}: the tokenizer has no chat template (tokenizer_config.json chat_template)")
+    ids, mask, offsets = [], [], [0]
+    for msgs, where in read_conversations(input_path):
+        i, m = conversation_tokens(tok, msgs, where)
+        ids += i
+        mask += m
+        offsets.append(len(ids))
     save_file({"input_ids": np.asarray(ids, dtype=np.int32), "loss_mask": np.asarray(mask, dtype=np.uint8),
                "document_offsets": np.asarray(offsets, dtype=np.int64)},
               out_path, metadata={"format": "roundpipe.token_dataset.v1"})

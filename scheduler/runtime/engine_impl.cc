@@ -81,7 +81,7 @@ std::vector<workers::Device*> Engine::Impl::RawDevices() const {
 std::shared_ptr<Engine::Impl::Job> Engine::Impl::Find(JobId id) const {
   base::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
-  return it == jobs_.end() ? nullptr : it->second;
+  return it == jobs_.end() || it->second->generation_only ? nullptr : it->second;  // generations: never listed
 }
 
 absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
@@ -89,13 +89,7 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   // takes the job, so a queued job costs no host memory and Submit returns at once.
   auto job = std::make_shared<Job>();
   if (absl::Status st = runtime::PrepareJob(spec, RawDevices(), job.get()); !st.ok()) return st;
-  if (host_memory_limit_ > 0 && job->AdmissionBytes() > host_memory_limit_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job: its model states", job->predicted_worker_bytes > 0 ? " and the CPU workers' stage copies" : "", " need ",
-        job->AdmissionBytes(), " bytes of host memory, more than the limit of ", host_memory_limit_,
-        " bytes all jobs share (DaemonConfig.hostMemoryLimitBytes); raise it or train a smaller "
-        "model (LoRA, a lower precision)"));
-  }
+  if (absl::Status st = CheckHostLimit(*job); !st.ok()) return st;
   base::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("engine is shutting down");
   job->id = next_id_++;
@@ -114,9 +108,25 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   return job->id;
 }
 
+absl::Status Engine::Impl::CheckHostLimit(const Job& job) const {
+  if (host_memory_limit_ > 0 && job.AdmissionBytes() > host_memory_limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job: its model states", job.predicted_worker_bytes > 0 ? " and the CPU workers' stage copies" : "", " need ",
+        job.AdmissionBytes(), " bytes of host memory, more than the limit of ", host_memory_limit_,
+        " bytes all jobs share (DaemonConfig.hostMemoryLimitBytes); raise it or train a smaller "
+        "model (LoRA, a lower precision)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::Impl::Cancel(JobId id) {
   auto job = Find(id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return CancelJob(job);
+}
+
+absl::Status Engine::Impl::CancelJob(const std::shared_ptr<Job>& job) {
+  const JobId id = job->id;
   bool never_ran = false;
   {
     base::MutexLock lock(&job->mu);
@@ -325,7 +335,6 @@ EngineStats Engine::Impl::Stats() const {
     ds.pinned_in_use_bytes = m.pinned_in_use_bytes;
   }
   base::MutexLock lock(&mu_);
-  s.jobs_total = static_cast<int>(jobs_.size());
   s.max_running_jobs = max_running_;
   for (JobId id : running_) {
     const std::shared_ptr<Job>& job = jobs_.at(id);
@@ -340,7 +349,10 @@ EngineStats Engine::Impl::Stats() const {
   }
   for (const auto& [id, job] : jobs_) {
     base::MutexLock jl(&job->mu);
-    if (!job->terminal()) ++s.jobs_active;
+    if (!job->generation_only) {  // never listed; its host state counts below
+      ++s.jobs_total;
+      if (!job->terminal()) ++s.jobs_active;
+    }
     if (job->state == JobState::kRunning && job->store) {  // the running jobs' host state, summed
       s.host_model_bytes += job->store->HostBytes();
       s.host_mapped_bytes += job->store->MappedBytes();
@@ -360,7 +372,14 @@ EngineStats Engine::Impl::Stats() const {
 // job's state is not consistent: it is freed at once. Without a root (library use) or when the
 // final checkpoint could not be written, the store stays. Caller holds run_mu.
 void Engine::Impl::ReleaseEnded(Job& job) {
-  if (!job.store || job.spec.checkpoint_root.empty()) return;
+  if (!job.store) return;
+  if (job.generation_only) {  // nothing of it is kept
+    base::MutexLock lock(&job.mu);
+    job.controller.reset();
+    job.store.reset();
+    return;
+  }
+  if (job.spec.checkpoint_root.empty()) return;
   {
     base::MutexLock lock(&job.mu);
     if (!IsTerminal(job.state)) return;

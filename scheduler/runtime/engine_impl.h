@@ -51,6 +51,9 @@ class Engine::Impl {
   absl::StatusOr<TensorValue> Parameter(JobId id, const std::string& name) const;
   absl::StatusOr<CheckpointInfo> Checkpoint(JobId id, const std::string& note);
   absl::StatusOr<int64_t> Export(JobId id, const std::string& dir, ExportKind kind, const StopCheck& stop);
+  // engine_generate.cc: Engine::Generate.
+  absl::StatusOr<std::vector<GeneratedSample>> Generate(const JobSpec& spec, const EvalPolicy::Samples& request,
+                                                        const StopCheck& stop);
   EngineStats Stats() const;
   // engine_workers.cc: the pool's workers in and out (Engine::DrainWorker, EnableWorker).
   absl::Status DrainWorker(int worker, bool now);
@@ -75,7 +78,10 @@ class Engine::Impl {
   bool StartInterrupted(const std::shared_ptr<Job>& job) ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseData(Job& job);
   std::vector<workers::Device*> RawDevices() const;
-  std::shared_ptr<Job> Find(JobId id) const;
+  std::shared_ptr<Job> Find(JobId id) const;  // null for generation jobs too (never listed)
+  absl::Status CancelJob(const std::shared_ptr<Job>& job);
+  // Submit's host memory check of a prepared job (ResourceExhausted when it alone exceeds the limit).
+  absl::Status CheckHostLimit(const Job& job) const;
   // What both feeds check first (the job, its kind, its state, the batch), and the batch as tensors.
   absl::StatusOr<std::pair<std::shared_ptr<Job>, runtime::TensorBatch>> AcceptFeed(JobId id, const Batch& batch) const;
   // The queued job that starts next, taken off the queue and counted as running (null: none may
@@ -104,6 +110,12 @@ class Engine::Impl {
   JobId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<JobId> running_ ABSL_GUARDED_BY(mu_);  // taken by a runner, not yet finished
+  // Generations (Engine::Generate) running on their callers' threads, outside max_running_jobs;
+  // their host memory counts like a running job's. Shutdown waits for them to end.
+  std::vector<JobId> generating_ ABSL_GUARDED_BY(mu_);
+  // Engine::Generate's admission: waits until the job's host memory fits beside the running jobs
+  // (as NextJob decides), the job is cancelled, or the engine shuts down (false).
+  bool AdmitGeneration(const std::shared_ptr<Job>& job) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::thread> runners_;
 };
 

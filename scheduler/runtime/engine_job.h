@@ -68,13 +68,18 @@ struct EngineJob {
   std::optional<workers::io::FrozenBase> frozen_base ABSL_GUARDED_BY(run_mu);
   std::unique_ptr<BaseSource> final_base ABSL_GUARDED_BY(run_mu);  // opened on the first base read
 
+  // A generation (Engine::Generate), never listed: the runner generates spec.eval.samples from
+  // the loaded weights and ends the job. Set before the job is queued, read-only after.
+  bool generation_only = false;
   base::Mutex mu ABSL_ACQUIRED_AFTER(run_mu);
   base::CondVar cv;
   std::deque<TensorBatch> batches ABSL_GUARDED_BY(mu);
   std::deque<WaitingFeed> waiting ABSL_GUARDED_BY(mu);  // at most spec.max_queued_batches
   std::unique_ptr<runtime::TokenDataset> data;          // token-file jobs (opened at Submit: mapped, not read)
   std::unique_ptr<runtime::TokenDataset> validation;    // the validation source (JobSpec::validation)
-  // EvalPolicy::samples' tokenizer (loaded when the job starts); null: byte-level or no samples.
+  // EvalPolicy::samples' tokenizer: its directory (SampleTokenizerDir, decided at Submit; empty:
+  // byte-level), and the tokenizer loaded when the job starts (null: byte-level or no samples).
+  std::string sample_tokenizer_dir;
   std::shared_ptr<const workers::text::Tokenizer> sample_tokenizer;
   int64_t data_steps ABSL_GUARDED_BY(mu) = 0;  // the data's steps, kept when it is released at the end
   // Evaluations (the runner's): the latest, the best loss and step, how many in a row did not
@@ -94,6 +99,9 @@ struct EngineJob {
   JobState state ABSL_GUARDED_BY(mu) = JobState::kQueued;
   std::string message ABSL_GUARDED_BY(mu);  // of the latest state change or progress report
   std::vector<JobEvent> events ABSL_GUARDED_BY(mu);
+  // Generation jobs: what the runner generated, or why it could not (unset: it never ran).
+  std::optional<absl::StatusOr<std::vector<GeneratedSample>>> generated ABSL_GUARDED_BY(mu);
+  bool finished ABSL_GUARDED_BY(mu) = false;  // the runner is done with it: its host state is freed
   // Checkpoints: requests the runner serves at an iteration boundary; progress counters.
   struct CheckpointRequest {
     std::string note;

@@ -89,6 +89,7 @@ void Engine::Impl::Shutdown() {
     if (r.joinable()) r.join();
   }
   base::MutexLock lock(&mu_);
+  while (!generating_.empty()) cv_.Wait(&mu_);  // cancelled above: they end at the next token
   for (auto& [id, job] : jobs_) {
     std::deque<runtime::WaitingFeed> waiting;
     {

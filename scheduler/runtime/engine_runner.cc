@@ -29,14 +29,14 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::NextJob() {
     {
       base::MutexLock lock(&mu_);
       if (shutdown_) return nullptr;
-      others_running = !running_.empty();
+      others_running = !running_.empty() || !generating_.empty();
     }
     // Asked with no engine lock held (it may read the engine's Stats); one job always starts
     // when nothing runs.
     int64_t available = others_running && host_memory_available_ ? host_memory_available_() : -1;
     base::MutexLock lock(&mu_);
     if (shutdown_) return nullptr;
-    if (host_memory_limit_ > 0 && !running_.empty()) {
+    if (host_memory_limit_ > 0 && (!running_.empty() || !generating_.empty())) {
       const int64_t room = std::max<int64_t>(0, host_memory_limit_ - HeldByRunningLocked());
       available = available < 0 ? room : std::min(available, room);
     }
@@ -52,7 +52,9 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::NextJob() {
 
 int64_t Engine::Impl::HeldByRunningLocked() const {
   int64_t held = 0;
-  for (JobId id : running_) {
+  std::vector<JobId> ids = running_;
+  ids.insert(ids.end(), generating_.begin(), generating_.end());
+  for (JobId id : ids) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     Job* j = it->second.get();
@@ -86,7 +88,7 @@ JobWait Engine::Impl::HeadWaitLocked(const Job& head, int64_t available) const {
     w.cause = JobWait::Cause::kRunningLimit;
     w.running = running_;
     w.max_running = max_running_;
-  } else if (!running_.empty() && available >= 0 && head.AdmissionBytes() > available) {
+  } else if ((!running_.empty() || !generating_.empty()) && available >= 0 && head.AdmissionBytes() > available) {
     w.cause = JobWait::Cause::kHostMemory;
     w.running = running_;
     w.need_bytes = head.AdmissionBytes();
@@ -186,6 +188,9 @@ void Engine::Impl::RunJob(const std::shared_ptr<Job>& job) {
       return;  // paused (or resumed) while starting: queued again, its feeds kept
     } else {
       base::MutexLock lock(&job->mu);
+      if (job->generation_only) {
+        job->generated = absl::Status(built.code(), absl::StrCat("could not load the weights: ", built.message()));
+      }
       if (!job->terminal()) job->SetState(JobState::kFailed, absl::StrCat("could not start: ", built.message()));
     }
   } catch (const std::exception& e) {
@@ -219,6 +224,9 @@ void Engine::Impl::RunJob(const std::shared_ptr<Job>& job) {
   ReleaseEnded(*job);
   ReleaseData(*job);
   FreeLanes(*job);
+  base::MutexLock lock(&job->mu);
+  job->finished = true;
+  job->cv.SignalAll();
 }
 
 }  // namespace rp::scheduler

@@ -257,9 +257,14 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
   if (spec.eval.keep_best_checkpoint && spec.checkpoint_root.empty()) {
     return absl::InvalidArgumentError("eval.keep_best_checkpoint: the job has no checkpoint directory");
   }
-  if (absl::Status st = CheckSamples(spec.eval.samples, spec.validation.has_value()); !st.ok()) return st;
-  if (!spec.eval.samples.prompts.empty()) {
-    if (auto dir = SampleTokenizerDir(spec); !dir.ok()) return dir.status();
+  if (absl::Status st = CheckSamples(spec.eval.samples, spec.validation.has_value() || job->generation_only);
+      !st.ok()) {
+    return st;
+  }
+  if (!spec.eval.samples.prompts.empty() && !job->generation_only) {  // a generation's is set already
+    auto dir = SampleTokenizerDir(spec);
+    if (!dir.ok()) return dir.status();
+    job->sample_tokenizer_dir = *dir;
   }
   ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
@@ -288,10 +293,8 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     job.Emit({JobEvent::Kind::kProgress, job.state, {}, std::move(what)});
   };
   if (!spec.eval.samples.prompts.empty()) {  // the tokenizer of the sample generations, for the job's life
-    auto dir = SampleTokenizerDir(spec);
-    if (!dir.ok()) return dir.status();
-    if (!dir->empty()) {
-      auto tok = LoadTokenizerDir(*dir, "");
+    if (!job.sample_tokenizer_dir.empty()) {
+      auto tok = LoadTokenizerDir(job.sample_tokenizer_dir, "");
       if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("eval.samples: ", tok.status().message()));
       job.sample_tokenizer = std::make_shared<const workers::text::Tokenizer>(std::move(tok->tokenizer));
     }

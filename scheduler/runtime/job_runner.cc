@@ -18,6 +18,25 @@ JobRunner::JobRunner(EngineJob& job) : job_(job), c_(*job.controller), last_poli
   if (job_.last_eval && job_.last_eval->step == job_.first_step) last_eval_step_ = job_.first_step;
 }
 
+void JobRunner::RunGeneration() {
+  auto cancelled = [this] {
+    base::MutexLock lock(&job_.mu);
+    return job_.cancel;
+  };
+  absl::StatusOr<std::vector<GeneratedSample>> out;
+  {
+    base::MutexLock run(&job_.run_mu);
+    out = GenerateSamples(c_, job_.spec.eval.samples, job_.sample_tokenizer.get(), c_.microbatches(), cancelled);
+  }
+  base::MutexLock lock(&job_.mu);
+  const JobState s = out.ok()                          ? JobState::kSucceeded
+                     : absl::IsCancelled(out.status()) ? JobState::kCancelled
+                                                       : JobState::kFailed;
+  std::string why = out.ok() ? "" : std::string(out.status().message());
+  job_.generated = std::move(out);
+  job_.SetState(s, std::move(why));
+}
+
 bool JobRunner::FinishPending() {
   if (!pending_) return true;
   absl::StatusOr<IterationStats> st;
@@ -380,6 +399,10 @@ void JobRunner::Run() {
     base::MutexLock lock(&job_.mu);
     if (job_.terminal()) return;  // cancelled while queued
     if (job_.state != JobState::kRunning) job_.SetState(JobState::kRunning);
+  }
+  if (job_.generation_only) {
+    RunGeneration();
+    return;
   }
   for (;;) {
     PolicyCheckpoint();

@@ -24,6 +24,9 @@ class JobRunner {
   void Run();
 
  private:
+  // A generation job (EngineJob::generation_only): the samples from the loaded weights, kept in
+  // job.generated; the job ends SUCCEEDED, CANCELLED (a cancel seen between tokens) or FAILED.
+  void RunGeneration();
   // Awaits the pending iteration and reports it; false when the job must stop (it failed).
   bool FinishPending();
   // Reports the pending iteration, runs the final evaluation, flushes the optimizer, writes a

@@ -1,8 +1,6 @@
 // A job's sample generations (job_samples.h).
 #include "scheduler/runtime/job_samples.h"
 
-#include <cmath>
-
 #include "absl/strings/str_cat.h"
 #include "scheduler/runtime/generate.h"
 #include "workers/text/byte_level.h"
@@ -15,22 +13,7 @@ absl::Status CheckSamples(const EvalPolicy::Samples& s, bool has_validation) {
     return absl::InvalidArgumentError(
         "eval.samples: samples are generated at evaluations, which need a validation source (data.validation)");
   }
-  if (static_cast<int>(s.prompts.size()) > kMaxSamplePrompts) {
-    return absl::InvalidArgumentError(absl::StrCat("eval.samples.prompts: at most ", kMaxSamplePrompts));
-  }
-  for (size_t i = 0; i < s.prompts.size(); ++i) {
-    if (s.prompts[i].empty() || s.prompts[i].size() > kMaxSamplePromptBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("eval.samples.prompts[", i, "]: 1 to ", kMaxSamplePromptBytes, " bytes of text"));
-    }
-  }
-  if (s.max_new_tokens < 1 || s.max_new_tokens > kMaxSampleNewTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("eval.samples.max_new_tokens: 1 to ", kMaxSampleNewTokens));
-  }
-  if (!std::isfinite(s.temperature) || s.temperature < 0 || s.temperature > 100) {
-    return absl::InvalidArgumentError("eval.samples.temperature: 0 (greedy) to 100");
-  }
-  return absl::OkStatus();
+  return CheckSampleOptions(s, "eval.samples");
 }
 
 absl::StatusOr<std::string> SampleTokenizerDir(const JobSpec& spec) {

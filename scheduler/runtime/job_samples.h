@@ -17,12 +17,9 @@
 
 namespace rp::scheduler::runtime {
 
-inline constexpr int kMaxSamplePrompts = 16;
-inline constexpr size_t kMaxSamplePromptBytes = 16384;
-inline constexpr int kMaxSampleNewTokens = 1024;
-
 // InvalidArgument naming the field ("eval.samples.prompts[2]: empty") for prompts or options a
-// job cannot use; `has_validation`: samples run at evaluations, which need validation data.
+// job cannot use (CheckSampleOptions); `has_validation`: samples run at evaluations, which need
+// validation data (a generation job, Engine::Generate, passes true).
 absl::Status CheckSamples(const EvalPolicy::Samples& s, bool has_validation);
 
 // Where the job's sample tokenizer is: the data's tokenizer_dir, else the model's hf_dir; empty:
