@@ -42,6 +42,7 @@ DEB_PACKAGES=(
   civetweb  # Debian's civetweb CMake package references /usr/bin/civetweb (prometheus-cpp pull needs it)
   chromium  # headless, for the test that opens a job's TensorBoard pages as a person would
   tmux  # a real terminal for the test of `roundpipe watch`'s live curve
+  libgloo-dev  # cross-node collectives: roundpipe-comm links Debian's Gloo (never LibTorch's copy)
 )
 # Print the first Debian archive URI this machine's apt sources use (deb822 or one-line).
 debian_archive_uri() {

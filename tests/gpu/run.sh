@@ -91,7 +91,7 @@ say "cmake: $("$CMAKE" --version | head -1)"
 
 t0=$(date +%s)
 if ! {
-  "$CMAKE" -S "$ROOT" -B "$BUILD" -G Ninja "${NINJA_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF \
+  "$CMAKE" -S "$ROOT" -B "$BUILD" -G Ninja "${NINJA_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DRP_WITH_SERVER=OFF -DRP_WITH_GLOO=OFF \
     -DCMAKE_PREFIX_PATH="$PREFIXES" -DRP_TORCH_PREFIX="$TORCH_PREFIX" \
     -DZLIB_ROOT="$DD/usr" -DZLIB_INCLUDE_DIR="$DD/usr/include" \
     -DZLIB_LIBRARY="$ZLIB_SO" &&
