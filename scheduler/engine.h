@@ -46,6 +46,9 @@ struct EngineOptions {
   // jobs leave of it (each counted at its prediction or at what it measurably held, whichever is
   // more), and a job that alone exceeds it is refused at Submit (RESOURCE_EXHAUSTED).
   int64_t host_memory_limit = 0;
+  // Data-parallel jobs: the communicator binary (roundpipe-comm); empty: beside the running
+  // executable, or $RP_COMM_BINARY.
+  std::string comm_binary;
 };
 
 class Engine {

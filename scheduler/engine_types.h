@@ -109,6 +109,20 @@ struct GeneratedSample {
   std::vector<int32_t> token_ids;  // what the model generated (the prompt's ids not included)
 };
 
+// Data parallelism across nodes (paper §6): this engine is node `rank` of `size`; it trains on
+// its share of every global batch (what it is fed, or its token file) and sums gradients with the
+// other nodes' engines before every step (workers/data_parallel.h), dividing by the labelled
+// tokens of all nodes: the nodes together train what one engine would on the whole batch. Every
+// node's job must be the same spec but for this field and its data. Communicators find each
+// other through a store of this process for now (nodes that are engines of one process).
+struct DataParallelSpec {
+  int rank = 0;
+  int size = 1;
+  std::string group;                   // names the job's group (one per job and run)
+  std::string hostname = "127.0.0.1";  // this node's address for the collectives
+  int64_t timeout_ms = 60000;          // every collective's deadline, and the rendezvous'
+};
+
 struct JobSpec {
   std::string name;
   spec::ModelConfig model;  // dense llama / qwen3 families (the engine refuses others by name)
@@ -164,6 +178,7 @@ struct JobSpec {
   // automatic partition has been planned from them; empty = nowhere. `roundpipe-sim --profile`
   // replays it.
   std::string profile_path;
+  std::optional<DataParallelSpec> data_parallel;  // set: one node of a data-parallel job
 };
 
 // Queued -> Running (loading first: kProgress events say how far) <-> Paused -> an end state.

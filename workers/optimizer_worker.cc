@@ -12,8 +12,10 @@
 namespace rp::workers {
 
 OptimizerWorker::OptimizerWorker(HostModelStore* store, ConsistencyBook* book, AdamWOptions adamw,
-                                 LossScalerOptions scaler)
-    : store_(store), book_(book), adamw_(adamw), scaler_(scaler), thread_([this] { Loop(); }) {}
+                                 LossScalerOptions scaler, DataParallelGroup* data_parallel)
+    : store_(store), book_(book), data_parallel_(data_parallel), adamw_(adamw), scaler_(scaler), thread_([this] {
+        Loop();
+      }) {}
 
 OptimizerWorker::~OptimizerWorker() {
   {
@@ -76,21 +78,39 @@ void OptimizerWorker::Process(const StepRequest& r) {
   auto ev = book_->Get(r.iteration);
   auto next = book_->Get(r.iteration + 1);
 
-  // G_cp, deepest layer first (gradients land from the top of the model down).
+  // G_cp, deepest layer first (gradients land from the top of the model down). Data parallel:
+  // each layer's gradients summed over the nodes once copied (the iteration's loss and tokens
+  // first: every micro-batch's loss is known once the deepest layer's gradients landed).
   double sq = 0;
+  std::optional<NodeSums> node_sums;
+  absl::Status reduced = absl::OkStatus();
   for (int o = L - 1; o >= 0; --o) {
     if (own.owned_params[static_cast<size_t>(o)].empty()) continue;
     for (int l : own.user_layers[static_cast<size_t>(o)]) ev->grads[static_cast<size_t>(l)]->event()->Wait();
     MaybeDelayForTest();
+    std::vector<at::Tensor> layer_grads;
     for (int i : own.owned_params[static_cast<size_t>(o)]) {
       HostParam& p = store_->param(i);
       if (!p.trainable) continue;
       if (!p.opt_grad.defined()) store_->AllocateOptimizerGrad(p);
       p.opt_grad.copy_(p.grad);
       p.grad.zero_();
-      if (!store_->pacer()) sq += std::pow(at::norm(p.opt_grad, 2, at::kDouble).item<double>(), 2);
+      layer_grads.push_back(p.opt_grad);
     }
     ev->gcp[static_cast<size_t>(o)]->Set();
+    if (data_parallel_ != nullptr && reduced.ok()) {
+      if (!node_sums) {
+        auto sums = SumNodeStats(*data_parallel_, *r.ctx);
+        if (sums.ok())
+          node_sums = *sums;
+        else
+          reduced = sums.status();
+      }
+      if (reduced.ok()) reduced = data_parallel_->SumTensors(layer_grads);
+    }
+    if (!store_->pacer()) {
+      for (const at::Tensor& g : layer_grads) sq += std::pow(at::norm(g, 2, at::kDouble).item<double>(), 2);
+    }
   }
 
   // The step.
@@ -102,9 +122,13 @@ void OptimizerWorker::Process(const StepRequest& r) {
   }
   StepResult res;
   res.grad_norm = d.grad_norm;
-  const bool apply = d.apply && !r.ctx->failed();
+  res.node_sums = node_sums;
+  const bool apply = d.apply && !r.ctx->failed() && reduced.ok();
   if (!r.ctx->failed() && !d.status.ok()) {
     res.status = absl::Status(d.status.code(), absl::StrCat("iteration ", r.iteration, ": ", d.status.message()));
+  }
+  if (!reduced.ok()) {
+    res.status = absl::Status(reduced.code(), absl::StrCat("iteration ", r.iteration, ": ", reduced.message()));
   }
   res.skipped = !apply;
   if (apply) {

@@ -21,11 +21,13 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/status/statusor.h"
 #include "workers/base/mutex.h"
 #include "workers/consistency.h"
+#include "workers/data_parallel.h"
 #include "workers/optim/adamw.h"
 #include "workers/optim/loss_scaler.h"
 #include "workers/run_context.h"
@@ -45,11 +47,17 @@ struct StepResult {
   bool skipped = false;  // failed iteration or fp16 overflow: weights unchanged
   double seconds = 0;    // wall time of the step math (AdamW over every parameter)
   absl::Status status;   // non-OK when the gradients were not finite without loss scaling
+  // Data parallel: the iteration's loss and labelled tokens over every node.
+  std::optional<NodeSums> node_sums;
 };
 
 class OptimizerWorker {
  public:
-  OptimizerWorker(HostModelStore* store, ConsistencyBook* book, AdamWOptions adamw, LossScalerOptions scaler);
+  // `data_parallel` (optional, outliving this): each layer's gradients are summed over the nodes
+  // as they are copied (G_cp), before the norm and the step, so the reduction of layer l
+  // overlaps the downloads of the layers below it and the next iteration's compute.
+  OptimizerWorker(HostModelStore* store, ConsistencyBook* book, AdamWOptions adamw, LossScalerOptions scaler,
+                  DataParallelGroup* data_parallel = nullptr);
   ~OptimizerWorker();
   void Enqueue(StepRequest r);
   // Blocks until iteration T's step math ran (P_cp may still wait for T+1's uploads).
@@ -69,6 +77,7 @@ class OptimizerWorker {
 
   HostModelStore* store_;
   ConsistencyBook* book_;
+  DataParallelGroup* data_parallel_;
   AdamW adamw_;
   mutable base::Mutex mu_;
   base::CondVar cv_;

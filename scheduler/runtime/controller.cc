@@ -135,7 +135,8 @@ Controller::Controller(ControllerOptions options, workers::HostModelStore* store
     }
     book_ = std::make_unique<workers::ConsistencyBook>(std::move(own), std::vector<int>(static_cast<size_t>(L), 0),
                                                        std::vector<int>(static_cast<size_t>(L), 0));
-    optimizer_ = std::make_unique<workers::OptimizerWorker>(store_, book_.get(), opt_.adamw, opt_.loss_scaler);
+    optimizer_ = std::make_unique<workers::OptimizerWorker>(store_, book_.get(), opt_.adamw, opt_.loss_scaler,
+                                                            opt_.data_parallel.get());
     if (opt_.resume_adamw) {
       optimizer_->Restore(*opt_.resume_adamw,
                           opt_.resume_loss_scale > 0 ? opt_.resume_loss_scale : optimizer_->loss_scale(),
@@ -264,6 +265,17 @@ void Controller::FinishSyncIteration(int T, InFlight& f) {
     return;
   }
   IterationStats st = FinishStats(T, f);
+  if (opt_.data_parallel) {  // the nodes' gradients summed before the step (and their loss, for the report)
+    auto sums = workers::SumNodeStats(*opt_.data_parallel, *f.ctx);
+    absl::Status summed = sums.ok() ? opt_.data_parallel->SumTensors(workers::TrainableGrads(*store_)) : sums.status();
+    if (!summed.ok()) {
+      store_->ZeroGrads();
+      f.result = absl::StatusOr<IterationStats>(summed);
+      return;
+    }
+    st.loss = sums->loss;
+    st.tokens = sums->tokens;
+  }
   // The same policy as the asynchronous optimizer (workers/optim/step_policy.h).
   const workers::StepDecision d =
       workers::DecideStep(workers::AdamW::GradNorm(*store_), f.loss_scale, opt_.adamw.max_grad_norm, &scaler_);
@@ -295,6 +307,15 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, con
   auto host = ToHostMicrobatches(tokens_in, labels_in, positions_in, /*training=*/true, validated);
   if (!host.ok()) return host.status();
   const int M = opt_.microbatches;
+  // Data parallel: every node divides by the labelled tokens of all nodes (one collective on the
+  // control group, in submission order on every node).
+  int64_t valid = host->valid;
+  if (opt_.data_parallel) {
+    auto total = opt_.data_parallel->SumCounts({valid});
+    if (!total.ok()) return total.status();
+    valid = (*total)[0];
+    if (valid == 0) return absl::InvalidArgumentError("batch: no node's share of it has a labelled token");
+  }
   last_microbatch_rows_ = tokens_in.size(0) / M;
   last_seq_len_ = tokens_in.size(1);
   Replan();
@@ -304,7 +325,7 @@ absl::StatusOr<int> Controller::SubmitIteration(const at::Tensor& tokens_in, con
   f.plan_changes = std::exchange(pending_changes_, {});
   f.start = std::chrono::steady_clock::now();
   f.timeline_start = timeline_ ? timeline_->Now() : 0;
-  f.ctx = MakeRunContext(T, tokens_in.size(1), host->valid, std::move(host->positions));
+  f.ctx = MakeRunContext(T, tokens_in.size(1), valid, std::move(host->positions));
   f.loss_scale = async ? optimizer_->loss_scale() : scaler_.scale();
   f.ctx->grad_multiplier = f.loss_scale;
   // Step k (1-based) applies iteration k-1's gradients.
@@ -378,6 +399,10 @@ absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {
   }
   if (!step.status.ok()) return step.status;
   IterationStats st = FinishStats(iteration, f);
+  if (step.node_sums) {  // data parallel: what the optimizer worker summed over the nodes
+    st.loss = step.node_sums->loss;
+    st.tokens = step.node_sums->tokens;
+  }
   st.grad_norm = step.grad_norm;
   st.skipped_step = step.skipped;
   st.optimizer_seconds = step.seconds;

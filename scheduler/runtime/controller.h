@@ -31,6 +31,7 @@
 #include "scheduler/planning/partition.h"
 #include "scheduler/runtime/slot_recovery.h"
 #include "workers/consistency.h"
+#include "workers/data_parallel.h"
 #include "workers/device/device.h"
 #include "workers/device/timeline.h"
 #include "workers/device_worker.h"
@@ -89,6 +90,10 @@ struct ControllerOptions {
   std::optional<workers::AdamWState> resume_adamw;
   double resume_loss_scale = 0;  // 0 = the scaler's initial scale
   int64_t resume_good_steps = 0;
+  // Set: this controller is one node of a data-parallel job (workers/data_parallel.h): it
+  // divides by the labelled tokens of every node and sums the gradients with the others before
+  // each step.
+  std::shared_ptr<workers::DataParallelGroup> data_parallel;
 };
 
 // What a checkpoint needs from a controller (taken at a flush point).

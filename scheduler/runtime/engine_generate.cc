@@ -31,6 +31,7 @@ JobSpec GenerationSpec(const JobSpec& in, const EvalPolicy::Samples& request) {
   if (s.microbatches_per_round < 0) s.microbatches_per_round = 0;
   s.max_steps = 0;
   s.start_paused = false;
+  s.data_parallel.reset();  // a generation runs on this node alone
   return s;
 }
 

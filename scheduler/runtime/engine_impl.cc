@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
         absl::StrCat("host_memory_limit must be 0 (none) or positive (got ", options.host_memory_limit, ")"));
   }
   e->host_memory_limit_ = options.host_memory_limit;
+  e->comm_binary_ = options.comm_binary;
   for (int r = 0; r < e->max_running_; ++r) e->runners_.emplace_back([raw = e.get()] { raw->RunnerLoop(); });
   return e;
 }
@@ -88,6 +89,7 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   // Validation only (runtime/job_builder.h): nothing is allocated or loaded until the runner
   // takes the job, so a queued job costs no host memory and Submit returns at once.
   auto job = std::make_shared<Job>();
+  job->comm_binary = comm_binary_;
   if (absl::Status st = runtime::PrepareJob(spec, RawDevices(), job.get()); !st.ok()) return st;
   if (absl::Status st = CheckHostLimit(*job); !st.ok()) return st;
   base::MutexLock lock(&mu_);

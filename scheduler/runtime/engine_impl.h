@@ -100,6 +100,7 @@ class Engine::Impl {
   int max_running_ = 1;
   std::function<int64_t()> host_memory_available_;
   int64_t host_memory_limit_ = 0;  // EngineOptions::host_memory_limit
+  std::string comm_binary_;        // EngineOptions::comm_binary
   // What the running jobs' model states hold against host_memory_limit_.
   int64_t HeldByRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   base::Mutex workers_mu_;  // orders operators' DrainWorker / EnableWorker calls (no field of its own)

@@ -68,6 +68,7 @@ struct EngineJob {
   std::optional<workers::io::FrozenBase> frozen_base ABSL_GUARDED_BY(run_mu);
   std::unique_ptr<BaseSource> final_base ABSL_GUARDED_BY(run_mu);  // opened on the first base read
 
+  std::string comm_binary;  // EngineOptions::comm_binary (data-parallel jobs); set at Submit
   // A generation (Engine::Generate), never listed: the runner generates spec.eval.samples from
   // the loaded weights and ends the job. Set before the job is queued, read-only after.
   bool generation_only = false;

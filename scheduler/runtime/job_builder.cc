@@ -14,6 +14,7 @@
 #include "scheduler/runtime/jsonl_documents.h"
 #include "scheduler/runtime/model_adapter.h"
 #include "scheduler/runtime/token_dataset_file.h"
+#include "workers/data_parallel.h"
 #include "workers/files/confined_fs.h"
 #include "workers/io/checkpoint.h"
 #include "workers/io/hf_config.h"
@@ -57,6 +58,16 @@ int64_t DefaultStageMemoryCap(const std::vector<workers::Device*>& devices) {
 }  // namespace rp::scheduler
 
 namespace rp::scheduler::runtime {
+
+namespace {
+
+// Where data-parallel groups of this process find each other (DataParallelSpec).
+workers::collective::InMemoryStore& ProcessRendezvousStore() {
+  static auto* store = new workers::collective::InMemoryStore();
+  return *store;
+}
+
+}  // namespace
 namespace {
 
 bool IsJsonl(const TokenFileSource& tf) {
@@ -266,6 +277,21 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     if (!dir.ok()) return dir.status();
     job->sample_tokenizer_dir = *dir;
   }
+  if (spec.data_parallel) {
+    const DataParallelSpec& dp = *spec.data_parallel;
+    if (dp.size < 2 || dp.size > 4096 || dp.rank < 0 || dp.rank >= dp.size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data_parallel: node ", dp.rank, " of ", dp.size, " (2 to 4096 nodes, rank below size)"));
+    }
+    if (dp.group.empty()) return absl::InvalidArgumentError("data_parallel.group: name the job's group");
+    if (dp.timeout_ms < 100) return absl::InvalidArgumentError("data_parallel.timeout_ms: at least 100");
+    // Not across nodes yet: an evaluation's sums, and the router's load-balancing loss (its
+    // statistics are the whole batch's, which no node holds).
+    if (spec.validation) return absl::InvalidArgumentError("data_parallel: evaluation (data.validation) not yet");
+    if (spec.model.router_aux_loss_coef > 0) {
+      return absl::InvalidArgumentError("data_parallel: a router auxiliary loss (MoE) not yet");
+    }
+  }
   ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
   o.microbatches = spec.microbatches;
@@ -382,6 +408,20 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     auto ds = LoadPackedSource(*spec.validation, "data.validation", progress, &job.stop_starting);
     if (!ds.ok()) return ds.status();
     validation = std::move(*ds);
+  }
+  if (spec.data_parallel) {
+    const DataParallelSpec& dp = *spec.data_parallel;
+    progress(absl::StrCat("connecting to the data-parallel group '", dp.group, "' as node ", dp.rank, " of ", dp.size));
+    workers::DataParallelOptions dpo;
+    dpo.rank = dp.rank;
+    dpo.size = dp.size;
+    dpo.group = dp.group;
+    dpo.hostname = dp.hostname;
+    dpo.binary = job.comm_binary;
+    dpo.timeout = std::chrono::milliseconds(dp.timeout_ms);
+    auto group = workers::DataParallelGroup::Start(dpo, &ProcessRendezvousStore());
+    if (!group.ok()) return group.status();
+    o.data_parallel = std::move(*group);
   }
   o.timeline_job = static_cast<int>(job.id);  // the runner gives the job lanes tagged with its id
   auto c = Controller::Create(o, store.get(), devices, timeline);

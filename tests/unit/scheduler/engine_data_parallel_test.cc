@@ -1,0 +1,134 @@
+// Data parallelism across nodes (JobSpec::data_parallel): two nodes — two engines of this process,
+// each with its own workers and communicator processes — train one job, each fed half of every
+// global batch's rows. Their weights stay identical to each other, and equal (within fp32
+// summation order) one engine's fed the whole batches, with the loss it reports: sync and async.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <thread>
+
+#include "tests/support/engine_values.h"
+#include "tests/unit/scheduler/engine_test_jobs.h"
+
+namespace rp::scheduler {
+namespace {
+
+constexpr int kBatches = 4;
+
+at::Tensor GlobalBatch(int b) { return RandomTokens(8, 16, 41, 100 + static_cast<uint64_t>(b)); }
+
+struct NodeRun {
+  std::map<std::string, at::Tensor> weights;
+  std::vector<double> losses;
+  std::vector<int64_t> tokens;
+};
+
+// Feeds `rows` of every global batch to job `id`, then waits for it to end.
+NodeRun Train(Engine& e, JobId id, int64_t first_row, int64_t rows) {
+  for (int b = 0; b < kBatches; ++b) {
+    EXPECT_TRUE(e.FeedBatch(id, rp::testing::ToBatch(GlobalBatch(b).narrow(0, first_row, rows).contiguous())).ok());
+  }
+  EXPECT_TRUE(e.CloseInput(id).ok());
+  NodeRun r;
+  for (const JobEvent& ev : DrainUntilEnded(e, id)) {
+    if (ev.kind == JobEvent::Kind::kIteration) {
+      r.losses.push_back(ev.stats.loss);
+      r.tokens.push_back(ev.stats.tokens);
+    }
+    if (ev.kind == JobEvent::Kind::kState && ev.state == JobState::kFailed) ADD_FAILURE() << ev.message;
+  }
+  auto shapes = e.ParameterShapes(id);
+  for (const auto& [name, shape] : *shapes) r.weights[name] = rp::testing::ToTensor(*e.Parameter(id, name));
+  return r;
+}
+
+class DataParallel : public ::testing::TestWithParam<planning::OptimizerMode> {};
+
+TEST_P(DataParallel, TwoNodesTrainWhatOneEngineTrainsOnTheWholeBatch) {
+  const planning::OptimizerMode mode = GetParam();
+  const std::string group = mode == planning::OptimizerMode::kSync ? "dp-sync" : "dp-async";
+  JobSpec whole = TinyJob();
+  whole.optimizer_mode = mode;
+  whole.microbatches = 4;  // 8 rows: 2 per micro-batch
+  auto single = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(single.ok());
+  auto sid = (*single)->Submit(whole);
+  ASSERT_TRUE(sid.ok()) << sid.status();
+  const NodeRun reference = Train(**single, *sid, 0, 8);
+
+  EngineOptions eo;
+  eo.devices = "cpu:1";
+  eo.comm_binary = RP_COMM_BINARY;
+  std::unique_ptr<Engine> nodes[2];
+  NodeRun runs[2];
+  for (int r = 0; r < 2; ++r) {
+    auto e = Engine::Create(eo);
+    ASSERT_TRUE(e.ok());
+    nodes[r] = std::move(*e);
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      JobSpec half = whole;
+      half.microbatches = 2;  // 4 rows: 2 per micro-batch, as above
+      half.data_parallel = DataParallelSpec{r, 2, group, "127.0.0.1", 30000};
+      auto id = nodes[r]->Submit(half);
+      ASSERT_TRUE(id.ok()) << id.status();
+      runs[r] = Train(*nodes[r], *id, 4 * r, 4);
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  ASSERT_EQ(runs[0].losses.size(), static_cast<size_t>(kBatches));
+  ASSERT_EQ(runs[1].losses.size(), static_cast<size_t>(kBatches));
+  for (int b = 0; b < kBatches; ++b) {
+    EXPECT_NEAR(runs[0].losses[static_cast<size_t>(b)], reference.losses[static_cast<size_t>(b)], 1e-5) << b;
+    EXPECT_EQ(runs[0].losses[static_cast<size_t>(b)], runs[1].losses[static_cast<size_t>(b)]) << b;
+    EXPECT_EQ(runs[0].tokens[static_cast<size_t>(b)], reference.tokens[static_cast<size_t>(b)]) << b;
+  }
+  ASSERT_EQ(runs[0].weights.size(), reference.weights.size());
+  for (const auto& [name, want] : reference.weights) {
+    const at::Tensor& n0 = runs[0].weights.at(name);
+    const at::Tensor& n1 = runs[1].weights.at(name);
+    EXPECT_TRUE(at::equal(n0, n1)) << name << ": the nodes' weights differ";
+    const double scale = std::max(1e-3, want.abs().max().item<double>());
+    const double diff = (n0 - want).abs().max().item<double>();
+    EXPECT_LE(diff / scale, 1e-6) << name << ": max |node - single| " << diff << " of max |w| " << scale;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DataParallel,
+                         ::testing::Values(planning::OptimizerMode::kSync, planning::OptimizerMode::kAsync),
+                         [](const auto& info) {
+                           return info.param == planning::OptimizerMode::kSync ? "Sync" : "Async";
+                         });
+
+// A node whose peer never comes fails to start within its deadline, saying what it waited for;
+// a bad data_parallel spec is refused at Submit.
+TEST(DataParallelFaults, APeerThatNeverComesFailsTheJobInTime) {
+  EngineOptions eo;
+  eo.devices = "cpu:1";
+  eo.comm_binary = RP_COMM_BINARY;
+  auto e = Engine::Create(eo);
+  ASSERT_TRUE(e.ok());
+  JobSpec spec = TinyJob();
+  spec.data_parallel = DataParallelSpec{0, 2, "dp-alone", "127.0.0.1", 1500};
+  auto id = (*e)->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string why;
+  for (const JobEvent& ev : DrainUntilEnded(**e, *id)) {
+    if (ev.kind == JobEvent::Kind::kState && ev.state == JobState::kFailed) why = ev.message;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+  EXPECT_NE(why.find("rank 0 of 2"), std::string::npos) << why;
+  JobSpec bad = TinyJob();
+  bad.data_parallel = DataParallelSpec{2, 2, "g", "127.0.0.1", 1000};
+  EXPECT_EQ((*e)->Submit(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.data_parallel = DataParallelSpec{0, 2, "", "127.0.0.1", 1000};
+  EXPECT_EQ((*e)->Submit(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rp::scheduler

@@ -1,0 +1,78 @@
+// data_parallel.h — a job's data-parallel group across nodes (paper §6, "Multi-node scaling"):
+// every node runs the RoundPipe schedule on its share of the global batch, and the nodes sum
+// their gradients before the optimizer steps, through Gloo in communicator processes
+// (workers/collective/communicator.h). Two groups of processes per job: `control` carries the
+// controller thread's scalars (the batch's labelled-token count, so every node divides by the
+// global one; the loss for reports), `grads` the gradient sums from whichever thread steps the
+// optimizer (the controller in sync mode, the optimizer worker in async mode) — two callers,
+// each with its own group, so the collectives of each keep one order on every node.
+//
+// Today each node keeps the whole optimizer state and steps every parameter on the summed
+// gradient (plain data parallelism; the ZeRO-1 shard of the state is the next step).
+//
+// Contract: SumCounts / SumFloats from one thread, SumTensors from one thread (they may be
+// different threads). Any failure (a peer gone, a deadline) is returned with the rank and the
+// operation named, and the group is unusable after it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "workers/collective/communicator.h"
+
+namespace rp::workers {
+
+class HostModelStore;
+struct RunContext;
+
+struct DataParallelOptions {
+  int rank = 0;
+  int size = 1;
+  std::string group;                   // the job's group name (rendezvous keys)
+  std::string hostname = "127.0.0.1";  // this node's address for Gloo
+  std::string binary;                  // roundpipe-comm; empty: collective::DefaultCommBinary()
+  std::chrono::milliseconds timeout{60000};
+  int64_t buffer_bytes = int64_t{32} << 20;  // the gradient group's shared buffer (chunks of it)
+};
+
+class DataParallelGroup {
+ public:
+  static absl::StatusOr<std::shared_ptr<DataParallelGroup>> Start(const DataParallelOptions& o,
+                                                                  collective::RendezvousStore* store);
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Exact sums of non-negative integers below 2^48 (12-bit limbs through fp32), on the control
+  // group (`on_grads`: the gradient group, for the thread that sums gradients).
+  absl::StatusOr<std::vector<int64_t>> SumCounts(const std::vector<int64_t>& values, bool on_grads = false);
+  // Sums of doubles, through fp32 (reports, not arithmetic that must be exact).
+  absl::StatusOr<std::vector<double>> SumFloats(const std::vector<double>& values, bool on_grads = false);
+  // Sums each tensor over the group in place (fp32 in the buffer; other float dtypes are
+  // converted there and back), chunk by chunk through the shared buffer.
+  absl::Status SumTensors(const std::vector<at::Tensor>& tensors);
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::milliseconds timeout_{60000};
+  std::unique_ptr<collective::Communicator> control_;
+  std::unique_ptr<collective::Communicator> grads_;
+};
+
+// An iteration's loss and labelled tokens over every node (the loss is already divided by the
+// tokens of all nodes: the sum is the global mean). On the gradient group, before the gradients,
+// so that its order is the optimizer's on every node.
+struct NodeSums {
+  double loss = 0;
+  int64_t tokens = 0;
+};
+absl::StatusOr<NodeSums> SumNodeStats(DataParallelGroup& g, const RunContext& ctx);
+
+// The gradient buffers of the store's trainable parameters (what SumTensors sums in sync mode).
+std::vector<at::Tensor> TrainableGrads(HostModelStore& store);
+
+}  // namespace rp::workers
