@@ -121,6 +121,10 @@ struct DataParallelSpec {
   std::string group;                   // names the job's group (one per job and run)
   std::string hostname = "127.0.0.1";  // this node's address for the collectives
   int64_t timeout_ms = 60000;          // every collective's deadline, and the rendezvous'
+  // ZeRO-1 over whole parameters: each node keeps the optimizer state of (and steps) only the
+  // parameters it owns, about 1/size of them by elements, and shares the updated weights.
+  // Checkpoints of a sharded state are not written yet: a sharded job takes no checkpoint_root.
+  bool shard_optimizer_state = true;
 };
 
 struct JobSpec {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "workers/optim/adamw.h"
 #include "workers/run_context.h"
 #include "workers/store/host_model_store.h"
 
@@ -81,25 +82,43 @@ absl::StatusOr<std::vector<double>> DataParallelGroup::SumFloats(const std::vect
 }
 
 absl::Status DataParallelGroup::SumTensors(const std::vector<at::Tensor>& tensors) {
+  return Through(tensors, collective::CollectiveOp::kAllReduce, 0);
+}
+
+absl::Status DataParallelGroup::BroadcastTensors(const std::vector<at::Tensor>& tensors, int root) {
+  return Through(tensors, collective::CollectiveOp::kBroadcast, root);
+}
+
+absl::Status DataParallelGroup::Through(const std::vector<at::Tensor>& tensors, collective::CollectiveOp op, int root) {
   const int64_t cap = grads_->bytes() / 4;
   float* buf = grads_->data();
   for (const at::Tensor& t : tensors) {
     if (!t.defined() || t.numel() == 0) continue;
-    if (!t.is_contiguous()) return absl::InvalidArgumentError("data parallel: a gradient is not contiguous");
+    if (!t.is_contiguous()) return absl::InvalidArgumentError("data parallel: a tensor is not contiguous");
     at::Tensor flat = t.view({-1});
     for (int64_t at0 = 0; at0 < flat.numel(); at0 += cap) {
       const int64_t len = std::min(cap, flat.numel() - at0);
       at::Tensor piece = flat.narrow(0, at0, len);
       at::Tensor view = at::from_blob(buf, {len}, at::TensorOptions().dtype(at::kFloat));
       view.copy_(piece);
-      if (absl::Status st = grads_->Run({collective::CollectiveOp::kAllReduce, 0, len, 0, 0, timeout_.count(), {}});
-          !st.ok()) {
-        return st;
-      }
+      if (absl::Status st = grads_->Run({op, 0, len, 0, root, timeout_.count(), {}}); !st.ok()) return st;
       piece.copy_(view);
     }
   }
   return absl::OkStatus();
+}
+
+void DataParallelGroup::AssignOwners(const std::vector<int64_t>& elements) {
+  sharded_ = true;
+  owners_.assign(elements.size(), 0);
+  std::vector<int64_t> load(static_cast<size_t>(size_), 0);
+  for (size_t i = 0; i < elements.size(); ++i) {
+    if (elements[i] == 0) continue;  // frozen: nobody steps it
+    int best = 0;
+    for (int k = 1; k < size_; ++k) best = load[static_cast<size_t>(k)] < load[static_cast<size_t>(best)] ? k : best;
+    owners_[i] = best;
+    load[static_cast<size_t>(best)] += elements[i];
+  }
 }
 
 absl::StatusOr<NodeSums> SumNodeStats(DataParallelGroup& g, const RunContext& ctx) {
@@ -117,6 +136,31 @@ std::vector<at::Tensor> TrainableGrads(HostModelStore& store) {
     if (p.trainable && p.grad.defined()) out.push_back(p.grad);
   }
   return out;
+}
+
+absl::Status StepShardedAndShare(AdamW& adamw, HostModelStore& store, DataParallelGroup& g, double lr,
+                                 double grad_multiplier) {
+  adamw.BeginStep();
+  std::vector<int> trainable;
+  for (int i = 0; i < store.num_params(); ++i) {
+    HostParam& p = store.param(i);
+    if (!p.trainable) continue;
+    trainable.push_back(i);
+    if (g.Owns(i)) adamw.StepParam(store, i, p.grad, lr, grad_multiplier, /*write_master=*/true);
+  }
+  return ShareStepped(store, g, trainable, /*with_master=*/true);
+}
+
+absl::Status ShareStepped(HostModelStore& store, DataParallelGroup& g, const std::vector<int>& params,
+                          bool with_master) {
+  for (int i : params) {
+    HostParam& p = store.param(i);
+    if (!p.trainable) continue;
+    std::vector<at::Tensor> mine = {p.fp32};
+    if (with_master && p.master.data_ptr() != p.fp32.data_ptr()) mine.push_back(p.master);
+    if (absl::Status st = g.BroadcastTensors(mine, g.Owner(i)); !st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rp::workers

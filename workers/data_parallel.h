@@ -38,6 +38,9 @@ struct DataParallelOptions {
   std::string binary;                  // roundpipe-comm; empty: collective::DefaultCommBinary()
   std::chrono::milliseconds timeout{60000};
   int64_t buffer_bytes = int64_t{32} << 20;  // the gradient group's shared buffer (chunks of it)
+  // ZeRO-1 over whole parameters: each trainable parameter has one owner node, the only one that
+  // keeps its optimizer state and steps it; the owner then broadcasts the updated weights.
+  bool shard_optimizer_state = true;
 };
 
 class DataParallelGroup {
@@ -54,10 +57,25 @@ class DataParallelGroup {
   // Sums each tensor over the group in place (fp32 in the buffer; other float dtypes are
   // converted there and back), chunk by chunk through the shared buffer.
   absl::Status SumTensors(const std::vector<at::Tensor>& tensors);
+  // Every node's tensors become `root`'s (through the buffer like SumTensors; gradient group).
+  absl::Status BroadcastTensors(const std::vector<at::Tensor>& tensors, int root);
+
+  // The optimizer-state shard (shard_optimizer_state): AssignOwners balances the parameters'
+  // elements over the nodes (in parameter order, each to the node with the fewest so far: the
+  // same answer on every node); Owns(i) says whether this node steps parameter i.
+  bool sharded() const { return sharded_; }
+  void AssignOwners(const std::vector<int64_t>& elements);
+  int Owner(int param) const { return sharded_ ? owners_[static_cast<size_t>(param)] : rank_; }
+  bool Owns(int param) const { return Owner(param) == rank_; }
 
  private:
+  // Moves tensors through the gradient buffer: SumTensors (sum) and BroadcastTensors.
+  absl::Status Through(const std::vector<at::Tensor>& tensors, collective::CollectiveOp op, int root);
+
   int rank_ = 0;
   int size_ = 1;
+  bool sharded_ = false;
+  std::vector<int> owners_;  // per parameter (sharded)
   std::chrono::milliseconds timeout_{60000};
   std::unique_ptr<collective::Communicator> control_;
   std::unique_ptr<collective::Communicator> grads_;
@@ -74,5 +92,16 @@ absl::StatusOr<NodeSums> SumNodeStats(DataParallelGroup& g, const RunContext& ct
 
 // The gradient buffers of the store's trainable parameters (what SumTensors sums in sync mode).
 std::vector<at::Tensor> TrainableGrads(HostModelStore& store);
+
+// The sharded step (sync mode): this node steps the trainable parameters it owns (master written),
+// then every parameter's fp32 copy and master come from its owner. The same steps, in the same
+// order, as AdamW::StepAll on the summed gradients, on every node.
+class AdamW;
+absl::Status StepShardedAndShare(AdamW& adamw, HostModelStore& store, DataParallelGroup& g, double lr,
+                                 double grad_multiplier);
+// The updated weights of `params` from their owners (async P_cp: the fp32 copies, before the
+// master copy is taken from them).
+absl::Status ShareStepped(HostModelStore& store, DataParallelGroup& g, const std::vector<int>& params,
+                          bool with_master);
 
 }  // namespace rp::workers

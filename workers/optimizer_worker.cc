@@ -138,7 +138,10 @@ void OptimizerWorker::Process(const StepRequest& r) {
     adamw_.BeginStep();
     for (int i = 0; i < store_->num_params(); ++i) {
       HostParam& p = store_->param(i);
-      if (p.trainable) adamw_.StepParam(*store_, i, p.opt_grad, r.lr, mult);
+      // A sharded optimizer state (data parallel): only the owned parameters; P_cp shares them.
+      if (p.trainable && (data_parallel_ == nullptr || data_parallel_->Owns(i))) {
+        adamw_.StepParam(*store_, i, p.opt_grad, r.lr, mult);
+      }
     }
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -148,9 +151,19 @@ void OptimizerWorker::Process(const StepRequest& r) {
   }
   cv_.SignalAll();
 
-  // P_cp, shallowest layer first: the next-but-one iteration needs layer 0 first.
+  // P_cp, shallowest layer first: the next-but-one iteration needs layer 0 first. A sharded
+  // state's owners share the layer's stepped fp32 copies first (the same order on every node).
+  absl::Status shared = absl::OkStatus();
   for (int o = 0; o < L; ++o) {
     if (own.owned_params[static_cast<size_t>(o)].empty()) continue;
+    if (apply && data_parallel_ != nullptr && data_parallel_->sharded() && shared.ok()) {
+      shared = ShareStepped(*store_, *data_parallel_, own.owned_params[static_cast<size_t>(o)], /*with_master=*/false);
+      // The step was reported already; the group is gone now, so the next iteration's first
+      // collective fails the job (nothing runs long on weights that were not shared).
+      if (!shared.ok()) {
+        r.ctx->Fail(absl::Status(shared.code(), absl::StrCat("iteration ", r.iteration, ": ", shared.message())));
+      }
+    }
     for (int l : own.user_layers[static_cast<size_t>(o)]) next->uploads[static_cast<size_t>(l)]->event()->Wait();
     MaybeDelayForTest();
     if (apply) {

@@ -287,7 +287,17 @@ void Controller::FinishSyncIteration(int T, InFlight& f) {
     if (d.apply) {
       workers::MaybeDelayOptimizerForTest();
       const auto t0 = std::chrono::steady_clock::now();
-      adamw_.StepAll(*store_, f.lr, d.multiplier);
+      if (opt_.data_parallel && opt_.data_parallel->sharded()) {
+        if (absl::Status shared =
+                workers::StepShardedAndShare(adamw_, *store_, *opt_.data_parallel, f.lr, d.multiplier);
+            !shared.ok()) {
+          store_->ZeroGrads();
+          f.result = absl::StatusOr<IterationStats>(shared);
+          return;
+        }
+      } else {
+        adamw_.StepAll(*store_, f.lr, d.multiplier);
+      }
       st.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     f.result = st;

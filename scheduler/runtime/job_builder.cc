@@ -285,6 +285,11 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     }
     if (dp.group.empty()) return absl::InvalidArgumentError("data_parallel.group: name the job's group");
     if (dp.timeout_ms < 100) return absl::InvalidArgumentError("data_parallel.timeout_ms: at least 100");
+    if (dp.shard_optimizer_state && !spec.checkpoint_root.empty()) {
+      return absl::InvalidArgumentError(
+          "data_parallel.shard_optimizer_state: checkpoints of a sharded optimizer state are not written yet (give "
+          "no checkpoint root, or turn the shard off)");
+    }
     // Not across nodes yet: an evaluation's sums, and the router's load-balancing loss (its
     // statistics are the whole batch's, which no node holds).
     if (spec.validation) return absl::InvalidArgumentError("data_parallel: evaluation (data.validation) not yet");
@@ -335,7 +340,10 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     store = std::make_shared<workers::HostModelStore>(
         job.model, job.dtype, spec.seed, 0.02,
         mapped_base ? workers::FrozenInit::kDeferred : workers::FrozenInit::kRandom,
-        workers::StateBytesPerElement(job.controller_options.adamw));
+        // A sharded optimizer state (data parallel) is allocated for the owned parameters only.
+        spec.data_parallel && spec.data_parallel->shard_optimizer_state
+            ? workers::StateReserve{}
+            : workers::StateBytesPerElement(job.controller_options.adamw));
   } catch (const std::exception& ex) {
     return absl::ResourceExhaustedError(absl::StrCat("host memory for the model store: ", ex.what()));
   }
@@ -419,8 +427,17 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     dpo.hostname = dp.hostname;
     dpo.binary = job.comm_binary;
     dpo.timeout = std::chrono::milliseconds(dp.timeout_ms);
+    dpo.shard_optimizer_state = dp.shard_optimizer_state;
     auto group = workers::DataParallelGroup::Start(dpo, &ProcessRendezvousStore());
     if (!group.ok()) return group.status();
+    if (dp.shard_optimizer_state) {
+      std::vector<int64_t> elements;
+      for (int i = 0; i < store->num_params(); ++i) {
+        const workers::HostParam& p = store->param(i);
+        elements.push_back(p.trainable ? p.master.numel() : 0);
+      }
+      (*group)->AssignOwners(elements);
+    }
     o.data_parallel = std::move(*group);
   }
   o.timeline_job = static_cast<int>(job.id);  // the runner gives the job lanes tagged with its id

@@ -1,7 +1,9 @@
 // Data parallelism across nodes (JobSpec::data_parallel): two nodes — two engines of this process,
 // each with its own workers and communicator processes — train one job, each fed half of every
 // global batch's rows. Their weights stay identical to each other, and equal (within fp32
-// summation order) one engine's fed the whole batches, with the loss it reports: sync and async.
+// summation order) one engine's fed the whole batches, with the loss it reports: sync and async,
+// full and LoRA, with the optimizer state sharded over the nodes (ZeRO-1: each holds half the
+// moments) or not.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@ struct NodeRun {
   std::map<std::string, at::Tensor> weights;
   std::vector<double> losses;
   std::vector<int64_t> tokens;
+  int64_t host_state_bytes = 0;  // the model states after the last step (store + optimizer state)
 };
 
 // Feeds `rows` of every global batch to job `id`, then waits for it to end.
@@ -35,6 +38,7 @@ NodeRun Train(Engine& e, JobId id, int64_t first_row, int64_t rows) {
     if (ev.kind == JobEvent::Kind::kIteration) {
       r.losses.push_back(ev.stats.loss);
       r.tokens.push_back(ev.stats.tokens);
+      r.host_state_bytes = ev.stats.host_state_bytes;
     }
     if (ev.kind == JobEvent::Kind::kState && ev.state == JobState::kFailed) ADD_FAILURE() << ev.message;
   }
@@ -45,7 +49,8 @@ NodeRun Train(Engine& e, JobId id, int64_t first_row, int64_t rows) {
 
 struct Case {
   planning::OptimizerMode mode;
-  bool lora;  // only the adapters train (and are summed)
+  bool lora;   // only the adapters train (and are summed)
+  bool shard;  // DataParallelSpec::shard_optimizer_state
   std::string name;
 };
 
@@ -82,7 +87,7 @@ TEST_P(DataParallel, TwoNodesTrainWhatOneEngineTrainsOnTheWholeBatch) {
     threads.emplace_back([&, r] {
       JobSpec half = whole;
       half.microbatches = 2;  // 4 rows: 2 per micro-batch, as above
-      half.data_parallel = DataParallelSpec{r, 2, group, "127.0.0.1", 30000};
+      half.data_parallel = DataParallelSpec{r, 2, group, "127.0.0.1", 30000, GetParam().shard};
       auto id = nodes[r]->Submit(half);
       ASSERT_TRUE(id.ok()) << id.status();
       runs[r] = Train(*nodes[r], *id, 4 * r, 4);
@@ -96,6 +101,28 @@ TEST_P(DataParallel, TwoNodesTrainWhatOneEngineTrainsOnTheWholeBatch) {
     EXPECT_NEAR(runs[0].losses[static_cast<size_t>(b)], reference.losses[static_cast<size_t>(b)], 1e-5) << b;
     EXPECT_EQ(runs[0].losses[static_cast<size_t>(b)], runs[1].losses[static_cast<size_t>(b)]) << b;
     EXPECT_EQ(runs[0].tokens[static_cast<size_t>(b)], reference.tokens[static_cast<size_t>(b)]) << b;
+  }
+  // A sharded optimizer state: each trainable parameter's moments (AdamW: 8 bytes per element)
+  // live on exactly one node, about half on each; unsharded, each node holds what one engine does.
+  int64_t trainable = 0;
+  for (const auto& [name, w] : reference.weights) {
+    if (!GetParam().lora || name.find("lora_") != std::string::npos) trainable += w.numel();
+  }
+  const int64_t moments = 8 * trainable;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t saved = reference.host_state_bytes - runs[r].host_state_bytes;
+    std::printf("node %d: host state %lld bytes, single engine %lld: %lld fewer (moments %lld)\n", r,
+                static_cast<long long>(runs[r].host_state_bytes), static_cast<long long>(reference.host_state_bytes),
+                static_cast<long long>(saved), static_cast<long long>(moments));
+    if (GetParam().shard) {
+      EXPECT_GE(saved, moments * 35 / 100) << "node " << r;
+      EXPECT_LE(saved, moments * 65 / 100) << "node " << r;
+    } else {
+      EXPECT_EQ(saved, 0) << "node " << r;
+    }
+  }
+  if (GetParam().shard) {
+    EXPECT_EQ(2 * reference.host_state_bytes - runs[0].host_state_bytes - runs[1].host_state_bytes, moments);
   }
   ASSERT_EQ(runs[0].weights.size(), reference.weights.size());
   for (const auto& [name, want] : reference.weights) {
@@ -112,10 +139,12 @@ TEST_P(DataParallel, TwoNodesTrainWhatOneEngineTrainsOnTheWholeBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, DataParallel,
-                         ::testing::Values(Case{planning::OptimizerMode::kSync, false, "Sync"},
-                                           Case{planning::OptimizerMode::kAsync, false, "Async"},
-                                           Case{planning::OptimizerMode::kSync, true, "SyncLora"},
-                                           Case{planning::OptimizerMode::kAsync, true, "AsyncLora"}),
+                         ::testing::Values(Case{planning::OptimizerMode::kSync, false, true, "Sync"},
+                                           Case{planning::OptimizerMode::kAsync, false, true, "Async"},
+                                           Case{planning::OptimizerMode::kSync, true, true, "SyncLora"},
+                                           Case{planning::OptimizerMode::kAsync, true, true, "AsyncLora"},
+                                           Case{planning::OptimizerMode::kSync, false, false, "SyncUnsharded"},
+                                           Case{planning::OptimizerMode::kAsync, false, false, "AsyncUnsharded"}),
                          [](const auto& info) { return info.param.name; });
 
 // A node whose peer never comes fails to start within its deadline, saying what it waited for;
