@@ -73,20 +73,23 @@ void OptimizerWorker::Loop() {
 }
 
 void OptimizerWorker::Process(const StepRequest& r) {
-  const OwnershipMap& own = book_->ownership();
-  const int L = static_cast<int>(own.owned_params.size());
   auto ev = book_->Get(r.iteration);
   auto next = book_->Get(r.iteration + 1);
+  GradientCopy copy = CopyGradients(r, *ev);
+  const bool apply = Step(r, copy);
+  CopyParameters(r, apply, *ev, *next);
+}
 
+OptimizerWorker::GradientCopy OptimizerWorker::CopyGradients(const StepRequest& r, IterationEvents& ev) {
+  const OwnershipMap& own = book_->ownership();
+  const int L = static_cast<int>(own.owned_params.size());
   // G_cp, deepest layer first (gradients land from the top of the model down). Data parallel:
   // each layer's gradients summed over the nodes once copied (the iteration's loss and tokens
   // first: every micro-batch's loss is known once the deepest layer's gradients landed).
-  double sq = 0;
-  std::optional<NodeSums> node_sums;
-  absl::Status reduced = absl::OkStatus();
+  GradientCopy out;
   for (int o = L - 1; o >= 0; --o) {
     if (own.owned_params[static_cast<size_t>(o)].empty()) continue;
-    for (int l : own.user_layers[static_cast<size_t>(o)]) ev->grads[static_cast<size_t>(l)]->event()->Wait();
+    for (int l : own.user_layers[static_cast<size_t>(o)]) ev.grads[static_cast<size_t>(l)]->event()->Wait();
     MaybeDelayForTest();
     std::vector<at::Tensor> layer_grads;
     for (int i : own.owned_params[static_cast<size_t>(o)]) {
@@ -97,50 +100,53 @@ void OptimizerWorker::Process(const StepRequest& r) {
       p.grad.zero_();
       layer_grads.push_back(p.opt_grad);
     }
-    ev->gcp[static_cast<size_t>(o)]->Set();
-    if (data_parallel_ != nullptr && reduced.ok()) {
-      if (!node_sums) {
+    ev.gcp[static_cast<size_t>(o)]->Set();
+    if (data_parallel_ != nullptr && out.reduced.ok()) {
+      if (!out.node_sums) {
         auto sums = SumNodeStats(*data_parallel_, *r.ctx);
-        if (sums.ok())
-          node_sums = *sums;
-        else
-          reduced = sums.status();
+        if (sums.ok()) {
+          out.node_sums = *sums;
+        } else {
+          out.reduced = sums.status();
+        }
       }
-      if (reduced.ok()) reduced = data_parallel_->SumTensors(layer_grads);
+      if (out.reduced.ok()) out.reduced = data_parallel_->SumTensors(layer_grads);
     }
     if (!store_->pacer()) {
-      for (const at::Tensor& g : layer_grads) sq += std::pow(at::norm(g, 2, at::kDouble).item<double>(), 2);
+      for (const at::Tensor& g : layer_grads) out.sq += std::pow(at::norm(g, 2, at::kDouble).item<double>(), 2);
     }
   }
+  return out;
+}
 
-  // The step.
+bool OptimizerWorker::Step(const StepRequest& r, const GradientCopy& copy) {
   // The same policy as the synchronous step (workers/optim/step_policy.h).
   StepDecision d;
   {
     base::MutexLock lock(&mu_);
-    d = DecideStep(std::sqrt(sq), r.loss_scale, adamw_.options().max_grad_norm, &scaler_);
+    d = DecideStep(std::sqrt(copy.sq), r.loss_scale, adamw_.options().max_grad_norm, &scaler_);
   }
   StepResult res;
   res.grad_norm = d.grad_norm;
-  res.node_sums = node_sums;
-  const bool apply = d.apply && !r.ctx->failed() && reduced.ok();
+  res.node_sums = copy.node_sums;
+  const bool apply = d.apply && !r.ctx->failed() && copy.reduced.ok();
   if (!r.ctx->failed() && !d.status.ok()) {
     res.status = absl::Status(d.status.code(), absl::StrCat("iteration ", r.iteration, ": ", d.status.message()));
   }
-  if (!reduced.ok()) {
-    res.status = absl::Status(reduced.code(), absl::StrCat("iteration ", r.iteration, ": ", reduced.message()));
+  if (!copy.reduced.ok()) {
+    res.status =
+        absl::Status(copy.reduced.code(), absl::StrCat("iteration ", r.iteration, ": ", copy.reduced.message()));
   }
   res.skipped = !apply;
   if (apply) {
     MaybeDelayOptimizerForTest();
     const auto t0 = std::chrono::steady_clock::now();
-    const double mult = d.multiplier;
     adamw_.BeginStep();
     for (int i = 0; i < store_->num_params(); ++i) {
       HostParam& p = store_->param(i);
       // A sharded optimizer state (data parallel): only the owned parameters; P_cp shares them.
       if (p.trainable && (data_parallel_ == nullptr || data_parallel_->Owns(i))) {
-        adamw_.StepParam(*store_, i, p.opt_grad, r.lr, mult);
+        adamw_.StepParam(*store_, i, p.opt_grad, r.lr, d.multiplier);
       }
     }
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -150,7 +156,12 @@ void OptimizerWorker::Process(const StepRequest& r) {
     results_[r.iteration] = res;
   }
   cv_.SignalAll();
+  return apply;
+}
 
+void OptimizerWorker::CopyParameters(const StepRequest& r, bool apply, IterationEvents& ev, IterationEvents& next) {
+  const OwnershipMap& own = book_->ownership();
+  const int L = static_cast<int>(own.owned_params.size());
   // P_cp, shallowest layer first: the next-but-one iteration needs layer 0 first. A sharded
   // state's owners share the layer's stepped fp32 copies first (the same order on every node).
   absl::Status shared = absl::OkStatus();
@@ -164,16 +175,16 @@ void OptimizerWorker::Process(const StepRequest& r) {
         r.ctx->Fail(absl::Status(shared.code(), absl::StrCat("iteration ", r.iteration, ": ", shared.message())));
       }
     }
-    for (int l : own.user_layers[static_cast<size_t>(o)]) next->uploads[static_cast<size_t>(l)]->event()->Wait();
+    for (int l : own.user_layers[static_cast<size_t>(o)]) next.uploads[static_cast<size_t>(l)]->event()->Wait();
     MaybeDelayForTest();
     if (apply) {
       // A slot of the next iteration still running may be re-run (a lost worker): keep what it saw.
       bool keep = false;
       for (int l : own.user_layers[static_cast<size_t>(o)])
-        keep |= !next->finished[static_cast<size_t>(l)]->event()->IsSet();
+        keep |= !next.finished[static_cast<size_t>(l)]->event()->IsSet();
       book_->retained().Overwrite(*store_, own.owned_params[static_cast<size_t>(o)], r.iteration + 1, keep);
     }
-    ev->pcp[static_cast<size_t>(o)]->Set();
+    ev.pcp[static_cast<size_t>(o)]->Set();
   }
 }
 

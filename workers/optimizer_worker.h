@@ -73,7 +73,17 @@ class OptimizerWorker {
 
  private:
   void Loop();
+  // One iteration's G_cp, step and P_cp (the header's order).
   void Process(const StepRequest& r);
+  struct GradientCopy {
+    double sq = 0;                            // the squared norm of the copied gradients
+    std::optional<NodeSums> node_sums;        // data parallel: summed over the nodes
+    absl::Status reduced = absl::OkStatus();  // data parallel: the sums' outcome
+  };
+  GradientCopy CopyGradients(const StepRequest& r, IterationEvents& ev);
+  // Decides, applies (or skips) and reports the step; true when it was applied.
+  bool Step(const StepRequest& r, const GradientCopy& copy);
+  void CopyParameters(const StepRequest& r, bool apply, IterationEvents& ev, IterationEvents& next);
 
   HostModelStore* store_;
   ConsistencyBook* book_;
