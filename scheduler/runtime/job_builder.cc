@@ -67,6 +67,56 @@ workers::collective::InMemoryStore& ProcessRendezvousStore() {
   return *store;
 }
 
+// JobSpec::data_parallel's rules (Submit).
+absl::Status CheckDataParallel(const JobSpec& spec) {
+  if (!spec.data_parallel) return absl::OkStatus();
+  const DataParallelSpec& dp = *spec.data_parallel;
+  if (dp.size < 2 || dp.size > 4096 || dp.rank < 0 || dp.rank >= dp.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_parallel: node ", dp.rank, " of ", dp.size, " (2 to 4096 nodes, rank below size)"));
+  }
+  if (dp.group.empty()) return absl::InvalidArgumentError("data_parallel.group: name the job's group");
+  if (dp.timeout_ms < 100) return absl::InvalidArgumentError("data_parallel.timeout_ms: at least 100");
+  if (dp.shard_optimizer_state && !spec.checkpoint_root.empty()) {
+    return absl::InvalidArgumentError(
+        "data_parallel.shard_optimizer_state: checkpoints of a sharded optimizer state are not written yet (give "
+        "no checkpoint root, or turn the shard off)");
+  }
+  // Not across nodes yet: an evaluation's sums, and the router's load-balancing loss (its
+  // statistics are the whole batch's, which no node holds).
+  if (spec.validation) return absl::InvalidArgumentError("data_parallel: evaluation (data.validation) not yet");
+  if (spec.model.router_aux_loss_coef > 0) {
+    return absl::InvalidArgumentError("data_parallel: a router auxiliary loss (MoE) not yet");
+  }
+  return absl::OkStatus();
+}
+
+// Joins the job's data-parallel group (BuildJob), the optimizer state sharded over the store's
+// trainable parameters when asked.
+absl::StatusOr<std::shared_ptr<workers::DataParallelGroup>> StartDataParallel(const DataParallelSpec& dp,
+                                                                              const std::string& binary,
+                                                                              const workers::HostModelStore& store) {
+  workers::DataParallelOptions o;
+  o.rank = dp.rank;
+  o.size = dp.size;
+  o.group = dp.group;
+  o.hostname = dp.hostname;
+  o.binary = binary;
+  o.timeout = std::chrono::milliseconds(dp.timeout_ms);
+  o.shard_optimizer_state = dp.shard_optimizer_state;
+  auto group = workers::DataParallelGroup::Start(o, &ProcessRendezvousStore());
+  if (!group.ok()) return group.status();
+  if (dp.shard_optimizer_state) {
+    std::vector<int64_t> elements;
+    for (int i = 0; i < store.num_params(); ++i) {
+      const workers::HostParam& p = store.param(i);
+      elements.push_back(p.trainable ? p.master.numel() : 0);
+    }
+    (*group)->AssignOwners(elements);
+  }
+  return group;
+}
+
 }  // namespace
 namespace {
 
@@ -277,26 +327,7 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     if (!dir.ok()) return dir.status();
     job->sample_tokenizer_dir = *dir;
   }
-  if (spec.data_parallel) {
-    const DataParallelSpec& dp = *spec.data_parallel;
-    if (dp.size < 2 || dp.size > 4096 || dp.rank < 0 || dp.rank >= dp.size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data_parallel: node ", dp.rank, " of ", dp.size, " (2 to 4096 nodes, rank below size)"));
-    }
-    if (dp.group.empty()) return absl::InvalidArgumentError("data_parallel.group: name the job's group");
-    if (dp.timeout_ms < 100) return absl::InvalidArgumentError("data_parallel.timeout_ms: at least 100");
-    if (dp.shard_optimizer_state && !spec.checkpoint_root.empty()) {
-      return absl::InvalidArgumentError(
-          "data_parallel.shard_optimizer_state: checkpoints of a sharded optimizer state are not written yet (give "
-          "no checkpoint root, or turn the shard off)");
-    }
-    // Not across nodes yet: an evaluation's sums, and the router's load-balancing loss (its
-    // statistics are the whole batch's, which no node holds).
-    if (spec.validation) return absl::InvalidArgumentError("data_parallel: evaluation (data.validation) not yet");
-    if (spec.model.router_aux_loss_coef > 0) {
-      return absl::InvalidArgumentError("data_parallel: a router auxiliary loss (MoE) not yet");
-    }
-  }
+  if (absl::Status st = CheckDataParallel(spec); !st.ok()) return st;
   ControllerOptions& o = job->controller_options;
   if (spec.partition) o.partition = *spec.partition;
   o.microbatches = spec.microbatches;
@@ -418,26 +449,10 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     validation = std::move(*ds);
   }
   if (spec.data_parallel) {
-    const DataParallelSpec& dp = *spec.data_parallel;
-    progress(absl::StrCat("connecting to the data-parallel group '", dp.group, "' as node ", dp.rank, " of ", dp.size));
-    workers::DataParallelOptions dpo;
-    dpo.rank = dp.rank;
-    dpo.size = dp.size;
-    dpo.group = dp.group;
-    dpo.hostname = dp.hostname;
-    dpo.binary = job.comm_binary;
-    dpo.timeout = std::chrono::milliseconds(dp.timeout_ms);
-    dpo.shard_optimizer_state = dp.shard_optimizer_state;
-    auto group = workers::DataParallelGroup::Start(dpo, &ProcessRendezvousStore());
+    progress(absl::StrCat("connecting to the data-parallel group '", spec.data_parallel->group, "' as node ",
+                          spec.data_parallel->rank, " of ", spec.data_parallel->size));
+    auto group = StartDataParallel(*spec.data_parallel, job.comm_binary, *store);
     if (!group.ok()) return group.status();
-    if (dp.shard_optimizer_state) {
-      std::vector<int64_t> elements;
-      for (int i = 0; i < store->num_params(); ++i) {
-        const workers::HostParam& p = store->param(i);
-        elements.push_back(p.trainable ? p.master.numel() : 0);
-      }
-      (*group)->AssignOwners(elements);
-    }
     o.data_parallel = std::move(*group);
   }
   o.timeline_job = static_cast<int>(job.id);  // the runner gives the job lanes tagged with its id
