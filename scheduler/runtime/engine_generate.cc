@@ -53,6 +53,7 @@ bool Engine::Impl::AdmitGeneration(const std::shared_ptr<Job>& job) {
     int64_t available = others && host_memory_available_ ? host_memory_available_() : -1;
     base::MutexLock lock(&mu_);
     if (shutdown_) return false;
+    if (!others && (!running_.empty() || !generating_.empty())) continue;  // one started meanwhile: ask again
     if (host_memory_limit_ > 0 && others) {
       const int64_t room = std::max<int64_t>(0, host_memory_limit_ - HeldByRunningLocked());
       available = available < 0 ? room : std::min(available, room);

@@ -9,6 +9,7 @@
 #include "scheduler/runtime/job_builder.h"
 #include "scheduler/runtime/job_runner.h"
 #include "workers/device/lane_device.h"
+#include "workers/device/test_hooks.h"
 
 namespace rp::scheduler {
 
@@ -34,8 +35,12 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::NextJob() {
     // Asked with no engine lock held (it may read the engine's Stats); one job always starts
     // when nothing runs.
     int64_t available = others_running && host_memory_available_ ? host_memory_available_() : -1;
+    workers::MaybeDelayAdmissionForTest();
     base::MutexLock lock(&mu_);
     if (shutdown_) return nullptr;
+    // A job started since the question was asked (another runner, a generation): ask again,
+    // or a job would start unchecked beside it.
+    if (!others_running && (!running_.empty() || !generating_.empty())) continue;
     if (host_memory_limit_ > 0 && (!running_.empty() || !generating_.empty())) {
       const int64_t room = std::max<int64_t>(0, host_memory_limit_ - HeldByRunningLocked());
       available = available < 0 ? room : std::min(available, room);

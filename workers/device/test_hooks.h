@@ -36,6 +36,17 @@ inline void MaybeDelayOptimizerForTest() {
   if (const OpDelayHook* h = OptimizerDelayHookSlot().load(std::memory_order_relaxed)) (*h)();
 }
 
+// Another, for the engine's admission: called by a runner after it asked how much host memory is
+// free and before it takes the next job (a race test widens that window).
+inline std::atomic<const OpDelayHook*>& AdmissionDelayHookSlot() {
+  static std::atomic<const OpDelayHook*> slot{nullptr};
+  return slot;
+}
+inline void SetAdmissionDelayHook(const OpDelayHook* hook) { AdmissionDelayHookSlot().store(hook); }
+inline void MaybeDelayAdmissionForTest() {
+  if (const OpDelayHook* h = AdmissionDelayHookSlot().load(std::memory_order_relaxed)) (*h)();
+}
+
 // A third hook, the fault injector: called before each device operation of a working device's
 // streams with the device index and the operation's timeline label (OpInfo). kDeviceLost loses
 // the device there (DeviceHealth::MarkLost): that operation and everything after it on the device

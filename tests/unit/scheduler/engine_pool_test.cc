@@ -12,6 +12,7 @@
 #include "scheduler/planning/presets.h"
 #include "tests/support/engine_values.h"
 #include "tests/unit/scheduler/engine_test_jobs.h"
+#include "workers/device/test_hooks.h"
 
 namespace rp::scheduler {
 namespace {
@@ -231,6 +232,41 @@ TEST(EnginePool, AJobWhoseStatesDoNotFitWaitsForHostMemoryAndStartsWhenTheHostIs
   ASSERT_TRUE(e.CloseInput(first).ok());  // it ends: nothing runs, the second starts
   ASSERT_TRUE(AwaitState(e, second, JobState::kRunning));
   ASSERT_TRUE(e.Cancel(second).ok());
+}
+
+// A runner asks how much host memory is free, then takes a job. A job that started in between
+// (another runner's) must count: here every runner pauses 300 ms there, two jobs are submitted
+// inside the pause, the first starts, and the second waits for host memory instead of starting
+// on the answer given while nothing ran (CI caught that once as a missing wait).
+TEST(EnginePool, AJobStartedWhileARunnerAskedForMemoryCountsBeforeTheNextStarts) {
+  const workers::OpDelayHook pause = [] { std::this_thread::sleep_for(300ms); };
+  workers::SetAdmissionDelayHook(&pause);
+  {
+    EngineOptions o;
+    o.devices = "cpu:1";
+    o.max_running_jobs = 2;
+    o.host_memory_available = [] { return int64_t{1000}; };
+    auto engine = Engine::Create(o);
+    ASSERT_TRUE(engine.ok());
+    Engine& e = **engine;
+    std::this_thread::sleep_for(400ms);  // both runners asked (nothing ran) and wait on the queue
+    auto first = *e.Submit(TinyJob());
+    std::this_thread::sleep_for(50ms);  // both runners are inside the pause, having asked while nothing ran
+    auto second = *e.Submit(TinyJob());
+    ASSERT_TRUE(AwaitState(e, first, JobState::kRunning));
+    std::this_thread::sleep_for(1s);  // the other runner has decided about the second job by now
+    EXPECT_EQ(*e.State(second), JobState::kQueued);
+    std::vector<JobWait> all;
+    for (auto ev = e.AwaitEvents(second, 0ms); ev.ok() && !ev->empty(); ev = e.AwaitEvents(second, 0ms)) {
+      for (const JobEvent& x : *ev) {
+        if (x.kind == JobEvent::Kind::kWaiting) all.push_back(x.wait);
+      }
+    }
+    ASSERT_FALSE(all.empty());
+    EXPECT_EQ(all.back().cause, JobWait::Cause::kHostMemory);
+    e.Shutdown();
+  }
+  workers::SetAdmissionDelayHook(nullptr);
 }
 
 TEST(EnginePool, TheRunningLimitAndSharesAreChecked) {
