@@ -7,8 +7,10 @@
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -23,6 +25,16 @@ namespace v1 = roundpipe::v1;
 
 const std::vector<std::string> kPrompts = {"Hello", "The quick brown fox jumps"};
 constexpr int kNewTokens = 5;
+
+// The host memory the daemon's engine holds in model states now (GetServerInfo).
+int64_t ModelStateBytes(client::Client& c) {
+  auto info = c.Info();
+  if (!info.ok()) return -1;
+  for (const v1::HostPool& p : info->host_pools()) {
+    if (p.name() == "model_states") return p.bytes();
+  }
+  return -1;
+}
 
 // The JSON list on the last line of a command's output.
 nlohmann::json LastLineJson(const std::string& out) {
@@ -243,6 +255,53 @@ TEST_F(DaemonTest, ChatPromptsRenderedWithTheModelsTemplateGenerateLikeTransform
     EXPECT_NE(sample["prompt"].get<std::string>().find("<|im_start|>assistant\n"), std::string::npos) << sample;
     EXPECT_EQ(sample["token_ids"].get<std::vector<int32_t>>(), want[i]) << "conversation " << i;
   }
+}
+
+// A long generation ends when its client gives up (the CLI killed: the call is cancelled) —
+// the weights it loaded are freed — and a SIGTERM during one drains the daemon promptly.
+TEST_F(DaemonTest, AClientThatGivesUpOrASigtermEndsALongGeneration) {
+  ASSERT_TRUE(StartDaemon());
+  auto c = daemon_.Connect();
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
+  spec.set_max_steps(2);
+  auto job = c->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Watcher w(*c, job->id());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  ASSERT_EQ(ModelStateBytes(*c), 0);
+  const std::string long_generation = std::string(RP_ROUNDPIPE_CLI) + " --address " + daemon_.address() + " generate " +
+                                      job->id() + " --max_new_tokens 1024 a b c d e f g h i j k l m n o p";
+  std::string out;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread gives_up([&] { (void)RunCommand("timeout -s INT 3 " + long_generation, &out); });
+  bool loaded = false;
+  for (int i = 0; i < 30 && !loaded; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    loaded = ModelStateBytes(*c) > 0;
+  }
+  EXPECT_TRUE(loaded) << "the generation never held its weights";
+  gives_up.join();
+  bool freed = false;
+  for (int i = 0; i < 100 && !freed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    freed = ModelStateBytes(*c) == 0;
+  }
+  EXPECT_TRUE(freed) << "the abandoned generation still holds its weights";
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+
+  std::string drained;
+  int rc = 0;
+  std::thread during([&] { rc = RunCommand(long_generation, &drained); });
+  for (int i = 0; i < 30 && ModelStateBytes(*c) <= 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_EQ(daemon_.Stop(), 0) << daemon_.Output();  // SIGTERM: drain
+  during.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 20.0);
+  EXPECT_NE(rc, 0) << drained;
+  EXPECT_TRUE(drained.find("UNAVAILABLE") != std::string::npos || drained.find("draining") != std::string::npos ||
+              drained.find("unreachable") != std::string::npos || drained.find("shutting down") != std::string::npos)
+      << drained;
 }
 
 TEST_F(DaemonTest, BadSampleOptionsAreRefusedAtSubmit) {
