@@ -26,6 +26,15 @@ namespace v1 = roundpipe::v1;
 const std::vector<std::string> kPrompts = {"Hello", "The quick brown fox jumps"};
 constexpr int kNewTokens = 5;
 
+// Submits `spec` and waits until the job SUCCEEDED (the job's record then).
+absl::StatusOr<v1::Job> Finished(client::Client& c, const v1::JobSpec& spec) {
+  auto job = c.Submit(spec);
+  if (!job.ok()) return job.status();
+  Watcher w(c, job->id());
+  if (!w.WaitForState(v1::JOB_STATE_SUCCEEDED)) return absl::InternalError("the job did not succeed");
+  return job;
+}
+
 // The host memory the daemon's engine holds in model states now (GetServerInfo).
 int64_t ModelStateBytes(client::Client& c) {
   auto info = c.Info();
@@ -130,10 +139,8 @@ TEST_F(DaemonTest, GenerateAnswersFromAFinishedJobsFinalWeightsAcrossARestart) {
   v1::JobSpec spec = TinySpec();
   spec.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
   spec.set_max_steps(6);
-  auto job = c->Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  Watcher w(*c, job->id());
-  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  auto job = Finished(*c, spec);
+  ASSERT_TRUE(job.ok()) << job.status() << daemon_.Output();
   v1::SamplePolicy sampling;
   for (const std::string& p : kPrompts) sampling.add_prompts(p);
   sampling.set_max_new_tokens(kNewTokens);
@@ -228,10 +235,8 @@ TEST_F(DaemonTest, ChatPromptsRenderedWithTheModelsTemplateGenerateLikeTransform
   spec.mutable_data()->mutable_token_file()->set_path(dir + "/plain.safetensors");
   spec.mutable_data()->mutable_token_file()->set_tokenizer_dir(dir + "/model_plain");
   spec.set_max_steps(4);
-  auto job = c->Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  Watcher w(*c, job->id());
-  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  auto job = Finished(*c, spec);
+  ASSERT_TRUE(job.ok()) << job.status() << daemon_.Output();
 
   ASSERT_EQ(RunCommand(std::string(RP_ROUNDPIPE_CLI) + " --address " + daemon_.address() + " generate " + job->id() +
                            " --sampling_file " + sampling + " --max_new_tokens 6 --json",
@@ -265,10 +270,8 @@ TEST_F(DaemonTest, AClientThatGivesUpOrASigtermEndsALongGeneration) {
   v1::JobSpec spec = TinySpec();
   spec.mutable_data()->mutable_token_file()->set_path(TokenFile(20000));
   spec.set_max_steps(2);
-  auto job = c->Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  Watcher w(*c, job->id());
-  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_SUCCEEDED)) << daemon_.Output();
+  auto job = Finished(*c, spec);
+  ASSERT_TRUE(job.ok()) << job.status() << daemon_.Output();
   ASSERT_EQ(ModelStateBytes(*c), 0);
   const std::string long_generation = std::string(RP_ROUNDPIPE_CLI) + " --address " + daemon_.address() + " generate " +
                                       job->id() + " --max_new_tokens 1024 a b c d e f g h i j k l m n o p";

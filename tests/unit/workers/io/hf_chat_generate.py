@@ -10,31 +10,22 @@ fp32, exactly MAX_NEW_TOKENS each, each conversation alone).
 import json
 import sys
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
+
+from hf_generate import answer, greedy
 
 
 def main():
     model_dir, tok_dir, max_new, chats = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     tok = AutoTokenizer.from_pretrained(tok_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    model.generation_config.eos_token_id = None
-    out = []
-    with torch.no_grad(), open(chats, encoding="utf-8") as f:
+    prompts = []
+    with open(chats, encoding="utf-8") as f:
         for line in f:
-            if not line.strip():
-                continue
-            enc = tok.apply_chat_template(json.loads(line)["messages"], add_generation_prompt=True, tokenize=True,
-                                          return_dict=True)
-            prompt = list(enc["input_ids"])
-            ids = torch.tensor([prompt], dtype=torch.long)
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                 min_new_tokens=max_new, do_sample=False, pad_token_id=0)
-            out.append(gen[0, len(prompt):].tolist())
-    print()  # the answer on a line of its own, after anything transformers printed
-    json.dump(out, sys.stdout)
-    print()
+            if line.strip():
+                enc = tok.apply_chat_template(json.loads(line)["messages"], add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)
+                prompts.append(list(enc["input_ids"]))
+    answer(greedy(model_dir, prompts, max_new))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 
-def main():
-    model_dir, max_new, prompts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+def greedy(model_dir, prompts, max_new):
+    """The ids generate appends to each prompt (a list of ids), each alone, fp32, no stop."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
     model.eval()
     model.generation_config.eos_token_id = None
@@ -23,9 +23,17 @@ def main():
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, min_new_tokens=max_new,
                                  do_sample=False, pad_token_id=0)
             out.append(gen[0, len(p):].tolist())
+    return out
+
+
+def answer(out):
     print()  # the answer on a line of its own, after anything transformers printed
     json.dump(out, sys.stdout)
     print()
+
+
+def main():
+    answer(greedy(sys.argv[1], json.loads(sys.argv[3]), int(sys.argv[2])))
 
 
 if __name__ == "__main__":
