@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "scheduler/engine_types.h"
+#include "workers/spec/rendezvous_store.h"
 
 namespace rp::scheduler {
 
@@ -49,6 +50,11 @@ struct EngineOptions {
   // Data-parallel jobs: the communicator binary (roundpipe-comm); empty: beside the running
   // executable, or $RP_COMM_BINARY.
   std::string comm_binary;
+  // Data-parallel jobs: the store where the job's nodes meet (called once per job, when it
+  // starts, with the job's DataParallelSpec; the daemon's cluster answers with its own store on
+  // the coordinator and a client of the coordinator's on a peer). Null, or a null answer: one
+  // store of this process (nodes that are engines of one process).
+  std::function<std::shared_ptr<spec::RendezvousStore>(const DataParallelSpec&)> rendezvous_store;
 };
 
 class Engine {

@@ -114,7 +114,8 @@ struct GeneratedSample {
 // other nodes' engines before every step (workers/data_parallel.h), dividing by the labelled
 // tokens of all nodes: the nodes together train what one engine would on the whole batch. Every
 // node's job must be the same spec but for this field and its data. Communicators find each
-// other through a store of this process for now (nodes that are engines of one process).
+// other through a rendezvous store (EngineOptions::rendezvous_store picks it from this spec; by
+// default one store of this process: nodes that are engines of one process).
 struct DataParallelSpec {
   int rank = 0;
   int size = 1;
@@ -125,6 +126,14 @@ struct DataParallelSpec {
   // parameters it owns, about 1/size of them by elements, and shares the updated weights.
   // Checkpoints of a sharded state are not written yet: a sharded job takes no checkpoint_root.
   bool shard_optimizer_state = true;
+  // Where the group's rendezvous store is (the daemon's cluster: the coordinator's address;
+  // empty: this process). Read by EngineOptions::rendezvous_store, not by the engine.
+  std::string coordinator;
+  // The job's token file holds every node's data: batch k of this node is rows
+  // [rank * B / size, (rank + 1) * B / size) of the file's batch k (B = token_file.global_batch,
+  // which size must divide), so the nodes together train the file's global batches. False: the
+  // token file (or the fed batches) is this node's share already.
+  bool shard_token_file = false;
 };
 
 struct JobSpec {

@@ -18,7 +18,7 @@ constexpr int kLimbs = 4;        // 48 bits
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<DataParallelGroup>> DataParallelGroup::Start(const DataParallelOptions& o,
-                                                                            collective::RendezvousStore* store) {
+                                                                            spec::RendezvousStore* store) {
   if (o.size < 2 || o.size > 4096) return absl::InvalidArgumentError("data parallel: 2 to 4096 nodes");
   auto g = std::make_shared<DataParallelGroup>();
   g->rank_ = o.rank;

@@ -46,7 +46,7 @@ struct DataParallelOptions {
 class DataParallelGroup {
  public:
   static absl::StatusOr<std::shared_ptr<DataParallelGroup>> Start(const DataParallelOptions& o,
-                                                                  collective::RendezvousStore* store);
+                                                                  spec::RendezvousStore* store);
   int rank() const { return rank_; }
   int size() const { return size_; }
   // Exact sums of non-negative integers below 2^48 (12-bit limbs through fp32), on the control

@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   }
   e->host_memory_limit_ = options.host_memory_limit;
   e->comm_binary_ = options.comm_binary;
+  e->rendezvous_store_ = options.rendezvous_store;
   for (int r = 0; r < e->max_running_; ++r) e->runners_.emplace_back([raw = e.get()] { raw->RunnerLoop(); });
   return e;
 }
@@ -92,6 +93,7 @@ absl::StatusOr<JobId> Engine::Impl::Submit(const JobSpec& spec) {
   job->comm_binary = comm_binary_;
   if (absl::Status st = runtime::PrepareJob(spec, RawDevices(), job.get()); !st.ok()) return st;
   if (absl::Status st = CheckHostLimit(*job); !st.ok()) return st;
+  if (spec.data_parallel && rendezvous_store_) job->rendezvous_store = rendezvous_store_(*spec.data_parallel);
   base::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("engine is shutting down");
   job->id = next_id_++;

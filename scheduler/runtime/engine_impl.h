@@ -101,6 +101,7 @@ class Engine::Impl {
   std::function<int64_t()> host_memory_available_;
   int64_t host_memory_limit_ = 0;  // EngineOptions::host_memory_limit
   std::string comm_binary_;        // EngineOptions::comm_binary
+  std::function<std::shared_ptr<spec::RendezvousStore>(const DataParallelSpec&)> rendezvous_store_;  // EngineOptions
   // What the running jobs' model states hold against host_memory_limit_.
   int64_t HeldByRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   base::Mutex workers_mu_;  // orders operators' DrainWorker / EnableWorker calls (no field of its own)

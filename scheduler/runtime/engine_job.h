@@ -32,6 +32,7 @@
 #include "workers/io/frozen_base.h"
 #include "workers/io/safetensors_reader.h"
 #include "workers/spec/model_config.h"
+#include "workers/spec/rendezvous_store.h"
 #include "workers/store/host_model_store.h"
 #include "workers/text/tokenizer.h"
 
@@ -69,6 +70,9 @@ struct EngineJob {
   std::unique_ptr<BaseSource> final_base ABSL_GUARDED_BY(run_mu);  // opened on the first base read
 
   std::string comm_binary;  // EngineOptions::comm_binary (data-parallel jobs); set at Submit
+  // Where a data-parallel job's nodes meet (EngineOptions::rendezvous_store); null: this
+  // process's store. Set at Submit.
+  std::shared_ptr<spec::RendezvousStore> rendezvous_store;
   // A generation (Engine::Generate), never listed: the runner generates spec.eval.samples from
   // the loaded weights and ends the job. Set before the job is queued, read-only after.
   bool generation_only = false;

@@ -62,8 +62,8 @@ namespace rp::scheduler::runtime {
 namespace {
 
 // Where data-parallel groups of this process find each other (DataParallelSpec).
-workers::collective::InMemoryStore& ProcessRendezvousStore() {
-  static auto* store = new workers::collective::InMemoryStore();
+spec::InMemoryStore& ProcessRendezvousStore() {
+  static auto* store = new spec::InMemoryStore();
   return *store;
 }
 
@@ -77,6 +77,9 @@ absl::Status CheckDataParallel(const JobSpec& spec) {
   }
   if (dp.group.empty()) return absl::InvalidArgumentError("data_parallel.group: name the job's group");
   if (dp.timeout_ms < 100) return absl::InvalidArgumentError("data_parallel.timeout_ms: at least 100");
+  if (dp.shard_token_file && !spec.token_file) {
+    return absl::InvalidArgumentError("data_parallel.shard_token_file: the job reads no token file");
+  }
   if (dp.shard_optimizer_state && !spec.checkpoint_root.empty()) {
     return absl::InvalidArgumentError(
         "data_parallel.shard_optimizer_state: checkpoints of a sharded optimizer state are not written yet (give "
@@ -95,6 +98,7 @@ absl::Status CheckDataParallel(const JobSpec& spec) {
 // trainable parameters when asked.
 absl::StatusOr<std::shared_ptr<workers::DataParallelGroup>> StartDataParallel(const DataParallelSpec& dp,
                                                                               const std::string& binary,
+                                                                              spec::RendezvousStore* rendezvous,
                                                                               const workers::HostModelStore& store) {
   workers::DataParallelOptions o;
   o.rank = dp.rank;
@@ -104,7 +108,7 @@ absl::StatusOr<std::shared_ptr<workers::DataParallelGroup>> StartDataParallel(co
   o.binary = binary;
   o.timeout = std::chrono::milliseconds(dp.timeout_ms);
   o.shard_optimizer_state = dp.shard_optimizer_state;
-  auto group = workers::DataParallelGroup::Start(o, &ProcessRendezvousStore());
+  auto group = workers::DataParallelGroup::Start(o, rendezvous ? rendezvous : &ProcessRendezvousStore());
   if (!group.ok()) return group.status();
   if (dp.shard_optimizer_state) {
     std::vector<int64_t> elements;
@@ -129,12 +133,20 @@ bool IsTokenDatasetFile(const TokenFileSource& tf) {
          (tf.format == TokenFileSource::Format::kAuto && absl::EndsWith(tf.path, ".safetensors"));
 }
 
+// This node's share of the training file's batches (DataParallelSpec::shard_token_file):
+// {rank, size}; {0, 1}: all of each batch.
+std::pair<int, int> TrainingShare(const JobSpec& spec) {
+  if (!spec.data_parallel || !spec.data_parallel->shard_token_file) return {0, 1};
+  return {spec.data_parallel->rank, spec.data_parallel->size};
+}
+
 // A data source (`field`: "data.token_file" or "data.validation"), checked at Submit: a JSONL
 // file's tokenizer (its ids within the model's vocabulary) and readability, a token dataset's
 // header, or a raw token file opened (mapped, not read: `*raw`); read and tokenized by BuildJob
 // when the job starts (LoadPackedSource), so a queued job holds nothing.
+// `share`: the node's rows of each batch (TrainingShare).
 absl::Status PrepareSource(TokenFileSource& tf, const JobSpec& spec, EngineJob* job, const std::string& field,
-                           std::unique_ptr<TokenDataset>* raw) {
+                           std::unique_ptr<TokenDataset>* raw, std::pair<int, int> share = {0, 1}) {
   auto bad = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(field, ": ", why)); };
   // A file's error, named by field: PermissionDenied outside the roots stays so (DAEMON.md's
   // status codes), anything else about the file is InvalidArgument.
@@ -168,11 +180,18 @@ absl::Status PrepareSource(TokenFileSource& tf, const JobSpec& spec, EngineJob* 
     auto ds = TokenDataset::Open(tf.path, tf.format, tf.global_batch, tf.sequence_length);
     if (!ds.ok()) return bad(ds.status().message());
     if (tf.shuffle) (*ds)->Shuffle(tf.shuffle_seed);
+    if (absl::Status st = (*ds)->TakeShare(share.first, share.second); !st.ok()) return bad(st.message());
     *raw = std::move(*ds);
   }
-  if (tf.global_batch % spec.microbatches != 0) {
-    return bad(
-        absl::StrCat("global_batch ", tf.global_batch, " cannot be split into ", spec.microbatches, " micro-batches"));
+  if (tf.global_batch % share.second != 0) {
+    return bad(absl::StrCat("global_batch ", tf.global_batch, " cannot be split evenly over ", share.second,
+                            " data-parallel nodes"));
+  }
+  const int64_t rows = tf.global_batch / share.second;
+  if (rows % spec.microbatches != 0) {
+    return bad(absl::StrCat(share.second > 1 ? "a node's share of the global batch, " : "global_batch ", rows,
+                            share.second > 1 ? " sequences," : "", " cannot be split into ", spec.microbatches,
+                            " micro-batches"));
   }
   if (tf.max_epochs < 1) return bad("max_epochs must be >= 1");
   return absl::OkStatus();
@@ -293,7 +312,9 @@ absl::Status PrepareJob(const JobSpec& spec_in, const std::vector<workers::Devic
     }
   }
   if (spec.token_file) {
-    if (absl::Status st = PrepareSource(*spec.token_file, spec, job, "data.token_file", &job->data); !st.ok()) {
+    if (absl::Status st =
+            PrepareSource(*spec.token_file, spec, job, "data.token_file", &job->data, TrainingShare(spec));
+        !st.ok()) {
       return st;
     }
   }
@@ -442,6 +463,10 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
     auto ds = LoadPackedSource(*spec.token_file, "data.token_file", progress, &job.stop_starting);
     if (!ds.ok()) return ds.status();
     data = std::move(*ds);
+    const auto [rank, size] = TrainingShare(spec);
+    if (data) {
+      if (absl::Status st = data->TakeShare(rank, size); !st.ok()) return absl::InvalidArgumentError(st.message());
+    }
   }
   if (spec.validation) {
     auto ds = LoadPackedSource(*spec.validation, "data.validation", progress, &job.stop_starting);
@@ -451,7 +476,7 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   if (spec.data_parallel) {
     progress(absl::StrCat("connecting to the data-parallel group '", spec.data_parallel->group, "' as node ",
                           spec.data_parallel->rank, " of ", spec.data_parallel->size));
-    auto group = StartDataParallel(*spec.data_parallel, job.comm_binary, *store);
+    auto group = StartDataParallel(*spec.data_parallel, job.comm_binary, job.rendezvous_store.get(), *store);
     if (!group.ok()) return group.status();
     o.data_parallel = std::move(*group);
   }

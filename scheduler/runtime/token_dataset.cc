@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::FromPacked(std::vect
 
 absl::Status TokenDataset::SetShape(int64_t global_batch, int64_t sequence_length, const std::string& what) {
   global_batch_ = global_batch;
+  first_row_ = 0;
+  rows_ = global_batch;
   sequence_length_ = sequence_length;
   const int64_t windows = num_tokens_ > 1 ? (num_tokens_ - 1) / sequence_length : 0;
   batches_per_epoch_ = windows / global_batch;
@@ -151,12 +153,12 @@ int64_t TokenDataset::TokenAt(int64_t i) const {
 }
 
 std::pair<at::Tensor, at::Tensor> TokenDataset::Batch(int64_t index) const {
-  const int64_t B = global_batch_, S = sequence_length_;
+  const int64_t B = rows_, S = sequence_length_;
   at::Tensor tokens = at::empty({B, S}, at::kLong), labels = at::empty({B, S}, at::kLong);
   int64_t* t = tokens.data_ptr<int64_t>();
   int64_t* l = labels.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t start = WindowOf(index, b) * S;
+    const int64_t start = WindowOf(index, first_row_ + b) * S;
     for (int64_t s = 0; s < S; ++s) {
       t[b * S + s] = TokenAt(start + s);
       const bool target =
@@ -167,17 +169,27 @@ std::pair<at::Tensor, at::Tensor> TokenDataset::Batch(int64_t index) const {
   return {tokens, labels};
 }
 
+absl::Status TokenDataset::TakeShare(int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size || global_batch_ % size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("global_batch ", global_batch_, " cannot be split evenly over ", size, " data-parallel nodes"));
+  }
+  rows_ = global_batch_ / size;
+  first_row_ = rank * rows_;
+  return absl::OkStatus();
+}
+
 bool TokenDataset::StartsDocument(int64_t i) const {
   return std::binary_search(document_starts_.begin(), document_starts_.end(), i);
 }
 
 at::Tensor TokenDataset::Positions(int64_t index) const {
   if (!mask_documents_) return at::Tensor();
-  const int64_t B = global_batch_, S = sequence_length_;
+  const int64_t B = rows_, S = sequence_length_;
   at::Tensor positions = at::empty({B, S}, at::kLong);
   int64_t* p = positions.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t start = WindowOf(index, b) * S;
+    const int64_t start = WindowOf(index, first_row_ + b) * S;
     // The document starts inside the window, walked in order.
     auto next = std::upper_bound(document_starts_.begin(), document_starts_.end(), start);
     int64_t pos = 0;

@@ -48,6 +48,11 @@ class TokenDataset {
     mask_documents_ = true;
   }
   bool masks_documents() const { return mask_documents_; }
+  // One node's share of every batch (data parallelism): Batch() and Positions() return rows
+  // [rank * B / size, (rank + 1) * B / size) of the whole batch of B = global_batch windows
+  // (InvalidArgument unless size divides B). The batches and their order stay the file's.
+  absl::Status TakeShare(int rank, int size);
+  int64_t rows() const { return rows_; }
   // Windows in a seeded order, a fresh permutation per epoch (default: file order).
   void Shuffle(uint64_t seed) {
     shuffle_ = true;
@@ -58,10 +63,10 @@ class TokenDataset {
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   // The window batch `index` takes in row `row` (its first token is window * sequence_length).
   int64_t WindowOf(int64_t index, int64_t row) const;
-  // tokens and labels, each [global_batch, sequence_length] int64 (labels = tokens shifted by
-  // one within each window).
+  // tokens and labels, each [rows(), sequence_length] int64 (labels = tokens shifted by one
+  // within each window); rows() = global_batch unless TakeShare.
   std::pair<at::Tensor, at::Tensor> Batch(int64_t index) const;
-  // Document-masked datasets: the positions of Batch(index)'s tokens ([global_batch,
+  // Document-masked datasets: the positions of Batch(index)'s tokens ([rows(),
   // sequence_length] int64, 0 at each row's start and at every document start); else undefined.
   at::Tensor Positions(int64_t index) const;
 
@@ -77,8 +82,9 @@ class TokenDataset {
   bool is_signed_ = false;
   int64_t num_tokens_ = 0;
   int64_t global_batch_ = 0, sequence_length_ = 0, batches_per_epoch_ = 0;
-  std::vector<int32_t> packed_;   // FromPacked: the tokens (element_bytes_ == 0)
-  std::vector<uint8_t> trained_;  // FromPacked: the loss mask
+  int64_t first_row_ = 0, rows_ = 0;  // the rows of each batch Batch() returns (TakeShare)
+  std::vector<int32_t> packed_;       // FromPacked: the tokens (element_bytes_ == 0)
+  std::vector<uint8_t> trained_;      // FromPacked: the loss mask
   bool shuffle_ = false;
   uint64_t seed_ = 0;
   bool mask_documents_ = false;

@@ -37,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kSocket = 3;
 constexpr int kBuffer = 4;
 
-// Gloo's rendezvous store, answered by the daemon over the socket (rendezvous_store.h).
+// Gloo's rendezvous store, answered by the daemon over the socket (workers/spec/rendezvous_store.h).
 class DaemonStore : public gloo::rendezvous::Store {
  public:
   explicit DaemonStore(std::chrono::milliseconds timeout) : timeout_(timeout) {}

@@ -23,9 +23,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "workers/collective/comm_wire.h"
-#include "workers/collective/rendezvous_store.h"
+#include "workers/spec/rendezvous_store.h"
 
 namespace rp::workers::collective {
+
+using spec::InMemoryStore;
+using spec::RendezvousStore;  // workers/spec/rendezvous_store.h
 
 struct CommunicatorOptions {
   std::string binary;  // roundpipe-comm; empty: DefaultCommBinary()

@@ -33,7 +33,7 @@ TEST(EngineWithCollectives, TrainingAndGlooCollectivesShareOneProcess) {
   const std::vector<double> alone = Losses(**engine);
   ASSERT_EQ(alone.size(), 4u);
 
-  wc::InMemoryStore store;
+  rp::spec::InMemoryStore store;
   std::unique_ptr<wc::Communicator> comms[2];
   {
     std::thread peer([&] {

@@ -7,8 +7,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <fstream>
 #include <map>
 #include <thread>
+
+#include <unistd.h>
 
 #include "tests/support/engine_values.h"
 #include "tests/unit/scheduler/engine_test_jobs.h"
@@ -225,6 +229,108 @@ TEST(DataParallelFaults, ANodeLostMidJobFailsTheOtherInTime) {
     EXPECT_EQ(*(*a)->State(*plain), JobState::kSucceeded);
     std::printf("%s peer: failed after %.2f s: %s\n", shut_down ? "lost" : "silent", took, why.c_str());
   }
+}
+
+}  // namespace
+}  // namespace rp::scheduler
+
+namespace rp::scheduler {
+namespace {
+
+// One token file holds the global batches (DataParallelSpec::shard_token_file): each node reads
+// its rows of every batch, the nodes meet in the store EngineOptions::rendezvous_store gives
+// them, and together they train what one engine reading the whole file does. Without the share
+// each node would train every row: the same mean gradient, so the weights alone cannot tell, but
+// twice the tokens per step.
+TEST(DataParallel, NodesReadTheirShareOfOneTokenFileAndMeetInTheGivenStore) {
+  const std::string path = ::testing::TempDir() + "/dp_tokens_" + std::to_string(getpid()) + ".bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (int i = 0; i < 8 * 16 * 3 + 1; ++i) {  // three batches of 8 x 16
+      const uint16_t t = static_cast<uint16_t>((i * 13 + i / 7) % 41);
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  JobSpec whole = TinyJob();
+  whole.microbatches = 4;
+  whole.token_file = TokenFileSource{path, TokenFileSource::Format::kBinUint16, 8, 16, 1};
+  auto single = Engine::Create({"cpu:2"});
+  ASSERT_TRUE(single.ok());
+  auto sid = (*single)->Submit(whole);
+  ASSERT_TRUE(sid.ok()) << sid.status();
+  std::vector<double> want_losses;
+  std::vector<int64_t> want_tokens;
+  for (const JobEvent& ev : DrainUntilEnded(**single, *sid)) {
+    if (ev.kind == JobEvent::Kind::kIteration) {
+      want_losses.push_back(ev.stats.loss);
+      want_tokens.push_back(ev.stats.tokens);
+    }
+  }
+  ASSERT_EQ(want_losses.size(), 3u);
+
+  auto store = std::make_shared<spec::InMemoryStore>();
+  std::atomic<int> asked{0};
+  EngineOptions eo;
+  eo.devices = "cpu:1";
+  eo.comm_binary = RP_COMM_BINARY;
+  eo.rendezvous_store = [&](const DataParallelSpec& dp) -> std::shared_ptr<spec::RendezvousStore> {
+    EXPECT_EQ(dp.coordinator, "node-a:1");
+    ++asked;
+    return store;
+  };
+  std::unique_ptr<Engine> nodes[2];
+  std::vector<double> losses[2];
+  std::vector<int64_t> tokens[2];
+  JobId ids[2] = {0, 0};
+  for (int r = 0; r < 2; ++r) {
+    auto e = Engine::Create(eo);
+    ASSERT_TRUE(e.ok());
+    nodes[r] = std::move(*e);
+    JobSpec half = whole;
+    half.microbatches = 2;
+    half.data_parallel = DataParallelSpec{r, 2, "dp-file", "127.0.0.1", 30000, true, "node-a:1", true};
+    auto id = nodes[r]->Submit(half);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      for (const JobEvent& ev : DrainUntilEnded(*nodes[r], ids[r])) {
+        if (ev.kind == JobEvent::Kind::kIteration) {
+          losses[r].push_back(ev.stats.loss);
+          tokens[r].push_back(ev.stats.tokens);
+        }
+        if (ev.kind == JobEvent::Kind::kState && ev.state == JobState::kFailed) ADD_FAILURE() << ev.message;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(asked.load(), 2);
+  EXPECT_EQ(tokens[0], want_tokens) << "the nodes together train one global batch per step";
+  EXPECT_GT(store->size(), 0u) << "the nodes met somewhere else";
+  const size_t keys = store->size();
+  EXPECT_EQ(store->ErasePrefix("dp-file/"), keys);  // every key is the group's
+  EXPECT_EQ(store->size(), 0u);
+  ASSERT_EQ(losses[0].size(), 3u);
+  for (size_t b = 0; b < 3; ++b) EXPECT_NEAR(losses[0][b], want_losses[b], 1e-5) << b;
+  EXPECT_EQ(losses[0], losses[1]);
+  auto shapes = (*single)->ParameterShapes(*sid);
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  for (const auto& [name, shape] : *shapes) {
+    const at::Tensor want = rp::testing::ParameterTensor(**single, *sid, name);
+    const at::Tensor got = rp::testing::ParameterTensor(*nodes[0], ids[0], name);
+    EXPECT_TRUE(at::equal(got, rp::testing::ParameterTensor(*nodes[1], ids[1], name))) << name;
+    const double diff = (got - want).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-6 * want.abs().max().item<double>() + 1e-8) << name;
+  }
+  // A share that does not divide the batch, or a share without a token file, is refused.
+  JobSpec odd = whole;
+  odd.data_parallel = DataParallelSpec{0, 3, "dp-odd", "127.0.0.1", 30000, true, "", true};
+  EXPECT_EQ(nodes[0]->Submit(odd).status().code(), absl::StatusCode::kInvalidArgument);
+  JobSpec fed = TinyJob();
+  fed.data_parallel = DataParallelSpec{0, 2, "dp-fed", "127.0.0.1", 30000, true, "", true};
+  EXPECT_EQ(nodes[0]->Submit(fed).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

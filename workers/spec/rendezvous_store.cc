@@ -1,9 +1,9 @@
 // The in-process rendezvous store (rendezvous_store.h).
-#include "workers/collective/rendezvous_store.h"
+#include "workers/spec/rendezvous_store.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace rp::workers::collective {
+namespace rp::spec {
 
 absl::Status InMemoryStore::Set(const std::string& key, const std::string& value) {
   base::MutexLock lock(&mu_);
@@ -26,4 +26,20 @@ absl::StatusOr<std::string> InMemoryStore::Get(const std::string& key, std::chro
   }
 }
 
-}  // namespace rp::workers::collective
+size_t InMemoryStore::ErasePrefix(const std::string& prefix) {
+  base::MutexLock lock(&mu_);
+  size_t erased = 0;
+  for (auto it = values_.lower_bound(prefix);
+       it != values_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+    it = values_.erase(it);
+    ++erased;
+  }
+  return erased;
+}
+
+size_t InMemoryStore::size() const {
+  base::MutexLock lock(&mu_);
+  return values_.size();
+}
+
+}  // namespace rp::spec
