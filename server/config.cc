@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "server/cluster.h"
 
 namespace rp::server {
 
@@ -45,6 +46,7 @@ void ApplyDefaults(roundpipe::v1::DaemonConfig* c) {
   if (c->drain_deadline_seconds() == 0) c->set_drain_deadline_seconds(120);
   if (c->max_running_jobs() == 0) c->set_max_running_jobs(1);
   if (c->log_level().empty()) c->set_log_level("info");
+  ApplyClusterDefaults(c);
   // gRPC resolves "localhost" to both 127.0.0.1 and ::1 and cannot bind port 0 on both at once:
   // listen on the IPv4 loopback, which every client resolving "localhost" reaches.
   for (int i = 0; i < c->listen_size(); ++i) {
@@ -150,6 +152,7 @@ absl::Status ValidateConfig(const roundpipe::v1::DaemonConfig& c) {
              !absl::StartsWith(c.devices(), "cuda")) {
     problems.push_back(absl::StrCat("devices '", c.devices(), "': expected auto, cpu:N or cuda[:i,j,...]"));
   }
+  CheckClusterConfig(c, &problems);
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("invalid config: ", absl::StrJoin(problems, "; ")));
 }

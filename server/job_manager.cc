@@ -80,7 +80,21 @@ absl::Status JobManager::Admit(const std::shared_ptr<ManagedJob>& job) {
   }
   // The pump runs behind a barrier: an unexpected exception cancels that job (logged), it never
   // terminates the daemon.
-  job->threads_running = 1;
+  bool in_cluster = false;
+  {
+    absl::MutexLock lock(&job->mu);
+    in_cluster = job->record.cluster().size() > 1;
+  }
+  job->threads_running = in_cluster ? 2 : 1;
+  if (in_cluster) {
+    job->cluster_watch = std::thread([this, job] {
+      (void)Guarded(absl::StrCat("[", job->id, "] cluster watch"), [&] {
+        WatchCluster(job);
+        return absl::OkStatus();
+      });
+      --job->threads_running;
+    });
+  }
   job->pump = std::thread([this, job, engine_id] {
     absl::Status st = Guarded(absl::StrCat("[", job->id, "] event pump"), [&] {
       PumpLoop(job);
@@ -98,10 +112,16 @@ void JobManager::ReapJobThreads() {
   for (const auto& j : jobs) {
     if (j->threads_running.load() != 0) continue;
     if (j->pump.joinable()) j->pump.join();
+    if (j->cluster_watch.joinable()) j->cluster_watch.join();
   }
 }
 
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+  if (spec.cluster().nodes() > 1) return SubmitCluster(spec);
+  return SubmitAs(spec, nullptr);
+}
+
+absl::StatusOr<v1::Job> JobManager::SubmitAs(const v1::JobSpec& spec, ClusterJoin* join) {
   ReapJobThreads();  // ended jobs keep no threads
   {
     absl::MutexLock lock(&mu_);
@@ -112,9 +132,13 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   job->id = JobTable::IdOf(job->seq);
   JobSpecContext ctx = options_.spec;
   ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
-  auto resolved = ResolveJobSpec(spec, ctx);
+  v1::JobSpec own = spec;
+  if (join && join->own_output_dir) own.clear_output_dir();
+  if (join) ctx.nodes = join->data_parallel.size;
+  auto resolved = ResolveJobSpec(own, ctx);
   if (!resolved.ok()) return resolved.status();
   job->resolved = *resolved;
+  if (join) job->resolved.engine.data_parallel = join->data_parallel;
   std::string owner;
   {
     absl::MutexLock lock(&job->mu);  // not published yet; the lock states the rule
@@ -123,13 +147,21 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     job->record.set_state(v1::JOB_STATE_QUEUED);
     *job->record.mutable_created() = Now();
     *job->record.mutable_updated() = Now();
+    if (join) *job->record.mutable_cluster() = join->membership;
     owner = OwnerToken(job->record);
   }
   // The job owns its output dir from here on (no other job may share its checkpoints).
   if (absl::Status st = scheduler::ClaimOutputDir(job->resolved.output_dir, owner); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("output_dir: ", st.message()));
   }
+  if (join && join->start_others) {
+    if (absl::Status st = join->start_others(*job); !st.ok()) {
+      scheduler::ReleaseOutputDir(job->resolved.output_dir);
+      return st;
+    }
+  }
   if (absl::Status st = Admit(job); !st.ok()) {
+    if (join && join->stop_others) join->stop_others(*job);
     scheduler::ReleaseOutputDir(job->resolved.output_dir);
     return st;
   }
@@ -213,6 +245,15 @@ absl::StatusOr<std::pair<std::shared_ptr<ManagedJob>, scheduler::JobId>> JobMana
 absl::StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
   auto live = LiveJob(id, "pause");
   if (!live.ok()) return live.status();
+  {
+    absl::MutexLock lock(&live->first->mu);
+    if (live->first->record.cluster().size() > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " runs on ", live->first->record.cluster().size(),
+          " nodes and cannot pause (the other nodes would wait for it in a collective until their timeout); cancel "
+          "it, or checkpoint it"));
+    }
+  }
   if (absl::Status st = engine_->Pause(live->second); !st.ok()) return st;
   JobLog()->info("[{}] pause requested", id);
   return Snapshot(live->first);
@@ -314,8 +355,18 @@ void JobManager::PumpLoop(const std::shared_ptr<ManagedJob>& job) {
         // A token-file job's batches are read by the engine: each step took one in.
         if (!job->resolved.streamed()) metrics_->batches_received.Increment();
       }
+      const bool failed = e.kind == scheduler::JobEvent::Kind::kState && e.state == scheduler::JobState::kFailed;
+      // A cluster job's failure is often another node's: ask them before saying why.
+      const std::string fault = failed && job->resolved.engine.data_parallel ? ExplainNodeFailure(job) : "";
       absl::MutexLock lock(&job->mu);
-      EventEffect fx = job->tracker.Apply(e, std::chrono::steady_clock::now(), job->drained, &job->record);
+      if (!fault.empty()) job->cluster_fault = fault;
+      scheduler::JobEvent named;
+      if (failed && !job->cluster_fault.empty()) {  // another node's failure explains this one's
+        named = e;
+        named.message = absl::StrCat(job->cluster_fault, "; here: ", e.message);
+      }
+      EventEffect fx = job->tracker.Apply(failed && !job->cluster_fault.empty() ? named : e,
+                                          std::chrono::steady_clock::now(), job->drained, &job->record);
       if (fx.to != fx.from) gauges_.Move(fx.from, fx.to);  // the gauge moves before watchers hear of it
       if (e.kind == scheduler::JobEvent::Kind::kCheckpointFailed) metrics_->checkpoint_failures.Increment();
       if (e.kind == scheduler::JobEvent::Kind::kBatchRejected) metrics_->batches_rejected.Increment();

@@ -33,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "roundpipe/v1/cluster.pb.h"
 #include "roundpipe/v1/jobs.pb.h"
 #include "scheduler/engine.h"
 #include "server/background_tasks.h"
@@ -48,9 +49,12 @@
 
 namespace rp::server {
 
+class Cluster;
+
 struct JobManagerOptions {
-  JobSpecContext spec;   // default_output_dir is replaced per job by <jobs_dir>/<id>
-  std::string jobs_dir;  // <state_dir>/jobs
+  JobSpecContext spec;         // default_output_dir is replaced per job by <jobs_dir>/<id>
+  std::string jobs_dir;        // <state_dir>/jobs
+  Cluster* cluster = nullptr;  // DaemonConfig.cluster (job_cluster.cc); null: this daemon alone
 };
 
 class JobManager {
@@ -61,7 +65,16 @@ class JobManager {
                                                             DaemonMetrics* metrics, JobManagerOptions options);
   ~JobManager();
 
+  // A spec with cluster.nodes = K > 1 makes this daemon the coordinator of a job on K nodes
+  // (job_cluster.cc): it starts nodes 1..K-1 on its first peers, then admits node 0 here; a node
+  // that refuses fails the submission (naming the node), and the nodes already started are
+  // cancelled.
   absl::StatusOr<roundpipe::v1::Job> Submit(const roundpipe::v1::JobSpec& spec);
+  // The cluster's side (ClusterService, job_cluster.cc): a coordinator asks this daemon to run
+  // one node of its job; or for the state of such a node (`cancel`: cancelled first). Only for a
+  // daemon in a cluster; NodeStatusOf only for node jobs.
+  absl::StatusOr<roundpipe::v1::NodeStatus> StartNode(const roundpipe::v1::StartNodeRequest& request);
+  absl::StatusOr<roundpipe::v1::NodeStatus> NodeStatusOf(const std::string& id, bool cancel);
   absl::StatusOr<roundpipe::v1::Job> Get(const std::string& id);
   absl::StatusOr<roundpipe::v1::ListJobsResponse> List(const roundpipe::v1::ListJobsRequest& request);
   absl::StatusOr<roundpipe::v1::Job> Cancel(const std::string& id);
@@ -135,6 +148,25 @@ class JobManager {
   absl::StatusOr<ResolvedJob> AdmittedSpec(ManagedJob& job, bool live, const roundpipe::v1::JobSpec& spec);
   static absl::StatusOr<std::string> FinalCheckpoint(const std::string& id, const ResolvedJob& resolved, int64_t step);
   absl::Status Admit(const std::shared_ptr<ManagedJob>& job);
+  // How a node of a cluster job joins (job_cluster.cc): its engine's data-parallel part, its
+  // record's membership, and, on the coordinator, starting the other nodes before this one is
+  // admitted (`start_others`; `stop_others` undoes it when the admission fails).
+  struct ClusterJoin {
+    scheduler::DataParallelSpec data_parallel;
+    roundpipe::v1::ClusterMembership membership;
+    bool own_output_dir = false;  // a peer writes under its own jobs dir, whatever the spec says
+    std::function<absl::Status(ManagedJob& job)> start_others;
+    std::function<void(ManagedJob& job)> stop_others;
+  };
+  absl::StatusOr<roundpipe::v1::Job> SubmitAs(const roundpipe::v1::JobSpec& spec, ClusterJoin* join);
+  absl::StatusOr<roundpipe::v1::Job> SubmitCluster(const roundpipe::v1::JobSpec& spec);
+  // A cluster job's watch (its own thread until the job ends): every second the other nodes'
+  // states into the record's membership; a node that failed or cannot be reached is named in this
+  // job's failure; when this job ends, the others still running are cancelled.
+  void WatchCluster(const std::shared_ptr<ManagedJob>& job);
+  // A cluster job that failed here: what the other nodes say about it (one look, a few seconds
+  // at most), for its error; "" when they say nothing (or it is no cluster job).
+  std::string ExplainNodeFailure(const std::shared_ptr<ManagedJob>& job);
   // A started job from the store: admit it from its newest usable checkpoint (false: none).
   bool ResumeFromCheckpoint(const std::shared_ptr<ManagedJob>& job, bool paused);
   // A job that has not ended and runs in this daemon's engine (NotFound / FailedPrecondition

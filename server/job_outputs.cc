@@ -224,6 +224,7 @@ void JobManager::Shutdown() {
     absl::MutexLock reap(&reap_mu_);
     for (const auto& j : jobs) {
       if (j->pump.joinable()) j->pump.join();
+      if (j->cluster_watch.joinable()) j->cluster_watch.join();
     }
   }
   tasks_.JoinAll();

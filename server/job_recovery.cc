@@ -31,6 +31,13 @@ absl::Status JobManager::Recover() {
       JobLog()->error("job store: {}; the later record is not listed", std::string(st.message()));
       continue;
     }
+    if (plan.action != RecoveryAction::kList && record.cluster().size() > 1) {
+      // Its other nodes went on without it, or failed: a node never continues alone.
+      FailRecovered(*job,
+                    "a node of a cluster job does not resume after a daemon restart (not built yet): resubmit the "
+                    "job");
+      continue;
+    }
     if (plan.action == RecoveryAction::kReadmit) readmit.push_back({job, plan.pause_again});
     if (plan.action == RecoveryAction::kResume) resume.push_back({job, plan.pause_again});
   }

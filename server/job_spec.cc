@@ -3,6 +3,7 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
@@ -204,11 +205,18 @@ absl::Status ResolveBatching(const v1::JobSpec& spec, const JobSpecContext& ctx,
         absl::StrCat("batching: global_batch x sequence_length = ", r.global_batch * r.sequence_length,
                      " tokens per step, above ", kMaxStepTokens));
   }
-  e.microbatches = static_cast<int>(r.global_batch / micro);
+  // A cluster job: each node runs its share of the global batch (JobSpec.cluster).
+  if (ctx.nodes > 1 && r.global_batch % (ctx.nodes * micro) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batching: global_batch ", r.global_batch, " over ", ctx.nodes,
+                     " nodes must be a multiple of nodes x micro_batch = ", ctx.nodes * micro));
+  }
+  e.microbatches = static_cast<int>(r.global_batch / std::max(ctx.nodes, 1) / micro);
   if (e.microbatches < ctx.num_devices) {
-    return absl::InvalidArgumentError(absl::StrCat("batching: global_batch / micro_batch = ", e.microbatches,
-                                                   " micro-batches, fewer than the ", ctx.num_devices,
-                                                   " devices; raise global_batch or lower micro_batch"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batching: global_batch / ", ctx.nodes > 1 ? absl::StrCat(ctx.nodes, " nodes / ") : "",
+                     "micro_batch = ", e.microbatches, " micro-batches, fewer than the ", ctx.num_devices,
+                     " devices; raise global_batch or lower micro_batch"));
   }
   e.microbatches_per_round = b.microbatches_per_round();
   if (e.microbatches_per_round == -1 && spec.partition().fused() > 0) {

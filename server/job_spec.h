@@ -24,6 +24,7 @@ struct JobSpecContext {
   // Bytes a new job's host model state may take, asked at each admission; empty = unchecked.
   std::function<int64_t()> host_memory_budget;
   int64_t max_message_bytes = 0;  // the daemon's gRPC message limit (streamed batches must fit); 0 = unchecked
+  int nodes = 1;                  // a cluster job's node: its micro-batches are its share of the global batch
 };
 
 struct ResolvedJob {

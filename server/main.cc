@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 #include <variant>
 
@@ -28,6 +29,8 @@
 #include "scheduler/job_files.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
+#include "server/cluster.h"
+#include "server/cluster_service.h"
 #include "server/config.h"
 #include "server/engine_metrics.h"
 #include "server/host_memory.h"
@@ -354,24 +357,52 @@ int main(int argc, char** argv) {
     return rp::server::AdmissionBudget(rp::server::HostMemoryBudgetNow(), 0,
                                        rp::scheduler::TokenizerParseBytesInFlight());
   };
+  // A cluster member: data-parallel jobs meet in this daemon's store (the jobs it coordinates) or
+  // in their coordinator's.
+  std::unique_ptr<rp::server::Cluster> cluster;
+  if (config.has_cluster()) {
+    auto c = rp::server::Cluster::Create(config.cluster());
+    if (!c.ok()) return Fail(ConfigError(std::string(c.status().message())));
+    cluster = std::move(*c);
+    engine_options.rendezvous_store = [raw = cluster.get()](const rp::scheduler::DataParallelSpec& dp) {
+      return raw->StoreFor(dp);
+    };
+  }
   auto engine = rp::scheduler::Engine::Create(engine_options);
   if (!engine.ok()) return Fail(ConfigError(std::string(engine.status().message())));
-  auto manager =
-      rp::server::JobManager::Create(engine->get(), std::get<std::unique_ptr<rp::server::JobStore>>(store).get(),
-                                     &metrics, ManagerOptions(config, std::get<std::string>(jobs_dir), engine->get()));
+  rp::server::JobManagerOptions manager_options =
+      ManagerOptions(config, std::get<std::string>(jobs_dir), engine->get());
+  manager_options.cluster = cluster.get();
+  auto manager = rp::server::JobManager::Create(
+      engine->get(), std::get<std::unique_ptr<rp::server::JobStore>>(store).get(), &metrics, manager_options);
   if (!manager.ok()) return Fail(OtherError(std::string(manager.status().message())));
 
   rp::server::JobServiceImpl job_service(manager->get(), &auth);
   rp::server::AdminServiceImpl admin_service(engine->get(), manager->get(), &auth, config.drain_deadline_seconds(),
                                              &metrics);
   rp::server::SetWorkerStates(&metrics, (*engine)->Stats());  // before any step or operator
-  auto grpc_endpoint = ServeGrpc(config, {&job_service, &admin_service}, &metrics);
+  std::optional<rp::server::ClusterServiceImpl> cluster_service;
+  std::vector<grpc::Service*> services = {&job_service, &admin_service};
+  if (cluster) services.push_back(&cluster_service.emplace(manager->get(), cluster.get()));
+  auto grpc_endpoint = ServeGrpc(config, services, &metrics);
   if (auto* e = std::get_if<StartupError>(&grpc_endpoint)) return Fail(*e);
   GrpcEndpoint& served = std::get<GrpcEndpoint>(grpc_endpoint);
+  if (cluster) {
+    for (const std::string& a : served.bound) {
+      if (!absl::StartsWith(a, "unix:")) {
+        cluster->SetAdvertiseAddress(a);
+        break;
+      }
+    }
+    if (cluster->advertise_address().empty()) {
+      return Fail(ConfigError("cluster: no TCP listen address to advertise (set cluster.advertise_address)"));
+    }
+  }
 
   const std::string status_line =
       absl::StrCat("serving grpc=", absl::StrJoin(served.bound, ","),
-                   " metrics=", metrics_bound.empty() ? "off" : metrics_bound, " devices=", config.devices());
+                   " metrics=", metrics_bound.empty() ? "off" : metrics_bound, " devices=", config.devices(),
+                   cluster ? absl::StrCat(" node=", cluster->node_name(), " peers=", cluster->peers().size()) : "");
   spdlog::info("roundpiped {}: {}", RP_VERSION, status_line);
   std::printf("roundpiped: %s\n", status_line.c_str());
   std::fflush(stdout);

@@ -30,6 +30,7 @@ absl::StatusOr<std::shared_ptr<DataParallelGroup>> DataParallelGroup::Start(cons
   c.size = o.size;
   c.hostname = o.hostname;
   c.connect_timeout = o.timeout;
+  c.cancel = o.cancel;
   c.buffer_bytes = 4096 * 4;
   c.group = o.group + "/control";
   auto control = collective::Communicator::Start(c, store);

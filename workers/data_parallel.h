@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -41,6 +42,7 @@ struct DataParallelOptions {
   // ZeRO-1 over whole parameters: each trainable parameter has one owner node, the only one that
   // keeps its optimizer state and steps it; the owner then broadcasts the updated weights.
   bool shard_optimizer_state = true;
+  const std::atomic<bool>* cancel = nullptr;  // connecting gives up once it turns true (the job cancelled)
 };
 
 class DataParallelGroup {

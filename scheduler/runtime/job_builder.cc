@@ -99,6 +99,7 @@ absl::Status CheckDataParallel(const JobSpec& spec) {
 absl::StatusOr<std::shared_ptr<workers::DataParallelGroup>> StartDataParallel(const DataParallelSpec& dp,
                                                                               const std::string& binary,
                                                                               spec::RendezvousStore* rendezvous,
+                                                                              const std::atomic<bool>* cancel,
                                                                               const workers::HostModelStore& store) {
   workers::DataParallelOptions o;
   o.rank = dp.rank;
@@ -108,6 +109,7 @@ absl::StatusOr<std::shared_ptr<workers::DataParallelGroup>> StartDataParallel(co
   o.binary = binary;
   o.timeout = std::chrono::milliseconds(dp.timeout_ms);
   o.shard_optimizer_state = dp.shard_optimizer_state;
+  o.cancel = cancel;
   auto group = workers::DataParallelGroup::Start(o, rendezvous ? rendezvous : &ProcessRendezvousStore());
   if (!group.ok()) return group.status();
   if (dp.shard_optimizer_state) {
@@ -476,7 +478,8 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
   if (spec.data_parallel) {
     progress(absl::StrCat("connecting to the data-parallel group '", spec.data_parallel->group, "' as node ",
                           spec.data_parallel->rank, " of ", spec.data_parallel->size));
-    auto group = StartDataParallel(*spec.data_parallel, job.comm_binary, job.rendezvous_store.get(), *store);
+    auto group =
+        StartDataParallel(*spec.data_parallel, job.comm_binary, job.rendezvous_store.get(), &job.stop_starting, *store);
     if (!group.ok()) return group.status();
     o.data_parallel = std::move(*group);
   }

@@ -2,6 +2,7 @@
 #include "workers/collective/communicator.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -27,7 +29,23 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kGrace{5};  // beyond an operation's own timeout, for the process to answer
 
+constexpr std::chrono::milliseconds kCancelSlice{250};  // how soon a cancel is seen while connecting
+
 absl::Status Errno(const char* what) { return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno))); }
+
+// Until `fd` is readable (OK), `deadline` passes (DeadlineExceeded) or `cancelled()` (Cancelled),
+// looking every kCancelSlice.
+absl::Status AwaitReadable(int fd, Clock::time_point deadline, const std::function<bool()>& cancelled) {
+  for (;;) {
+    if (cancelled()) return absl::CancelledError("cancelled");
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return absl::DeadlineExceededError("no answer in time");
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min(left, kCancelSlice).count()));
+    if (r > 0) return absl::OkStatus();  // readable, or closed: ReadMessage says which
+    if (r < 0 && errno != EINTR) return Errno("poll");
+  }
+}
 
 // Waits for `pid` to exit, up to `limit`; true when it did (reaped).
 bool ReapWithin(pid_t pid, std::chrono::milliseconds limit) {
@@ -105,14 +123,20 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Start(const Communic
   init.buffer_bytes = o.buffer_bytes;
   init.hostname = o.hostname;
   if (absl::Status st = WriteMessage(c->sock_, {MessageKind::kInit, Encode(init)}); !st.ok()) return c->Fail(st);
-  if (absl::Status st = c->Rendezvous(store, o.group, o.connect_timeout); !st.ok()) return st;
+  if (absl::Status st = c->Rendezvous(store, o.group, o.connect_timeout, o.cancel); !st.ok()) return st;
   return c;
 }
 
 absl::Status Communicator::Rendezvous(RendezvousStore* store, const std::string& group,
-                                      std::chrono::milliseconds timeout) {
+                                      std::chrono::milliseconds timeout, const std::atomic<bool>* cancel) {
   const auto deadline = Clock::now() + timeout + kGrace;
+  const std::string who = absl::StrCat("rank ", rank_, " of ", size_);
+  auto cancelled = [&] { return cancel != nullptr && cancel->load(); };
   for (;;) {
+    // Wait for the process's next message in slices, so that a cancel is seen.
+    if (absl::Status st = AwaitReadable(sock_, deadline, cancelled); !st.ok()) {
+      return Fail(absl::Status(st.code(), absl::StrCat(who, ": connecting to its peers: ", st.message())));
+    }
     auto m = ReadMessage(sock_, deadline);
     if (!m.ok()) {
       return Fail(absl::Status(m.status().code(), absl::StrCat("rank ", rank_, " of ", size_,
@@ -139,7 +163,14 @@ absl::Status Communicator::Rendezvous(RendezvousStore* store, const std::string&
           reply.message = std::string(st.message());
         } else {
           const auto until = std::min(deadline, Clock::now() + std::chrono::milliseconds(req->timeout_ms));
-          auto value = store->Get(key, until);
+          absl::StatusOr<std::string> value;
+          do {  // in slices, so that a cancel is seen
+            value = store->Get(key, std::min(until, Clock::now() + kCancelSlice));
+          } while (!value.ok() && value.status().code() == absl::StatusCode::kDeadlineExceeded &&
+                   Clock::now() < until && !cancelled());
+          if (cancelled()) {
+            return Fail(absl::CancelledError(absl::StrCat(who, ": connecting to its peers: cancelled")));
+          }
           reply.code = static_cast<int32_t>(value.status().code());
           if (value.ok())
             reply.value = *value;

@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -40,6 +41,9 @@ struct CommunicatorOptions {
   // Prefixed to every rendezvous key: one group's (a job's, an incarnation's) keys never meet
   // another's in a shared store.
   std::string group;
+  // Connecting gives up (Cancelled) within a quarter second once this turns true (a job
+  // cancelled while its peers are awaited); null: only the timeout ends the wait.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // $RP_COMM_BINARY when set, else roundpipe-comm beside the running executable.
@@ -71,7 +75,8 @@ class Communicator {
 
  private:
   Communicator() = default;
-  absl::Status Rendezvous(RendezvousStore* store, const std::string& group, std::chrono::milliseconds timeout);
+  absl::Status Rendezvous(RendezvousStore* store, const std::string& group, std::chrono::milliseconds timeout,
+                          const std::atomic<bool>* cancel);
   absl::Status CheckOp(const OpRequest& op) const;
   absl::Status Fail(absl::Status why);  // records the first error, kills the process, returns it
 

@@ -1,0 +1,271 @@
+// A job on several daemons (job_manager.h): the coordinator's Submit of a cluster job, a peer's
+// StartNode and NodeStatusOf, and every node's watch over the others.
+#include <optional>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "server/cluster.h"
+#include "server/job_manager.h"
+#include "server/job_manager_internal.h"
+#include "server/status_util.h"
+
+namespace rp::server {
+
+namespace v1 = roundpipe::v1;
+
+namespace {
+
+constexpr auto kStartNodeDeadline = std::chrono::seconds(60);  // a peer resolves the spec (reads its files)
+constexpr auto kCallDeadline = std::chrono::seconds(3);
+constexpr auto kWatchEvery = absl::Seconds(1);
+
+int64_t TimeoutMs(const v1::JobSpec& spec) {
+  const int64_t s = spec.cluster().timeout_seconds();
+  return (s == 0 ? 60 : s) * 1000;
+}
+
+// A rendezvous group no other job (of this or an earlier run of the daemon) ever had.
+std::string NewGroup(const std::string& node) {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return absl::StrFormat("cluster/%s/%016x", node, r);
+}
+
+v1::NodeStatus StatusOf(const std::string& node, const v1::Job& record) {
+  v1::NodeStatus s;
+  s.set_node(node);
+  s.set_job_id(record.id());
+  s.set_state(record.state());
+  s.set_step(record.progress().step());
+  s.set_message(record.state() == v1::JOB_STATE_FAILED ? record.error() : record.message());
+  return s;
+}
+
+v1::ClusterNode NodeEntry(int rank, const std::string& node, const std::string& address, const std::string& job_id) {
+  v1::ClusterNode n;
+  n.set_rank(rank);
+  n.set_node(node);
+  n.set_address(address);
+  n.set_job_id(job_id);
+  n.set_state(v1::JOB_STATE_QUEUED);
+  return n;
+}
+
+bool Ended(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+// Asks each of `others` that has not ended for its state (`cancel`: cancels it), into its entry.
+// Returns what would explain a failure here, most telling first: a node that cannot be reached,
+// then one that failed (often only because of the first), then one cancelled; "" for none.
+std::string LookAtNodes(Cluster* cluster, std::vector<v1::ClusterNode>& others, bool cancel) {
+  std::string unreachable, failed, cancelled;
+  for (v1::ClusterNode& n : others) {
+    if (Ended(n.state())) continue;
+    auto st = cancel ? cluster->CancelNode(n.address(), n.job_id(), kCallDeadline)
+                     : cluster->GetNode(n.address(), n.job_id(), kCallDeadline);
+    const std::string who =
+        absl::StrCat("node ", n.rank(), " ('", n.node(), "' at ", n.address(), ", job ", n.job_id(), ")");
+    if (!st.ok()) {
+      // A coordinator's job is listed only once its own admission is done: not yet, not lost.
+      if (st.status().code() == absl::StatusCode::kNotFound && n.state() == v1::JOB_STATE_QUEUED) continue;
+      n.set_message(absl::StrCat("cannot be reached: ", st.status().message()));
+      if (unreachable.empty()) unreachable = absl::StrCat(who, " cannot be reached: ", st.status().message());
+      continue;
+    }
+    n.set_state(st->state());
+    n.set_step(st->step());
+    n.set_message(st->message());
+    if (failed.empty() && st->state() == v1::JOB_STATE_FAILED) failed = absl::StrCat(who, " failed: ", st->message());
+    if (cancelled.empty() && st->state() == v1::JOB_STATE_CANCELLED) cancelled = absl::StrCat(who, " was cancelled");
+  }
+  return !unreachable.empty() ? unreachable : !failed.empty() ? failed : cancelled;
+}
+
+// The other nodes of `job` as its record lists them, and this node's rank.
+std::vector<v1::ClusterNode> OtherNodes(ManagedJob& job, int* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  std::vector<v1::ClusterNode> others;
+  *self = job.record.cluster().rank();
+  for (const v1::ClusterNode& n : job.record.cluster().nodes()) {
+    if (n.rank() != *self) others.push_back(n);
+  }
+  return others;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Job> JobManager::SubmitCluster(const v1::JobSpec& spec) {
+  Cluster* cluster = options_.cluster;
+  const int k = spec.cluster().nodes();
+  if (!cluster) {
+    return absl::FailedPreconditionError(
+        "cluster.nodes: this daemon is not in a cluster (DaemonConfig.cluster names its peers)");
+  }
+  if (k - 1 > static_cast<int>(cluster->peers().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster.nodes: ", k, " nodes need ", k - 1,
+                                                   " peers; this daemon's cluster lists ", cluster->peers().size(),
+                                                   " (DaemonConfig.cluster.peers)"));
+  }
+  if (spec.cluster().timeout_seconds() < 0 || spec.cluster().timeout_seconds() > 3600) {
+    return absl::InvalidArgumentError("cluster.timeout_seconds: 1 to 3600 (0 = 60)");
+  }
+  if (!spec.data().has_token_file()) {
+    return absl::InvalidArgumentError(
+        "cluster.nodes: a cluster job reads a server-side data file (data.token_file, the same on every node); "
+        "streamed data is not split across nodes yet");
+  }
+  ClusterJoin join;
+  const std::string group = NewGroup(cluster->node_name());
+  join.data_parallel =
+      scheduler::DataParallelSpec{0, k, group, cluster->collective_host(), TimeoutMs(spec), false, "", true};
+  join.membership.set_rank(0);
+  join.membership.set_size(k);
+  join.membership.set_group(group);
+  join.membership.set_coordinator_node(cluster->node_name());
+  join.membership.set_coordinator_address(cluster->advertise_address());
+  std::vector<v1::ClusterNode> started;
+  auto stop = [&] {
+    for (const v1::ClusterNode& n : started) (void)cluster->CancelNode(n.address(), n.job_id(), kCallDeadline);
+  };
+  join.start_others = [&](ManagedJob& job) -> absl::Status {
+    v1::StartNodeRequest req;
+    *req.mutable_spec() = spec;
+    req.set_size(k);
+    req.set_group(group);
+    req.set_coordinator_node(cluster->node_name());
+    req.set_coordinator_address(cluster->advertise_address());
+    req.set_coordinator_job_id(job.id);
+    for (int r = 1; r < k; ++r) {
+      req.set_rank(r);
+      const std::string& address = cluster->peers()[static_cast<size_t>(r - 1)];
+      auto st = cluster->StartNode(address, req, kStartNodeDeadline);
+      if (!st.ok()) {
+        stop();
+        return absl::Status(st.status().code(),
+                            absl::StrCat("cluster: node ", r, " did not take the job: ", st.status().message()));
+      }
+      started.push_back(NodeEntry(r, st->node(), address, st->job_id()));
+      JobLog()->info("[{}] node {} of {} runs on '{}' ({}) as {}", job.id, r, k, st->node(), address, st->job_id());
+    }
+    absl::MutexLock lock(&job.mu);
+    v1::ClusterMembership* m = job.record.mutable_cluster();
+    m->set_coordinator_job_id(job.id);
+    *m->add_nodes() = NodeEntry(0, cluster->node_name(), cluster->advertise_address(), job.id);
+    for (const v1::ClusterNode& n : started) *m->add_nodes() = n;
+    return absl::OkStatus();
+  };
+  join.stop_others = [&](ManagedJob&) { stop(); };
+  return SubmitAs(spec, &join);
+}
+
+absl::StatusOr<v1::NodeStatus> JobManager::StartNode(const v1::StartNodeRequest& r) {
+  Cluster* cluster = options_.cluster;
+  if (!cluster) return absl::FailedPreconditionError("this daemon is not in a cluster");
+  if (r.size() < 2 || r.size() > 4096 || r.rank() < 1 || r.rank() >= r.size() || r.group().empty() ||
+      r.group().size() > 256 || r.coordinator_address().empty() || r.coordinator_job_id().empty()) {
+    return absl::InvalidArgumentError(
+        "StartNode: a rank in [1, size), a size of 2 to 4096, a group of 1 to 256 bytes, the coordinator's "
+        "address and job id");
+  }
+  ClusterJoin join;
+  join.own_output_dir = true;
+  join.data_parallel = scheduler::DataParallelSpec{
+      r.rank(), r.size(), r.group(), cluster->collective_host(), TimeoutMs(r.spec()), false, r.coordinator_address(),
+      true};
+  join.membership.set_rank(r.rank());
+  join.membership.set_size(r.size());
+  join.membership.set_group(r.group());
+  join.membership.set_coordinator_node(r.coordinator_node());
+  join.membership.set_coordinator_address(r.coordinator_address());
+  join.membership.set_coordinator_job_id(r.coordinator_job_id());
+  *join.membership.add_nodes() = NodeEntry(0, r.coordinator_node(), r.coordinator_address(), r.coordinator_job_id());
+  auto job = SubmitAs(r.spec(), &join);
+  if (!job.ok()) return job.status();
+  JobLog()->info("[{}] node {} of {} of job {} on '{}' ({})", job->id(), r.rank(), r.size(), r.coordinator_job_id(),
+                 r.coordinator_node(), r.coordinator_address());
+  return StatusOf(cluster->node_name(), *job);
+}
+
+absl::StatusOr<v1::NodeStatus> JobManager::NodeStatusOf(const std::string& id, bool cancel) {
+  auto job = table_.Find(id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  {
+    absl::MutexLock lock(&job->mu);
+    if (job->record.cluster().size() < 2) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " is not a node of a cluster job"));
+    }
+  }
+  if (cancel) {
+    auto c = Cancel(id);
+    if (!c.ok() && c.status().code() != absl::StatusCode::kFailedPrecondition) return c.status();  // ended: fine
+  }
+  auto snap = Snapshot(job);
+  if (!snap.ok()) return snap.status();
+  return StatusOf(options_.cluster ? options_.cluster->node_name() : "", *snap);
+}
+
+void JobManager::WatchCluster(const std::shared_ptr<ManagedJob>& job) {
+  Cluster* cluster = options_.cluster;
+  if (!cluster) return;
+  // After this node succeeded, the others are watched until they end too (they run the same
+  // steps), for at most this long; after a failure or a cancel they are cancelled at once.
+  constexpr auto kFollowAfterSuccess = std::chrono::seconds(60);
+  std::optional<std::chrono::steady_clock::time_point> succeeded_at;
+  for (;;) {
+    std::vector<v1::ClusterNode> others;
+    int self = 0;
+    bool ended = false;  // ended other than by success: the others are cancelled
+    std::string group;
+    {
+      absl::MutexLock lock(&job->mu);
+      if (job->stop) return;
+      job->cv.WaitWithTimeout(&job->mu, kWatchEvery);
+      if (job->stop) return;
+      const v1::JobState state = job->record.state();
+      if (state == v1::JOB_STATE_SUCCEEDED && !succeeded_at) succeeded_at = std::chrono::steady_clock::now();
+      ended = Ended(state) && state != v1::JOB_STATE_SUCCEEDED;
+      group = job->record.cluster().group();
+      others = OtherNodes(*job, &self);
+    }
+    const std::string fault = LookAtNodes(cluster, others, ended);
+    {
+      absl::MutexLock lock(&job->mu);
+      v1::ClusterMembership* m = job->record.mutable_cluster();
+      for (v1::ClusterNode& n : *m->mutable_nodes()) {
+        if (n.rank() == self) {
+          n.set_state(job->record.state());
+          n.set_step(job->record.progress().step());
+          continue;
+        }
+        for (const v1::ClusterNode& seen : others) {
+          if (seen.rank() == n.rank()) n = seen;
+        }
+      }
+      if (!ended && !succeeded_at) job->cluster_fault = fault;  // what the latest look saw (a hiccup heals)
+    }
+    bool all_ended = true;
+    for (const v1::ClusterNode& n : others) all_ended = all_ended && Ended(n.state());
+    const bool done = ended || (succeeded_at &&
+                                (all_ended || std::chrono::steady_clock::now() - *succeeded_at > kFollowAfterSuccess));
+    if (done) {
+      if (self == 0) cluster->store().ErasePrefix(group + "/");
+      return;
+    }
+  }
+}
+
+std::string JobManager::ExplainNodeFailure(const std::shared_ptr<ManagedJob>& job) {
+  if (!options_.cluster) return "";
+  std::vector<v1::ClusterNode> others;
+  int self = 0;
+  {
+    absl::MutexLock lock(&job->mu);
+    if (!job->cluster_fault.empty()) return job->cluster_fault;
+    others = OtherNodes(*job, &self);
+  }
+  return LookAtNodes(options_.cluster, others, false);
+}
+
+}  // namespace rp::server

@@ -1,0 +1,227 @@
+// A cluster of real daemons on loopback (DaemonConfig.cluster, JobSpec.cluster): a job submitted
+// with cluster.nodes = K to daemon "a" runs on "a" and K-1 of its peers, each reading its share of
+// every global batch from the same data file and summing gradients through Gloo (in each daemon's
+// communicator processes) before every step. The final weights equal the same job on one daemon
+// (fp32 summation order aside); a node killed mid-job fails the job on the others within its
+// timeout, naming the node, and every daemon serves on; a node that refuses the job fails the
+// submission and the nodes already started are cancelled.
+#include <grpcpp/create_channel.h>
+
+#include "roundpipe/v1/cluster.grpc.pb.h"
+#include "tests/integration/fixtures.h"
+
+namespace rp::testing {
+namespace {
+
+namespace v1 = roundpipe::v1;
+using std::chrono::seconds;
+
+constexpr int kSteps = 3;
+
+class ClusterTest : public DaemonTest {
+ protected:
+  void SetUp() override {
+    DaemonTest::SetUp();
+    token_ = root_ + "/cluster.token";
+    std::ofstream(token_) << "cluster-secret-0123456789abcdef\n";
+  }
+  void TearDown() override {
+    for (auto& [name, d] : peers_) {
+      if (HasFailure()) std::fprintf(stderr, "---- daemon %s ----\n%s\n", name.c_str(), d->Output().c_str());
+      d->Stop(9);
+    }
+    DaemonTest::TearDown();
+  }
+  // Node `name`'s config: the cluster section (and `extra` JSON members).
+  std::string Config(const std::string& name, const std::vector<std::string>& peers, const std::string& extra = "") {
+    nlohmann::json j;
+    j["cluster"] = {{"nodeName", name}, {"peers", peers}, {"tokenFile", token_}};
+    std::string text = j.dump();
+    if (!extra.empty()) text = text.substr(0, text.size() - 1) + "," + extra + "}";
+    const std::string path = root_ + "/" + name + ".json";
+    std::ofstream(path) << text;
+    return path;
+  }
+  // Starts peer daemon `name` (one CPU worker, the shared data root).
+  DaemonProcess& StartPeer(const std::string& name, const std::string& extra = "") {
+    auto& d = peers_[name];
+    if (!d) d = std::make_unique<DaemonProcess>();
+    EXPECT_TRUE(d->Start(root_ + "/state-" + name, {"--config", Config(name, {}, extra), "--devices", "cpu:1",
+                                                    "--allowed_root", root_ + "/data"}))
+        << d->Output();
+    return *d;
+  }
+  // The coordinator "a" (this fixture's daemon_) with the peers started so far.
+  bool StartCoordinator(const std::vector<std::string>& peers) {
+    std::vector<std::string> addresses;
+    for (const std::string& p : peers) addresses.push_back(peers_.at(p)->address());
+    return StartDaemon({"--config", Config("a", addresses), "--devices", "cpu:1"});
+  }
+  // 12 sequences of 16 per step (2 per micro-batch): 6 per node on 2 nodes, 4 on 3.
+  v1::JobSpec Spec(int nodes, int steps) {
+    v1::JobSpec s = TinySpec();
+    s.mutable_batching()->set_global_batch(12);
+    s.mutable_batching()->set_micro_batch(2);
+    s.mutable_data()->mutable_token_file()->set_path(TokenFile(12 * 16 * steps + 1));
+    s.set_max_steps(steps);
+    s.mutable_cluster()->set_nodes(nodes);
+    s.mutable_cluster()->set_timeout_seconds(30);
+    return s;
+  }
+  std::map<std::string, at::Tensor> Weights(client::Client& c, const std::string& id, const std::string& dir) {
+    auto path = c.Export(id, root_ + "/data/" + dir);
+    EXPECT_TRUE(path.ok()) << path.status();
+    return path.ok() ? ReadSafetensors(*path + "/model.safetensors") : std::map<std::string, at::Tensor>{};
+  }
+
+  std::string token_;
+  std::map<std::string, std::unique_ptr<DaemonProcess>> peers_;
+};
+
+TEST_F(ClusterTest, TwoAndThreeNodesTrainWhatOneDaemonTrainsOnTheWholeBatch) {
+  StartPeer("b");
+  StartPeer("c");
+  ASSERT_TRUE(StartCoordinator({"b", "c"})) << daemon_.Output();
+  auto a = daemon_.Connect();
+  auto single = a->Submit(Spec(0, kSteps));
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_TRUE(Watcher(*a, single->id()).WaitForState(v1::JOB_STATE_SUCCEEDED));
+  const auto want = Weights(*a, single->id(), "single");
+  const v1::Job alone = *a->Get(single->id());
+  ASSERT_FALSE(want.empty());
+
+  for (const int k : {2, 3}) {
+    auto job = a->Submit(Spec(k, kSteps));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE(Watcher(*a, job->id()).WaitForState(v1::JOB_STATE_SUCCEEDED)) << k << " nodes";
+    // The coordinator's record lists every node, each seen to succeed.
+    ASSERT_TRUE(WaitForRecord(
+        *a, job->id(),
+        [&](const v1::Job& r) {
+          if (r.cluster().nodes_size() != k) return false;
+          for (const v1::ClusterNode& n : r.cluster().nodes()) {
+            if (n.state() != v1::JOB_STATE_SUCCEEDED) return false;
+          }
+          return true;
+        },
+        seconds(20)))
+        << a->Get(job->id())->DebugString();
+    const v1::Job done = *a->Get(job->id());
+    EXPECT_EQ(done.cluster().size(), k);
+    EXPECT_EQ(done.cluster().nodes(1).node(), "b");
+    // One global batch per step over all nodes: the tokens of the job alone, not k times them.
+    EXPECT_EQ(done.progress().tokens(), alone.progress().tokens()) << k << " nodes";
+    EXPECT_NEAR(done.progress().last_loss(), alone.progress().last_loss(), 1e-5);
+    const auto got = Weights(*a, job->id(), "nodes" + std::to_string(k));
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, w] : want) {
+      const double scale = w.abs().max().item<double>();
+      const double diff = (got.at(name) - w).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-6 * scale + 1e-8) << k << " nodes, " << name << ": " << diff << " of " << scale;
+    }
+    // Node 1 on "b" holds the same weights, bit for bit.
+    auto b = peers_.at("b")->Connect();
+    const std::string b_job = done.cluster().nodes(1).job_id();
+    auto on_b = b->Get(b_job);
+    ASSERT_TRUE(on_b.ok()) << on_b.status();
+    EXPECT_EQ(on_b->cluster().rank(), 1);
+    EXPECT_EQ(on_b->cluster().coordinator_job_id(), job->id());
+    const auto node1 = Weights(*b, b_job, "b-nodes" + std::to_string(k));
+    for (const auto& [name, w] : got) EXPECT_TRUE(at::equal(w, node1.at(name))) << name;
+  }
+}
+
+TEST_F(ClusterTest, ANodeKilledMidJobFailsTheJobNamingItAndEveryDaemonServesOn) {
+  StartPeer("b");
+  StartPeer("c");
+  ASSERT_TRUE(StartCoordinator({"b", "c"})) << daemon_.Output();
+  auto a = daemon_.Connect();
+  v1::JobSpec spec = Spec(3, 400);
+  spec.mutable_cluster()->set_timeout_seconds(4);
+  auto job = a->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitForRecord(
+      *a, job->id(), [](const v1::Job& r) { return r.progress().step() >= 2; }, seconds(120)));
+  const std::string c_job = a->Get(job->id())->cluster().nodes(2).job_id();
+  const auto t0 = std::chrono::steady_clock::now();
+  peers_.at("c")->Stop(9);
+  Watcher w(*a, job->id());
+  ASSERT_TRUE(w.WaitForState(v1::JOB_STATE_FAILED, seconds(60)));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const v1::Job failed = *a->Get(job->id());
+  std::printf("the job failed %.2f s after node 2 was killed: %s\n", took, failed.error().c_str());
+  EXPECT_LT(took, 4 + 5 + 6.0) << "the collective timeout (4 s) and its grace (5 s), with room";
+  EXPECT_NE(failed.error().find("node 2 ('c'"), std::string::npos) << failed.error();
+  // Node 1 on "b" ends too (its collectives fail, or the coordinator cancels it).
+  auto b = peers_.at("b")->Connect();
+  const std::string b_job = failed.cluster().nodes(1).job_id();
+  ASSERT_TRUE(WaitForRecord(
+      *b, b_job,
+      [](const v1::Job& r) { return r.state() == v1::JOB_STATE_FAILED || r.state() == v1::JOB_STATE_CANCELLED; },
+      seconds(30)));
+  // Every daemon serves on: "b" trains a job of its own, "a" answers.
+  v1::JobSpec plain = Spec(0, 2);
+  auto own = b->Submit(plain);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_TRUE(Watcher(*b, own->id()).WaitForState(v1::JOB_STATE_SUCCEEDED));
+  EXPECT_TRUE(a->Info().ok());
+  // "c" restarted lists its node as failed: a node never continues alone.
+  StartPeer("c");
+  auto c = peers_.at("c")->Connect();
+  auto after = c->Get(c_job);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(after->error().find("does not resume after a daemon restart"), std::string::npos) << after->error();
+}
+
+TEST_F(ClusterTest, BadClusterJobsAreRefusedAndARefusingNodeUndoesTheOthers) {
+  StartPeer("b");
+  StartPeer("c", "\"hostMemoryLimitBytes\": \"1000\"");  // takes no job of any size
+  ASSERT_TRUE(StartCoordinator({"b", "c"})) << daemon_.Output();
+  auto a = daemon_.Connect();
+  auto too_many = a->Submit(Spec(4, kSteps));
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("cluster.nodes"), std::string::npos) << too_many.status();
+  v1::JobSpec streamed = Spec(2, kSteps);
+  streamed.mutable_data()->set_stream(true);
+  EXPECT_EQ(a->Submit(streamed).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::JobSpec odd = Spec(2, kSteps);
+  odd.mutable_batching()->set_global_batch(10);  // 5 per node: not a multiple of micro_batch 2
+  auto refused = a->Submit(odd);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("over 2 nodes"), std::string::npos) << refused.status();
+  // "c" refuses (its host memory limit): the submission fails naming it, "b"'s node is cancelled.
+  auto undone = a->Submit(Spec(3, kSteps));
+  EXPECT_EQ(undone.status().code(), absl::StatusCode::kResourceExhausted) << undone.status();
+  EXPECT_NE(undone.status().message().find("node 2 did not take the job"), std::string::npos) << undone.status();
+  auto b = peers_.at("b")->Connect();
+  auto b_jobs = b->List();
+  ASSERT_TRUE(b_jobs.ok());
+  ASSERT_EQ(b_jobs->size(), 1u);
+  EXPECT_TRUE(WaitForRecord(
+      *b, b_jobs->front().id(), [](const v1::Job& r) { return r.state() == v1::JOB_STATE_CANCELLED; }, seconds(30)));
+  EXPECT_TRUE(a->List()->empty()) << "the refused job is not listed on the coordinator";
+  // A daemon outside any cluster refuses cluster jobs; its peers' service wants the cluster token.
+  auto c = peers_.at("c")->Connect();
+  EXPECT_EQ(c->Submit(Spec(2, kSteps)).status().code(), absl::StatusCode::kInvalidArgument)
+      << "c has no peers to run node 1";
+  auto stub =
+      v1::ClusterService::NewStub(grpc::CreateChannel(peers_.at("b")->address(), grpc::InsecureChannelCredentials()));
+  for (const std::string& token : {std::string(), std::string("a-client-token-of-the-wrong-kind")}) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::StartNodeRequest req;
+    *req.mutable_spec() = Spec(2, kSteps);
+    req.set_rank(1);
+    req.set_size(2);
+    req.set_group("intruder");
+    req.set_coordinator_address("127.0.0.1:1");
+    req.set_coordinator_job_id("job-1");
+    v1::NodeStatus out;
+    EXPECT_EQ(stub->StartNode(&ctx, req, &out).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_EQ(b->List()->size(), 1u) << "no job was started by a caller without the cluster token";
+}
+
+}  // namespace
+}  // namespace rp::testing
