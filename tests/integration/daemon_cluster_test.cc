@@ -174,6 +174,40 @@ TEST_F(ClusterTest, ANodeKilledMidJobFailsTheJobNamingItAndEveryDaemonServesOn) 
   EXPECT_NE(after->error().find("does not resume after a daemon restart"), std::string::npos) << after->error();
 }
 
+// A node that goes silent (stopped, as a node cut off from the network looks) fails the job on the
+// coordinator after the collective timeout, naming the silent node; it serves again once resumed.
+TEST_F(ClusterTest, ASilentNodeFailsTheJobAfterItsTimeoutNamingIt) {
+  StartPeer("b");
+  ASSERT_TRUE(StartCoordinator({"b"})) << daemon_.Output();
+  auto a = daemon_.Connect();
+  v1::JobSpec spec = Spec(2, 400);
+  spec.mutable_cluster()->set_timeout_seconds(3);
+  auto job = a->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitForRecord(
+      *a, job->id(), [](const v1::Job& r) { return r.progress().step() >= 2; }, seconds(120)));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(peers_.at("b")->pid(), SIGSTOP), 0);
+  Watcher w(*a, job->id());
+  const bool failed = w.WaitForState(v1::JOB_STATE_FAILED, seconds(60));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(kill(peers_.at("b")->pid(), SIGCONT), 0);
+  ASSERT_TRUE(failed);
+  const v1::Job record = *a->Get(job->id());
+  std::printf("the job failed %.2f s after node 1 went silent: %s\n", took, record.error().c_str());
+  EXPECT_LT(took, 3 + 5 + 3 + 6.0) << "the collective timeout (3 s), its grace (5 s), one look (3 s), with room";
+  EXPECT_NE(record.error().find("node 1 ('b'"), std::string::npos) << record.error();
+  auto b = peers_.at("b")->Connect();
+  const std::string b_job = record.cluster().nodes(1).job_id();
+  EXPECT_TRUE(WaitForRecord(
+      *b, b_job,
+      [](const v1::Job& r) { return r.state() == v1::JOB_STATE_FAILED || r.state() == v1::JOB_STATE_CANCELLED; },
+      seconds(30)));
+  auto again = a->Submit(Spec(2, kSteps));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(Watcher(*a, again->id()).WaitForState(v1::JOB_STATE_SUCCEEDED)) << "the cluster trains again";
+}
+
 TEST_F(ClusterTest, BadClusterJobsAreRefusedAndARefusingNodeUndoesTheOthers) {
   StartPeer("b");
   StartPeer("c", "\"hostMemoryLimitBytes\": \"1000\"");  // takes no job of any size
