@@ -293,6 +293,22 @@ int CmdInfo(rp::client::Client& c, const Args&) {
     std::printf("  %d %-8s %-7s %s%s%s\n", d.worker(), d.name().c_str(), d.state().c_str(), d.description().c_str(),
                 d.lost_reason().empty() ? "" : ": ", d.lost_reason().c_str());
   }
+  if (info->has_cluster()) {
+    std::printf("cluster node '%s' at %s, %d member(s):\n", info->cluster().node().c_str(),
+                info->cluster().address().c_str(), info->cluster().members_size());
+    for (const auto& m : info->cluster().members()) {
+      if (!m.reachable()) {
+        std::printf("  %-21s unreachable: %s\n", m.address().c_str(), m.error().c_str());
+        continue;
+      }
+      std::printf("  %-21s '%s': %d device(s), host memory %.1f GiB, %d active job(s)\n", m.address().c_str(),
+                  m.node().c_str(), m.devices_size(), static_cast<double>(m.host_memory_bytes()) / (1 << 30),
+                  m.jobs_active());
+      for (const auto& d : m.devices()) {
+        std::printf("    %d %-8s %-7s %s\n", d.worker(), d.name().c_str(), d.state().c_str(), d.description().c_str());
+      }
+    }
+  }
   std::printf("running %d of at most %d job(s)\n", info->running_jobs_size(), info->max_running_jobs());
   for (const auto& j : info->running_jobs()) {
     std::string per_worker;

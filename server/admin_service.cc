@@ -83,8 +83,44 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(grpc::CallbackServerCo
     pj->set_compute_seconds(j.compute_seconds);
     for (double s : j.worker_compute_seconds) pj->add_worker_compute_seconds(s);
   }
-  r->Finish(grpc::Status::OK);
+  if (!cluster_) {
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  // The peers are asked off the callback thread (each within 2 s).
+  absl::Status queued = manager_->RunInBackground([this, r, resp] {
+    v1::ClusterInfo* c = resp->mutable_cluster();
+    c->set_node(cluster_->node_name());
+    c->set_address(cluster_->advertise_address());
+    *c->add_members() = DescribeThisNode(*engine_, *manager_, cluster_->node_name(), cluster_->advertise_address());
+    for (const std::string& peer : cluster_->peers()) {
+      auto m = cluster_->Describe(peer, std::chrono::seconds(2));
+      v1::ClusterMember* out = c->add_members();
+      if (m.ok()) {
+        *out = *m;
+      } else {
+        out->set_error(std::string(m.status().message()));
+      }
+      out->set_address(peer);
+      out->set_reachable(m.ok());
+    }
+    r->Finish(grpc::Status::OK);
+  });
+  if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
   return r;
+}
+
+v1::ClusterMember DescribeThisNode(const scheduler::Engine& engine, const JobManager& manager, const std::string& node,
+                                   const std::string& address) {
+  v1::ClusterMember m;
+  m.set_node(node);
+  m.set_address(address);
+  m.set_reachable(true);
+  const scheduler::EngineStats s = engine.Stats();
+  for (size_t i = 0; i < s.devices.size(); ++i) FillDevice(s.devices[i], static_cast<int>(i), m.add_devices());
+  m.set_host_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+  m.set_jobs_active(manager.active_jobs());
+  return m;
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::Drain(grpc::CallbackServerContext* ctx, const v1::DrainRequest* req,

@@ -199,6 +199,15 @@ absl::StatusOr<v1::StoreGetResponse> Cluster::StoreGet(const std::string& addres
   return out;
 }
 
+absl::StatusOr<v1::ClusterMember> Cluster::Describe(const std::string& address, std::chrono::milliseconds deadline) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, token_, deadline);
+  v1::ClusterMember out;
+  grpc::Status st = v1::ClusterService::NewStub(ChannelTo(address))->Describe(&ctx, v1::DescribeRequest(), &out);
+  if (!st.ok()) return PeerStatus(st, address);
+  return out;
+}
+
 grpc::Status Cluster::Authorized(const grpc::ServerContextBase& context) const {
   return Authenticator({token_}).Check(context);
 }

@@ -67,6 +67,8 @@ class Cluster {
   absl::StatusOr<roundpipe::v1::StoreGetResponse> StoreGet(const std::string& address, const std::string& key,
                                                            std::chrono::milliseconds wait);
 
+  absl::StatusOr<roundpipe::v1::ClusterMember> Describe(const std::string& address, std::chrono::milliseconds deadline);
+
   // OK when the call carries the cluster's token; UNAUTHENTICATED otherwise.
   grpc::Status Authorized(const grpc::ServerContextBase& context) const;
 

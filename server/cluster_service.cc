@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "server/admin_service.h"
 #include "server/status_util.h"
 
 namespace rp::server {
@@ -86,6 +87,13 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::StoreGet(grpc::CallbackServerConte
   });
   if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
   return r;
+}
+
+grpc::ServerUnaryReactor* ClusterServiceImpl::Describe(grpc::CallbackServerContext* ctx, const v1::DescribeRequest*,
+                                                       v1::ClusterMember* resp) {
+  if (grpc::Status st = cluster_->Authorized(*ctx); !st.ok()) return Finish(ctx, st);
+  *resp = DescribeThisNode(*engine_, *manager_, cluster_->node_name(), cluster_->advertise_address());
+  return Finish(ctx, grpc::Status::OK);
 }
 
 }  // namespace rp::server

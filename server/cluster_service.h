@@ -19,7 +19,8 @@ class ClusterServiceImpl final : public roundpipe::v1::ClusterService::CallbackS
   static constexpr size_t kMaxKeyBytes = 1024;
   static constexpr size_t kMaxValueBytes = 64 * 1024;
 
-  ClusterServiceImpl(JobManager* manager, Cluster* cluster) : manager_(manager), cluster_(cluster) {}
+  ClusterServiceImpl(JobManager* manager, Cluster* cluster, const scheduler::Engine* engine)
+      : manager_(manager), cluster_(cluster), engine_(engine) {}
   grpc::ServerUnaryReactor* StartNode(grpc::CallbackServerContext* ctx, const roundpipe::v1::StartNodeRequest* req,
                                       roundpipe::v1::NodeStatus* resp) override;
   grpc::ServerUnaryReactor* GetNode(grpc::CallbackServerContext* ctx, const roundpipe::v1::NodeRequest* req,
@@ -30,10 +31,13 @@ class ClusterServiceImpl final : public roundpipe::v1::ClusterService::CallbackS
                                      roundpipe::v1::StoreSetResponse* resp) override;
   grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* ctx, const roundpipe::v1::StoreGetRequest* req,
                                      roundpipe::v1::StoreGetResponse* resp) override;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx, const roundpipe::v1::DescribeRequest* req,
+                                     roundpipe::v1::ClusterMember* resp) override;
 
  private:
   JobManager* manager_;
   Cluster* cluster_;
+  const scheduler::Engine* engine_;
 };
 
 }  // namespace rp::server

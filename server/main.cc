@@ -379,11 +379,11 @@ int main(int argc, char** argv) {
 
   rp::server::JobServiceImpl job_service(manager->get(), &auth);
   rp::server::AdminServiceImpl admin_service(engine->get(), manager->get(), &auth, config.drain_deadline_seconds(),
-                                             &metrics);
+                                             &metrics, cluster.get());
   rp::server::SetWorkerStates(&metrics, (*engine)->Stats());  // before any step or operator
   std::optional<rp::server::ClusterServiceImpl> cluster_service;
   std::vector<grpc::Service*> services = {&job_service, &admin_service};
-  if (cluster) services.push_back(&cluster_service.emplace(manager->get(), cluster.get()));
+  if (cluster) services.push_back(&cluster_service.emplace(manager->get(), cluster.get(), engine->get()));
   auto grpc_endpoint = ServeGrpc(config, services, &metrics);
   if (auto* e = std::get_if<StartupError>(&grpc_endpoint)) return Fail(*e);
   GrpcEndpoint& served = std::get<GrpcEndpoint>(grpc_endpoint);

@@ -83,6 +83,17 @@ TEST_F(ClusterTest, TwoAndThreeNodesTrainWhatOneDaemonTrainsOnTheWholeBatch) {
   StartPeer("c");
   ASSERT_TRUE(StartCoordinator({"b", "c"})) << daemon_.Output();
   auto a = daemon_.Connect();
+  // GetServerInfo (`roundpipe info`) lists every member with its devices.
+  auto info = a->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->cluster().members_size(), 3);
+  EXPECT_EQ(info->cluster().node(), "a");
+  for (int i = 0; i < 3; ++i) {
+    const v1::ClusterMember& m = info->cluster().members(i);
+    EXPECT_TRUE(m.reachable()) << m.error();
+    EXPECT_EQ(m.node(), std::string(1, static_cast<char>('a' + i)));
+    EXPECT_EQ(m.devices_size(), 1);
+  }
   auto single = a->Submit(Spec(0, kSteps));
   ASSERT_TRUE(single.ok()) << single.status();
   ASSERT_TRUE(Watcher(*a, single->id()).WaitForState(v1::JOB_STATE_SUCCEEDED));
@@ -164,7 +175,11 @@ TEST_F(ClusterTest, ANodeKilledMidJobFailsTheJobNamingItAndEveryDaemonServesOn) 
   auto own = b->Submit(plain);
   ASSERT_TRUE(own.ok()) << own.status();
   EXPECT_TRUE(Watcher(*b, own->id()).WaitForState(v1::JOB_STATE_SUCCEEDED));
-  EXPECT_TRUE(a->Info().ok());
+  auto info = a->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->cluster().members_size(), 3);
+  EXPECT_FALSE(info->cluster().members(2).reachable());
+  EXPECT_TRUE(info->cluster().members(1).reachable());
   // "c" restarted lists its node as failed: a node never continues alone.
   StartPeer("c");
   auto c = peers_.at("c")->Connect();
