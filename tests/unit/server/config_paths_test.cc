@@ -92,6 +92,33 @@ TEST(Config, PacedDevicesAreRefusedWithTheBenchmarkNamed) {
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
 }
 
+// DaemonConfig.cluster: a token is required and must be readable and long enough; peers are
+// host:port, and a peer beyond loopback needs TLS (peer_ca_file) unless insecure remotes are
+// allowed; the node name defaults to the host's.
+TEST(Config, AClusterNeedsItsTokenAndTlsBeyondLoopback) {
+  const fs::path dir = TempDir("cluster");
+  roundpipe::v1::DaemonConfig c;
+  c.mutable_cluster()->add_peers("127.0.0.1:7001");
+  ApplyDefaults(&c);
+  EXPECT_FALSE(c.cluster().node_name().empty());
+  EXPECT_NE(ValidateConfig(c).message().find("cluster.token_file: required"), std::string::npos) << ValidateConfig(c);
+  Write(dir / "short", "abc\n");
+  c.mutable_cluster()->set_token_file((dir / "short").string());
+  EXPECT_NE(ValidateConfig(c).message().find("no readable token of at least 16 characters"), std::string::npos);
+  Write(dir / "token", "0123456789abcdef0123\n");
+  c.mutable_cluster()->set_token_file((dir / "token").string());
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.mutable_cluster()->add_peers("10.0.0.2:7001");
+  EXPECT_NE(ValidateConfig(c).message().find("cluster.peers '10.0.0.2:7001': not a loopback address"),
+            std::string::npos)
+      << ValidateConfig(c);
+  Write(dir / "ca.pem", "-----BEGIN CERTIFICATE-----\n");
+  c.mutable_cluster()->set_peer_ca_file((dir / "ca.pem").string());
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.mutable_cluster()->add_peers("no-port");
+  EXPECT_NE(ValidateConfig(c).message().find("cluster.peers 'no-port': expected host:port"), std::string::npos);
+}
+
 TEST(Config, JsonFileWithUnknownFieldIsRejected) {
   const fs::path d = TempDir("json");
   Write(d / "ok.json", R"({"listen": ["127.0.0.1:0"], "devices": "cpu:2", "maxQueuedBatches": 3})");
