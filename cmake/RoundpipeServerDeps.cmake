@@ -10,6 +10,9 @@ find_program(RP_PROTOC protoc REQUIRED)
 find_program(RP_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
+# OpenSSL's libcrypto (a cluster job's data-file digest): Debian's libgrpc++-dev depends on
+# libssl-dev, so wherever gRPC builds, it is there.
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 

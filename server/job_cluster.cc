@@ -1,11 +1,13 @@
 // A job on several daemons (job_manager.h): the coordinator's Submit of a cluster job, a peer's
 // StartNode and NodeStatusOf, and every node's watch over the others.
+#include <filesystem>
 #include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/cluster.h"
+#include "server/file_digest.h"
 #include "server/job_manager.h"
 #include "server/job_manager_internal.h"
 #include "server/status_util.h"
@@ -94,6 +96,25 @@ std::vector<v1::ClusterNode> OtherNodes(ManagedJob& job, int* self) ABSL_EXCLUSI
   return others;
 }
 
+// The SHA-256 of a resolved cluster job's data file (logged with its rate: a large file takes a
+// while, on every node at once).
+absl::StatusOr<std::string> DataDigest(ManagedJob& job) {
+  if (!job.resolved.engine.token_file) {
+    return absl::InvalidArgumentError("cluster.nodes: a cluster job reads a server-side data file (data.token_file)");
+  }
+  const std::string& path = job.resolved.engine.token_file->path;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto digest = Sha256OfFile(path);
+  if (!digest.ok()) {
+    return absl::Status(digest.status().code(), absl::StrCat("data.token_file: ", digest.status().message()));
+  }
+  std::error_code ec;
+  const double mib = static_cast<double>(std::filesystem::file_size(path, ec)) / (1 << 20);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  JobLog()->info("[{}] data file {}: SHA-256 {} ({:.1f} MiB in {:.2f} s)", job.id, path, *digest, mib, s);
+  return digest;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::Job> JobManager::SubmitCluster(const v1::JobSpec& spec) {
@@ -129,8 +150,12 @@ absl::StatusOr<v1::Job> JobManager::SubmitCluster(const v1::JobSpec& spec) {
   auto stop = [&] {
     for (const v1::ClusterNode& n : started) (void)cluster->CancelNode(n.address(), n.job_id(), kCallDeadline);
   };
-  join.start_others = [&](ManagedJob& job) -> absl::Status {
+  join.before_admit = [&](ManagedJob& job) -> absl::Status {
+    // Every node must train on the same bytes: they check the data file's digest against this one.
+    auto digest = DataDigest(job);
+    if (!digest.ok()) return digest.status();
     v1::StartNodeRequest req;
+    req.set_data_sha256(*digest);
     *req.mutable_spec() = spec;
     req.set_size(k);
     req.set_group(group);
@@ -181,6 +206,17 @@ absl::StatusOr<v1::NodeStatus> JobManager::StartNode(const v1::StartNodeRequest&
   join.membership.set_coordinator_address(r.coordinator_address());
   join.membership.set_coordinator_job_id(r.coordinator_job_id());
   *join.membership.add_nodes() = NodeEntry(0, r.coordinator_node(), r.coordinator_address(), r.coordinator_job_id());
+  join.before_admit = [&](ManagedJob& job) -> absl::Status {
+    auto digest = DataDigest(job);
+    if (!digest.ok()) return digest.status();
+    if (*digest != r.data_sha256()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data.token_file: '", job.resolved.engine.token_file->path, "' on node '", cluster->node_name(),
+          "' differs from the coordinator's (SHA-256 ", digest->substr(0, 16), "... here, ",
+          r.data_sha256().substr(0, 16), "... on '", r.coordinator_node(), "'): every node must hold the same file"));
+    }
+    return absl::OkStatus();
+  };
   auto job = SubmitAs(r.spec(), &join);
   if (!job.ok()) return job.status();
   JobLog()->info("[{}] node {} of {} of job {} on '{}' ({})", job->id(), r.rank(), r.size(), r.coordinator_job_id(),

@@ -154,8 +154,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitAs(const v1::JobSpec& spec, ClusterJoi
   if (absl::Status st = scheduler::ClaimOutputDir(job->resolved.output_dir, owner); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("output_dir: ", st.message()));
   }
-  if (join && join->start_others) {
-    if (absl::Status st = join->start_others(*job); !st.ok()) {
+  if (join && join->before_admit) {
+    if (absl::Status st = join->before_admit(*job); !st.ok()) {
       scheduler::ReleaseOutputDir(job->resolved.output_dir);
       return st;
     }

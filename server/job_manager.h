@@ -149,13 +149,14 @@ class JobManager {
   static absl::StatusOr<std::string> FinalCheckpoint(const std::string& id, const ResolvedJob& resolved, int64_t step);
   absl::Status Admit(const std::shared_ptr<ManagedJob>& job);
   // How a node of a cluster job joins (job_cluster.cc): its engine's data-parallel part, its
-  // record's membership, and, on the coordinator, starting the other nodes before this one is
-  // admitted (`start_others`; `stop_others` undoes it when the admission fails).
+  // record's membership, and what runs once the spec is resolved, before this node is admitted
+  // (`before_admit`: on the coordinator, starting the other nodes; on another node, checking its
+  // data file against the coordinator's; `stop_others` undoes the first when the admission fails).
   struct ClusterJoin {
     scheduler::DataParallelSpec data_parallel;
     roundpipe::v1::ClusterMembership membership;
     bool own_output_dir = false;  // a peer writes under its own jobs dir, whatever the spec says
-    std::function<absl::Status(ManagedJob& job)> start_others;
+    std::function<absl::Status(ManagedJob& job)> before_admit;
     std::function<void(ManagedJob& job)> stop_others;
   };
   absl::StatusOr<roundpipe::v1::Job> SubmitAs(const roundpipe::v1::JobSpec& spec, ClusterJoin* join);

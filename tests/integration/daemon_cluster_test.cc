@@ -270,6 +270,24 @@ TEST_F(ClusterTest, BadClusterJobsAreRefusedAndARefusingNodeUndoesTheOthers) {
     EXPECT_EQ(stub->StartNode(&ctx, req, &out).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
   EXPECT_EQ(b->List()->size(), 1u) << "no job was started by a caller without the cluster token";
+  // With the token, a node whose data file is not the coordinator's refuses, naming both digests.
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer cluster-secret-0123456789abcdef");
+  v1::StartNodeRequest req;
+  *req.mutable_spec() = Spec(2, kSteps);
+  req.set_rank(1);
+  req.set_size(2);
+  req.set_group("other-data");
+  req.set_coordinator_node("a");
+  req.set_coordinator_address(daemon_.address());
+  req.set_coordinator_job_id("job-000099");
+  req.set_data_sha256(std::string(64, '0'));
+  v1::NodeStatus out;
+  const grpc::Status differs = stub->StartNode(&ctx, req, &out);
+  EXPECT_EQ(differs.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(differs.error_message().find("differs from the coordinator's (SHA-256 "), std::string::npos)
+      << differs.error_message();
+  EXPECT_EQ(b->List()->size(), 1u);
 }
 
 }  // namespace
