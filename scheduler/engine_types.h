@@ -123,8 +123,10 @@ struct DataParallelSpec {
   std::string hostname = "127.0.0.1";  // this node's address for the collectives
   int64_t timeout_ms = 60000;          // every collective's deadline, and the rendezvous'
   // ZeRO-1 over whole parameters: each node keeps the optimizer state of (and steps) only the
-  // parameters it owns, about 1/size of them by elements, and shares the updated weights.
-  // Checkpoints of a sharded state are not written yet: a sharded job takes no checkpoint_root.
+  // parameters it owns, about 1/size of them by elements, and shares the updated weights. Its
+  // checkpoints gather the whole state (each node's holds all of it: it resumes on any number of
+  // nodes), and are taken only where every node takes one: every checkpoint_every steps, and
+  // at a successful end (a requested one, or a cancelled job's last, is FailedPrecondition).
   bool shard_optimizer_state = true;
   // Where the group's rendezvous store is (the daemon's cluster: the coordinator's address;
   // empty: this process). Read by EngineOptions::rendezvous_store, not by the engine.

@@ -140,7 +140,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitCluster(const v1::JobSpec& spec) {
   ClusterJoin join;
   const std::string group = NewGroup(cluster->node_name());
   join.data_parallel =
-      scheduler::DataParallelSpec{0, k, group, cluster->collective_host(), TimeoutMs(spec), false, "", true};
+      scheduler::DataParallelSpec{0, k, group, cluster->collective_host(), TimeoutMs(spec), true, "", true};
   join.membership.set_rank(0);
   join.membership.set_size(k);
   join.membership.set_group(group);
@@ -197,7 +197,7 @@ absl::StatusOr<v1::NodeStatus> JobManager::StartNode(const v1::StartNodeRequest&
   ClusterJoin join;
   join.own_output_dir = true;
   join.data_parallel = scheduler::DataParallelSpec{
-      r.rank(), r.size(), r.group(), cluster->collective_host(), TimeoutMs(r.spec()), false, r.coordinator_address(),
+      r.rank(), r.size(), r.group(), cluster->collective_host(), TimeoutMs(r.spec()), true, r.coordinator_address(),
       true};
   join.membership.set_rank(r.rank());
   join.membership.set_size(r.size());

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
+
 #include "absl/strings/str_cat.h"
 #include "workers/optim/adamw.h"
 #include "workers/run_context.h"
@@ -162,6 +164,65 @@ absl::Status ShareStepped(HostModelStore& store, DataParallelGroup& g, const std
     if (absl::Status st = g.BroadcastTensors(mine, g.Owner(i)); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// How an owner's moment is laid out, as the other nodes rebuild it: 0 absent, 1 the parameter's
+// shape, 2 Adafactor's factored shape for that moment.
+int ShapeKind(const at::Tensor& t, char which, const std::vector<int64_t>& shape) {
+  if (!t.defined()) return 0;
+  if (t.sizes().vec() == shape) return 1;
+  const auto factored = AdafactorStateShape(which, shape);
+  return factored && t.sizes().vec() == *factored ? 2 : -1;
+}
+
+}  // namespace
+
+absl::Status GatherShardedState(DataParallelGroup& g, const HostModelStore& store, AdamWState* state) {
+  const size_t n = static_cast<size_t>(store.num_params());
+  state->m.resize(n);
+  state->v.resize(n);
+  for (int i = 0; i < store.num_params(); ++i) {
+    const HostParam& p = store.param(i);
+    if (!p.trainable) continue;
+    const size_t k = static_cast<size_t>(i);
+    std::array<at::Tensor*, 2> moments = {&state->m[k], &state->v[k]};
+    const std::array<char, 2> which = {'m', 'v'};
+    // The owner's descriptor: per moment its layout and whether it is bf16 (small integers, exact in fp32).
+    at::Tensor desc = at::zeros({4}, at::kFloat);
+    if (g.Owns(i)) {
+      for (size_t j = 0; j < 2; ++j) {
+        const int kind = ShapeKind(*moments[j], which[j], p.shape);
+        if (kind < 0) return absl::InternalError(absl::StrCat("optimizer state of ", p.name, ": an unknown layout"));
+        desc[static_cast<int64_t>(2 * j)] = kind;
+        desc[static_cast<int64_t>(2 * j + 1)] = kind > 0 && moments[j]->scalar_type() == at::kBFloat16 ? 1 : 0;
+      }
+    }
+    if (absl::Status st = g.BroadcastTensors({desc}, g.Owner(i)); !st.ok()) return st;
+    std::vector<at::Tensor> data;
+    for (size_t j = 0; j < 2; ++j) {
+      const int kind = static_cast<int>(desc[static_cast<int64_t>(2 * j)].item<float>());
+      if (kind == 0) continue;
+      if (!g.Owns(i)) {
+        const std::vector<int64_t> shape = kind == 1 ? p.shape : *AdafactorStateShape(which[j], p.shape);
+        const bool bf16 = desc[static_cast<int64_t>(2 * j + 1)].item<float>() != 0;
+        *moments[j] = at::empty(shape, at::TensorOptions().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+      }
+      data.push_back(*moments[j]);
+    }
+    if (data.empty()) continue;
+    if (absl::Status st = g.BroadcastTensors(data, g.Owner(i)); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+void KeepOwnedState(const DataParallelGroup& g, AdamWState* state) {
+  for (size_t i = 0; i < state->m.size(); ++i) {
+    if (g.Owns(static_cast<int>(i))) continue;
+    state->m[i] = at::Tensor();
+    if (i < state->v.size()) state->v[i] = at::Tensor();
+  }
 }
 
 }  // namespace rp::workers

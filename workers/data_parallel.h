@@ -99,11 +99,22 @@ std::vector<at::Tensor> TrainableGrads(HostModelStore& store);
 // then every parameter's fp32 copy and master come from its owner. The same steps, in the same
 // order, as AdamW::StepAll on the summed gradients, on every node.
 class AdamW;
+struct AdamWState;
 absl::Status StepShardedAndShare(AdamW& adamw, HostModelStore& store, DataParallelGroup& g, double lr,
                                  double grad_multiplier);
 // The updated weights of `params` from their owners (async P_cp: the fp32 copies, before the
 // master copy is taken from them).
 absl::Status ShareStepped(HostModelStore& store, DataParallelGroup& g, const std::vector<int>& params,
                           bool with_master);
+// A sharded optimizer state made whole for a checkpoint: every trainable parameter's moments
+// come from its owner (a small descriptor, then the tensors, broadcast on the gradient group),
+// so each node's checkpoint holds the whole state — the same bytes as one node's, which resumes
+// on any number of nodes. `state` holds this node's own entries (the optimizer's views) and
+// gains the others' (new tensors, held only while the checkpoint is written). Every node must
+// call it at the same point (a checkpoint every node takes); the optimizer must be idle.
+absl::Status GatherShardedState(DataParallelGroup& g, const HostModelStore& store, AdamWState* state);
+// The entries of a whole state (a resumed checkpoint) this node does not own, dropped: it keeps
+// about 1/size of the moments, as if it had stepped them itself.
+void KeepOwnedState(const DataParallelGroup& g, AdamWState* state);
 
 }  // namespace rp::workers

@@ -167,6 +167,8 @@ class Controller {
 
   int next_g0() const { return next_g0_; }
   const planning::Partition& partition() const { return opt_.partition; }
+  // This node's data-parallel group (null: the job runs on one node).
+  workers::DataParallelGroup* data_parallel() const { return opt_.data_parallel.get(); }
   int microbatches() const { return opt_.microbatches; }  // M of every pass
   // The round size in use (0 = M); with choose_round_size, the planned one after profiling.
   int microbatches_per_round() const { return opt_.microbatches_per_round; }

@@ -30,15 +30,27 @@ namespace {
 // exists already holds this very state: it is returned as is. `eval`: the job's evaluations so
 // far, recorded in meta.json; its best checkpoint is never pruned.
 absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore& store, const Controller& c,
-                                                  const workers::io::FrozenBase& base, int64_t step, int64_t consumed,
-                                                  const std::string& root, int keep_last, const std::string& note,
-                                                  const std::string& optimizer,
+                                                  bool on_every_node, const workers::io::FrozenBase& base, int64_t step,
+                                                  int64_t consumed, const std::string& root, int keep_last,
+                                                  const std::string& note, const std::string& optimizer,
                                                   const std::optional<files::CheckpointMeta::Eval>& eval) {
   const std::string keep = eval ? eval->best_checkpoint : "";
   if (root.empty()) return absl::FailedPreconditionError("the job has no checkpoint directory");
   const std::string dir = absl::StrCat(root, "/step-", step);
   if (files::KindOf(dir + "/meta.json") == files::FileKind::kFile) return CheckpointInfo{dir, step, consumed};
-  const OptimizerSnapshot snap = c.Snapshot();
+  OptimizerSnapshot snap = c.Snapshot();
+  if (workers::DataParallelGroup* g = c.data_parallel(); g != nullptr && g->sharded()) {
+    // Its moments are spread over the nodes: whole again for the checkpoint, from every node at
+    // once (a checkpoint one node takes alone would wait for the others in vain).
+    if (!on_every_node) {
+      return absl::FailedPreconditionError(
+          "a data-parallel job whose optimizer state is sharded checkpoints only where every node does (every "
+          "checkpoint_every steps, and its end when it succeeds)");
+    }
+    if (absl::Status st = workers::GatherShardedState(*g, store, &snap.adamw); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("gathering the sharded optimizer state: ", st.message()));
+    }
+  }
   files::CheckpointMeta meta;
   meta.step = step;
   meta.batches_consumed = consumed;
@@ -67,7 +79,8 @@ absl::StatusOr<CheckpointInfo> WriteJobCheckpoint(const workers::HostModelStore&
 
 }  // namespace
 
-absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note, bool report_existing) {
+absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note, bool report_existing,
+                                                        bool on_every_node) {
   int64_t step, cursor;
   std::optional<files::CheckpointMeta::Eval> eval;
   {
@@ -84,7 +97,7 @@ absl::StatusOr<CheckpointInfo> EngineJob::CheckpointNow(const std::string& note,
       !spec.checkpoint_root.empty() &&
       files::KindOf(absl::StrCat(spec.checkpoint_root, "/step-", step, "/meta.json")) == files::FileKind::kFile;
   if (!frozen_base) frozen_base = workers::io::DescribeFrozenBase(*store);  // once: the base never changes
-  auto info = WriteJobCheckpoint(*store, *controller, *frozen_base, step, cursor, spec.checkpoint_root,
+  auto info = WriteJobCheckpoint(*store, *controller, on_every_node, *frozen_base, step, cursor, spec.checkpoint_root,
                                  spec.checkpoint_keep_last, note, spec::OptimizerName(spec.optimizer.algorithm), eval);
   base::MutexLock lock(&mu);
   if (report_existing || !existed || !info.ok()) ReportCheckpoint(info, step);

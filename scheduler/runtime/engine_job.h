@@ -152,8 +152,12 @@ struct EngineJob {
   // Writes the state at the current step as <checkpoint_root>/step-<N> and reports it (caller
   // holds run_mu, at an iteration boundary with the optimizer flushed). One that existed already
   // holds this very state: it is returned, and reported again only if `report_existing`.
-  absl::StatusOr<CheckpointInfo> CheckpointNow(const std::string& note, bool report_existing = true)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu) ABSL_LOCKS_EXCLUDED(mu);
+  // `on_every_node`: every node of a data-parallel job takes this checkpoint at this step (its
+  // policy's, or its successful end); a node whose optimizer state is sharded gathers the whole
+  // state for it from the others, and takes no other checkpoint (FailedPrecondition).
+  absl::StatusOr<CheckpointInfo> CheckpointNow(const std::string& note, bool report_existing = true,
+                                               bool on_every_node = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu)
+      ABSL_LOCKS_EXCLUDED(mu);
   // A checkpoint result as an event (caller holds mu): written, or failed and why.
   void ReportCheckpoint(const absl::StatusOr<CheckpointInfo>& info, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };

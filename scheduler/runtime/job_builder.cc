@@ -80,11 +80,6 @@ absl::Status CheckDataParallel(const JobSpec& spec) {
   if (dp.shard_token_file && !spec.token_file) {
     return absl::InvalidArgumentError("data_parallel.shard_token_file: the job reads no token file");
   }
-  if (dp.shard_optimizer_state && !spec.checkpoint_root.empty()) {
-    return absl::InvalidArgumentError(
-        "data_parallel.shard_optimizer_state: checkpoints of a sharded optimizer state are not written yet (give "
-        "no checkpoint root, or turn the shard off)");
-  }
   // Not across nodes yet: an evaluation's sums, and the router's load-balancing loss (its
   // statistics are the whole batch's, which no node holds).
   if (spec.validation) return absl::InvalidArgumentError("data_parallel: evaluation (data.validation) not yet");
@@ -482,6 +477,8 @@ absl::Status BuildJob(EngineJob& job, const std::vector<workers::Device*>& devic
         StartDataParallel(*spec.data_parallel, job.comm_binary, job.rendezvous_store.get(), &job.stop_starting, *store);
     if (!group.ok()) return group.status();
     o.data_parallel = std::move(*group);
+    // A resumed checkpoint holds the whole state: this node keeps the part it owns.
+    if (o.data_parallel->sharded() && o.resume_adamw) workers::KeepOwnedState(*o.data_parallel, &*o.resume_adamw);
   }
   o.timeline_job = static_cast<int>(job.id);  // the runner gives the job lanes tagged with its id
   auto c = Controller::Create(o, store.get(), devices, timeline);

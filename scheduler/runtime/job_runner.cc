@@ -113,7 +113,8 @@ bool JobRunner::End(JobState s, std::string message) {
     // A daemon job's final weights go to disk before it is reported ended: export works after
     // any restart, and the host state can be released (ReleaseEnded).
     if (!job_.spec.checkpoint_root.empty()) {
-      auto info = job_.CheckpointNow("final", /*report_existing=*/false);
+      // Every node of a data-parallel job ends its run at the same step when it succeeds.
+      auto info = job_.CheckpointNow("final", /*report_existing=*/false, s == JobState::kSucceeded);
       if (info.ok()) job_.final_checkpoint = info->path;
     }
   }
@@ -137,7 +138,7 @@ bool JobRunner::TakeCheckpoints() {
       if (r.done) r.done->set_value(absl::FailedPreconditionError("the job failed before the checkpoint"));
       continue;
     }
-    auto info = job_.CheckpointNow(r.note);
+    auto info = job_.CheckpointNow(r.note, true, /*on_every_node=*/!r.done);  // the policy's: a step every node takes
     {
       base::MutexLock lock(&job_.mu);
       if (!r.done) {  // the policy: a disk that keeps failing pauses the job instead of losing its progress
