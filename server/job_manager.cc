@@ -251,7 +251,7 @@ absl::StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", id, " runs on ", live->first->record.cluster().size(),
           " nodes and cannot pause (the other nodes would wait for it in a collective until their timeout); cancel "
-          "it, or checkpoint it"));
+          "it (its checkpoint_every checkpoints resume on any number of nodes)"));
     }
   }
   if (absl::Status st = engine_->Pause(live->second); !st.ok()) return st;
