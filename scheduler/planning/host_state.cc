@@ -1,5 +1,6 @@
 #include "scheduler/planning/host_state.h"
 
+#include <algorithm>
 #include <string>
 
 namespace rp::planning {
@@ -57,12 +58,30 @@ int64_t Saturated(double bytes) {
 }
 }  // namespace
 
+double StateShare(const spec::ModelConfig& m, const HostStateOptions& o) {
+  if (o.state_shards <= 1) return 1.0;
+  // The largest trained parameter is bounded by the largest thing that holds it: the embedding
+  // or head matrix for a full fine-tune, a block's adapters for LoRA.
+  double largest = 0, trained = 0;
+  if (m.lora.rank > 0) {
+    for (int b = 0; b < m.num_blocks; ++b) largest = std::max(largest, static_cast<double>(m.BlockLoraParams(b)));
+    trained = static_cast<double>(m.LoraParams());
+  } else {
+    largest = static_cast<double>(std::max(m.EmbeddingParams(), m.HeadParams()));
+    for (int b = 0; b < m.num_blocks; ++b) largest = std::max(largest, static_cast<double>(m.BlockParams(b)));
+    trained = ModelParams(m);
+  }
+  if (trained <= 0) return 1.0;
+  return std::min(1.0, 1.0 / o.state_shards + largest / trained);
+}
+
 int64_t HostStateBytes(const spec::ModelConfig& m, const HostStateOptions& o) {
   // In double: sizes come from clients and files.
   const double base = ModelParams(m);
-  // A trained parameter: fp32 copy, master, fp32 gradient, moments, the async gradient copy;
-  // factored moments (Adafactor) are counted apart.
-  const double moments = o.factored_moments ? 0 : o.moment_bytes;
+  // A trained parameter: fp32 copy, master, fp32 gradient, moments (this node's share of them),
+  // the async gradient copy; factored moments (Adafactor) are counted apart.
+  const double share = StateShare(m, o);
+  const double moments = o.factored_moments ? 0 : o.moment_bytes * share;
   const double trained = 4.0 + o.master_bytes + 4 + moments + (o.async_grad_copy ? 4 : 0);
   double bytes;
   if (m.lora.rank <= 0) {
@@ -71,7 +90,7 @@ int64_t HostStateBytes(const spec::ModelConfig& m, const HostStateOptions& o) {
     const double adapters = static_cast<double>(m.LoraParams());
     bytes = (o.mapped_base ? 0.0 : base * o.master_bytes) + adapters * trained;
   }
-  if (o.factored_moments) bytes += 4.0 * static_cast<double>(AdafactorStateElements(m));
+  if (o.factored_moments) bytes += 4.0 * share * static_cast<double>(AdafactorStateElements(m));
   return Saturated(bytes);
 }
 

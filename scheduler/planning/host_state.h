@@ -21,7 +21,16 @@ struct HostStateOptions {
   // Adafactor: the optimizer state is factored (AdafactorStateElements fp32 values in all, not
   // moment_bytes per trained parameter).
   bool factored_moments = false;
+  // A node of a data-parallel job whose optimizer state is sharded over `state_shards` nodes
+  // (whole parameters each to the least loaded node): it holds at most 1/state_shards of the
+  // trained elements' state plus one largest trained parameter's (StateShare). 1: all of it.
+  int state_shards = 1;
 };
+
+// The fraction of the trained parameters' optimizer state a node of `o.state_shards` holds at
+// most (1 when not sharded): the greedy owner assignment keeps every node within one largest
+// trained parameter of an even split.
+double StateShare(const spec::ModelConfig& m, const HostStateOptions& o);
 
 // Elements of Adafactor's state over the trained parameters (torch.optim.Adafactor's layout):
 // rows + columns per matrix (leading dimensions of stacked experts count as a batch), every

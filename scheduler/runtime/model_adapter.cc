@@ -42,6 +42,7 @@ planning::HostStateOptions HostStateOptionsFor(const JobSpec& spec, bool base_ma
   }
   o.async_grad_copy = spec.optimizer_mode == planning::OptimizerMode::kAsync;
   o.mapped_base = base_mapped && spec.model.lora.rank > 0 && !spec.hf_dir.empty();
+  if (spec.data_parallel && spec.data_parallel->shard_optimizer_state) o.state_shards = spec.data_parallel->size;
   return o;
 }
 

@@ -141,6 +141,9 @@ TEST_F(ClusterTest, TwoAndThreeNodesTrainWhatOneDaemonTrainsOnTheWholeBatch) {
                 static_cast<long long>(done.host_memory().peak_state_bytes()),
                 static_cast<long long>(alone.host_memory().peak_state_bytes()), 100 * saved);
     EXPECT_NEAR(saved, 1.0 - 1.0 / k, 0.15) << k << " nodes";
+    // Admission predicted the node's share: at least what it held, less than one daemon's job.
+    EXPECT_GE(done.host_memory().predicted_state_bytes(), done.host_memory().peak_state_bytes());
+    EXPECT_LT(done.host_memory().predicted_state_bytes(), alone.host_memory().predicted_state_bytes());
     // Node 1 on "b" holds the same weights, bit for bit.
     auto b = peers_.at("b")->Connect();
     const std::string b_job = done.cluster().nodes(1).job_id();

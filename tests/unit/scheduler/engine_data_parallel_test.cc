@@ -30,6 +30,7 @@ struct NodeRun {
   std::vector<double> losses;
   std::vector<int64_t> tokens;
   int64_t host_state_bytes = 0;  // the model states after the last step (store + optimizer state)
+  int64_t predicted = 0;         // what admission predicted for them
 };
 
 // Feeds `rows` of every global batch to job `id`, then waits for it to end.
@@ -49,6 +50,7 @@ NodeRun Train(Engine& e, JobId id, int64_t first_row, int64_t rows) {
   }
   auto shapes = e.ParameterShapes(id);
   for (const auto& [name, shape] : *shapes) r.weights[name] = rp::testing::ToTensor(*e.Parameter(id, name));
+  r.predicted = e.Info(id)->predicted_host_state_bytes;
   return r;
 }
 
@@ -128,6 +130,15 @@ TEST_P(DataParallel, TwoNodesTrainWhatOneEngineTrainsOnTheWholeBatch) {
   }
   if (GetParam().shard) {
     EXPECT_EQ(2 * reference.host_state_bytes - runs[0].host_state_bytes - runs[1].host_state_bytes, moments);
+  }
+  // Admission predicts each node's share: never below what it held, below one engine's.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GE(runs[r].predicted, runs[r].host_state_bytes) << "node " << r;
+    if (GetParam().shard) {
+      EXPECT_LT(runs[r].predicted, reference.predicted) << "node " << r;
+    } else {
+      EXPECT_EQ(runs[r].predicted, reference.predicted) << "node " << r;
+    }
   }
   ASSERT_EQ(runs[0].weights.size(), reference.weights.size());
   for (const auto& [name, want] : reference.weights) {
