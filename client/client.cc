@@ -135,8 +135,9 @@ absl::StatusOr<v1::Job> Client::Pause(const std::string& id) {
   return resp;
 }
 
-absl::StatusOr<v1::Job> Client::Resume(const std::string& id) {
+absl::StatusOr<v1::Job> Client::Resume(const std::string& id, int nodes) {
   v1::ResumeJobRequest req;
+  req.set_nodes(nodes);
   req.set_job_id(id);
   RP_UNARY(jobs_, ResumeJob, req, v1::Job);
   return resp;

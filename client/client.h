@@ -44,7 +44,8 @@ class Client {
   absl::StatusOr<std::vector<roundpipe::v1::Job>> List(const std::vector<roundpipe::v1::JobState>& states = {});
   absl::StatusOr<roundpipe::v1::Job> Cancel(const std::string& job_id);
   absl::StatusOr<roundpipe::v1::Job> Pause(const std::string& job_id);
-  absl::StatusOr<roundpipe::v1::Job> Resume(const std::string& job_id);
+  // `nodes`: a cluster job that failed or was cancelled resumes on this many nodes (0: as before).
+  absl::StatusOr<roundpipe::v1::Job> Resume(const std::string& job_id, int nodes = 0);
   absl::StatusOr<roundpipe::v1::CheckpointResponse> Checkpoint(const std::string& job_id);
   absl::StatusOr<std::string> Export(const std::string& job_id, const std::string& output_dir = "",
                                      bool merge_lora = false);

@@ -42,6 +42,8 @@ ABSL_FLAG(std::string, prompt, "", "generate: a prompt (more may follow the job 
 ABSL_FLAG(std::string, sampling_file, "",
           "generate: a SamplePolicy in JSON ({\"prompts\": [...], ...}; e.g. from roundpipe_client.py chat-prompts); "
           "--prompt and arguments add prompts, the other flags override it when set");
+ABSL_FLAG(int, nodes, 0,
+          "resume: a cluster job that failed or was cancelled resumes on this many nodes (default: as before)");
 ABSL_FLAG(int, max_new_tokens, 0, "generate: tokens to generate per prompt, 1 to 1024 (default: the file's, else 32)");
 ABSL_FLAG(double, temperature, 0,
           "generate: > 0 samples softmax(logits / temperature) (default: the file's, else greedy)");
@@ -255,7 +257,9 @@ int CmdGet(rp::client::Client& c, const Args& args) {
 int CmdControl(rp::client::Client& c, const Args& args) {  // cancel, pause, resume
   const std::string& cmd = args[0];
   if (args.size() != 2) return Usage(cmd + ": one job id");
-  auto j = cmd == "cancel" ? c.Cancel(args[1]) : cmd == "pause" ? c.Pause(args[1]) : c.Resume(args[1]);
+  auto j = cmd == "cancel"  ? c.Cancel(args[1])
+           : cmd == "pause" ? c.Pause(args[1])
+                            : c.Resume(args[1], absl::GetFlag(FLAGS_nodes));
   if (!j.ok()) return Report(j.status());
   std::printf("%s: %s requested (now %s)\n", j->id().c_str(), cmd.c_str(), StateName(j->state()).c_str());
   return kOk;

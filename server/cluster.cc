@@ -135,6 +135,11 @@ std::shared_ptr<grpc::Channel> Cluster::ChannelTo(const std::string& address) {
     }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
+    // A member that was down is tried again within a second of coming back (gRPC's default
+    // backoff grows to two minutes).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     ch = grpc::CreateCustomChannel(address, creds, args);
   }
   return ch;
@@ -151,9 +156,10 @@ absl::StatusOr<v1::NodeStatus> Cluster::StartNode(const std::string& address, co
 }
 
 absl::StatusOr<v1::NodeStatus> Cluster::GetNode(const std::string& address, const std::string& job_id,
-                                                std::chrono::milliseconds deadline) {
+                                                std::chrono::milliseconds deadline, bool wait_for_ready) {
   grpc::ClientContext ctx;
   Prepare(&ctx, token_, deadline);
+  ctx.set_wait_for_ready(wait_for_ready);
   v1::NodeRequest req;
   req.set_job_id(job_id);
   v1::NodeStatus out;

@@ -57,8 +57,10 @@ class Cluster {
   absl::StatusOr<roundpipe::v1::NodeStatus> StartNode(const std::string& address,
                                                       const roundpipe::v1::StartNodeRequest& request,
                                                       std::chrono::milliseconds deadline);
+  // `wait_for_ready`: a member that is not connected yet is waited for until the deadline (a
+  // deliberate step: a resume), instead of failing at once (a watch).
   absl::StatusOr<roundpipe::v1::NodeStatus> GetNode(const std::string& address, const std::string& job_id,
-                                                    std::chrono::milliseconds deadline);
+                                                    std::chrono::milliseconds deadline, bool wait_for_ready = false);
   absl::StatusOr<roundpipe::v1::NodeStatus> CancelNode(const std::string& address, const std::string& job_id,
                                                        std::chrono::milliseconds deadline);
   absl::Status StoreSet(const std::string& address, const std::string& key, const std::string& value,

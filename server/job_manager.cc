@@ -16,6 +16,7 @@
 #include "server/job_manager_internal.h"
 #include "server/job_tensorboard.h"
 #include "server/paths.h"
+#include "server/recovery_plan.h"
 #include "server/status_util.h"
 #include "server/stream_batch.h"
 
@@ -138,7 +139,13 @@ absl::StatusOr<v1::Job> JobManager::SubmitAs(const v1::JobSpec& spec, ClusterJoi
   auto resolved = ResolveJobSpec(own, ctx);
   if (!resolved.ok()) return resolved.status();
   job->resolved = *resolved;
-  if (join) job->resolved.engine.data_parallel = join->data_parallel;
+  if (join && join->data_parallel.size > 1) job->resolved.engine.data_parallel = join->data_parallel;
+  if (join && !join->resume_from.empty()) {
+    const CheckpointResume at = ResumeAt(join->resume_step, job->resolved.engine.max_steps);
+    if (at.already_finished) return absl::FailedPreconditionError("the job had run all its steps at that checkpoint");
+    job->resolved.engine.resume_from = join->resume_from;
+    job->resolved.engine.max_steps = at.steps_left;
+  }
   std::string owner;
   {
     absl::MutexLock lock(&job->mu);  // not published yet; the lock states the rule
@@ -148,6 +155,10 @@ absl::StatusOr<v1::Job> JobManager::SubmitAs(const v1::JobSpec& spec, ClusterJoi
     *job->record.mutable_created() = Now();
     *job->record.mutable_updated() = Now();
     if (join) *job->record.mutable_cluster() = join->membership;
+    if (join && !join->resume_from.empty()) {
+      job->record.mutable_progress()->set_step(join->resume_step);
+      job->record.set_message(absl::StrCat("resumed from ", join->resume_from));
+    }
     owner = OwnerToken(job->record);
   }
   // The job owns its output dir from here on (no other job may share its checkpoints).
@@ -259,7 +270,21 @@ absl::StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
   return Snapshot(live->first);
 }
 
-absl::StatusOr<v1::Job> JobManager::Resume(const std::string& id) {
+absl::StatusOr<v1::Job> JobManager::Resume(const std::string& id, int nodes) {
+  if (auto job = table_.Find(id); job) {
+    bool ended_cluster_job = false;
+    {
+      absl::MutexLock lock(&job->mu);
+      const v1::JobState s = job->record.state();
+      ended_cluster_job = job->record.cluster().size() > 1 && job->record.cluster().rank() == 0 &&
+                          (s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED);
+    }
+    if (ended_cluster_job) return ResumeCluster(job, nodes);
+  }
+  if (nodes != 0) {
+    return absl::InvalidArgumentError(
+        "nodes: only a cluster job that failed or was cancelled resumes on a number of nodes (ask its coordinator)");
+  }
   auto live = LiveJob(id, "resume");
   if (!live.ok()) return live.status();
   {

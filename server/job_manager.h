@@ -79,7 +79,10 @@ class JobManager {
   absl::StatusOr<roundpipe::v1::ListJobsResponse> List(const roundpipe::v1::ListJobsRequest& request);
   absl::StatusOr<roundpipe::v1::Job> Cancel(const std::string& id);
   absl::StatusOr<roundpipe::v1::Job> Pause(const std::string& id);
-  absl::StatusOr<roundpipe::v1::Job> Resume(const std::string& id);
+  // A PAUSED job continues. A cluster job on its coordinator that FAILED or was CANCELLED
+  // resumes on `nodes` nodes (0: as before; at most as before) from the newest checkpoint all of
+  // them hold (job_cluster.cc: ResumeCluster); blocks for the peers' answers.
+  absl::StatusOr<roundpipe::v1::Job> Resume(const std::string& id, int nodes = 0);
 
   // Streaming: OpenStream checks the job takes streamed batches; FeedAsync validates the batch
   // at once (the returned Status: InvalidArgument, or ResourceExhausted when the job's queue and
@@ -156,11 +159,14 @@ class JobManager {
     scheduler::DataParallelSpec data_parallel;
     roundpipe::v1::ClusterMembership membership;
     bool own_output_dir = false;  // a peer writes under its own jobs dir, whatever the spec says
+    std::string resume_from;      // set: the node resumes from this checkpoint, of step resume_step
+    int64_t resume_step = 0;
     std::function<absl::Status(ManagedJob& job)> before_admit;
     std::function<void(ManagedJob& job)> stop_others;
   };
   absl::StatusOr<roundpipe::v1::Job> SubmitAs(const roundpipe::v1::JobSpec& spec, ClusterJoin* join);
   absl::StatusOr<roundpipe::v1::Job> SubmitCluster(const roundpipe::v1::JobSpec& spec);
+  absl::StatusOr<roundpipe::v1::Job> ResumeCluster(const std::shared_ptr<ManagedJob>& job, int nodes);
   // A cluster job's watch (its own thread until the job ends): every second the other nodes'
   // states into the record's membership; a node that failed or cannot be reached is named in this
   // job's failure; when this job ends, the others still running are cancelled.

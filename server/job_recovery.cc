@@ -34,8 +34,8 @@ absl::Status JobManager::Recover() {
     if (plan.action != RecoveryAction::kList && record.cluster().size() > 1) {
       // Its other nodes went on without it, or failed: a node never continues alone.
       FailRecovered(*job,
-                    "a node of a cluster job does not resume after a daemon restart (not built yet): resubmit the "
-                    "job");
+                    "a node of a cluster job does not resume after a daemon restart: resume the job on its "
+                    "coordinator (ResumeJob), which starts its nodes again from their checkpoints");
       continue;
     }
     if (plan.action == RecoveryAction::kReadmit) readmit.push_back({job, plan.pause_again});

@@ -292,7 +292,15 @@ grpc::ServerUnaryReactor* JobServiceImpl::PauseJob(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* ctx, const v1::ResumeJobRequest* req,
                                                     v1::Job* resp) {
   if (grpc::Status st = auth_->Check(*ctx); !st.ok()) return Deny(ctx, st);
-  return Reply(ctx, Guarded("ResumeJob", [&] { return manager_->Resume(req->job_id()); }), resp);
+  // A cluster job's resume asks its peers (seconds): off the callback thread, like every resume.
+  auto* r = ctx->DefaultReactor();
+  absl::Status queued = manager_->RunInBackground([this, r, req, resp] {
+    auto out = Guarded("ResumeJob", [&] { return manager_->Resume(req->job_id(), req->nodes()); });
+    if (out.ok()) *resp = std::move(*out);
+    r->Finish(ToGrpcStatus(out.status()));
+  });
+  if (!queued.ok()) r->Finish(ToGrpcStatus(queued));
+  return r;
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Checkpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,

@@ -35,8 +35,9 @@ struct ManagedJob {
   bool stop ABSL_GUARDED_BY(mu) = false;     // daemon shutdown: threads leave without touching the record
   bool drained ABSL_GUARDED_BY(mu) = false;  // paused by Drain (not by a user)
   JobWatchers watchers ABSL_GUARDED_BY(mu);
-  std::thread pump;           // joined under JobManager's reap lock
-  std::thread cluster_watch;  // cluster jobs (JobManager::WatchCluster); joined like pump
+  std::thread pump;                   // joined under JobManager's reap lock
+  std::thread cluster_watch;          // cluster jobs (JobManager::WatchCluster); joined like pump
+  std::atomic<bool> resuming{false};  // a cluster resume (JobManager::ResumeCluster) is under way
   // A cluster job: the other node whose failure (or silence) explains this one's, in words.
   std::string cluster_fault ABSL_GUARDED_BY(mu);
   JobEventTracker tracker ABSL_GUARDED_BY(mu);  // engine events -> record (the pump only)
