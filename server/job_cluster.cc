@@ -1,5 +1,6 @@
 // A job on several daemons (job_manager.h): the coordinator's Submit of a cluster job, a peer's
-// StartNode and NodeStatusOf, and every node's watch over the others.
+// StartNode and NodeStatusOf, and every node's watch over the others (the resume of an ended
+// cluster job: job_cluster_resume.cc).
 #include <algorithm>
 #include <filesystem>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "scheduler/job_files.h"
 #include "server/cluster.h"
 #include "server/file_digest.h"
+#include "server/job_cluster_parts.h"
 #include "server/job_manager.h"
 #include "server/job_manager_internal.h"
 #include "server/recovery_plan.h"
@@ -21,10 +23,9 @@ namespace rp::server {
 
 namespace v1 = roundpipe::v1;
 
-namespace {
+namespace job_cluster {
 
 constexpr auto kStartNodeDeadline = std::chrono::seconds(60);  // a peer resolves the spec (reads its files)
-constexpr auto kCallDeadline = std::chrono::seconds(3);
 constexpr auto kWatchEvery = absl::Seconds(1);
 
 int64_t TimeoutMs(const v1::JobSpec& spec) {
@@ -32,7 +33,6 @@ int64_t TimeoutMs(const v1::JobSpec& spec) {
   return (s == 0 ? 60 : s) * 1000;
 }
 
-// A rendezvous group no other job (of this or an earlier run of the daemon) ever had.
 std::string NewGroup(const std::string& node) {
   std::random_device rd;
   const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -120,10 +120,6 @@ absl::StatusOr<std::string> DataDigest(ManagedJob& job) {
   return digest;
 }
 
-// Starts nodes 1..K-1 of `job` (membership: K, the group) on `addresses` (node r on
-// addresses[r-1]), each told the data file's digest and, with `resume_ids`, to resume from its
-// earlier node job's checkpoint at `resume_step`; the started ones go into *started and the
-// record's membership (with this node first). A refusal cancels those already started.
 absl::Status StartNodes(Cluster* cluster, ManagedJob& job, const v1::JobSpec& spec, const v1::ClusterMembership& m,
                         const std::vector<std::string>& addresses, const std::vector<std::string>& resume_ids,
                         int64_t resume_step, std::vector<v1::ClusterNode>* started) {
@@ -165,14 +161,26 @@ absl::Status StartNodes(Cluster* cluster, ManagedJob& job, const v1::JobSpec& sp
   return absl::OkStatus();
 }
 
-// The steps of the complete checkpoints under `root`.
 std::vector<int64_t> CheckpointSteps(const std::string& root) {
   std::vector<int64_t> steps;
   for (const scheduler::CheckpointInfo& c : scheduler::ListJobCheckpoints(root)) steps.push_back(c.step);
   return steps;
 }
 
-}  // namespace
+}  // namespace job_cluster
+
+using job_cluster::CheckpointSteps;
+using job_cluster::DataDigest;
+using job_cluster::Ended;
+using job_cluster::kCallDeadline;
+using job_cluster::kWatchEvery;
+using job_cluster::LookAtNodes;
+using job_cluster::NewGroup;
+using job_cluster::NodeEntry;
+using job_cluster::OtherNodes;
+using job_cluster::StartNodes;
+using job_cluster::StatusOf;
+using job_cluster::TimeoutMs;
 
 absl::StatusOr<v1::Job> JobManager::SubmitCluster(const v1::JobSpec& spec) {
   Cluster* cluster = options_.cluster;
@@ -293,146 +301,6 @@ absl::StatusOr<v1::NodeStatus> JobManager::NodeStatusOf(const std::string& id, b
     out.add_checkpoint_steps(s);
   }
   return out;
-}
-
-absl::StatusOr<v1::Job> JobManager::ResumeCluster(const std::shared_ptr<ManagedJob>& job, int nodes) {
-  Cluster* cluster = options_.cluster;
-  if (!cluster) return absl::FailedPreconditionError("this daemon is no longer in a cluster");
-  {
-    absl::MutexLock lock(&mu_);
-    if (draining_ || shutdown_)
-      return absl::UnavailableError("the daemon is draining; resume the job after it restarts");
-  }
-  bool idle = false;
-  if (!job->resuming.compare_exchange_strong(idle, true)) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job->id, " is being resumed already"));
-  }
-  absl::Cleanup done = [&job] { job->resuming = false; };
-  v1::JobSpec spec;
-  v1::ClusterMembership before;
-  std::string owner;
-  {
-    absl::MutexLock lock(&job->mu);
-    if (job->record.state() != v1::JOB_STATE_FAILED && job->record.state() != v1::JOB_STATE_CANCELLED) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", job->id, " was resumed already"));
-    }
-    spec = job->record.spec();
-    before = job->record.cluster();
-    owner = OwnerToken(job->record);
-  }
-  const int k = nodes == 0 ? before.size() : nodes;
-  if (k < 1 || k > before.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nodes: 1 to ", before.size(),
-        " (each node resumes from its own copy of the checkpoint: only the nodes that ran the job hold one)"));
-  }
-  // Its pump and watch end within moments of its end (the watch's last look at the others).
-  for (int i = 0; i < 200 && job->threads_running.load() != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ReapJobThreads();
-  if (job->threads_running.load() != 0) {
-    return absl::UnavailableError(absl::StrCat("job ", job->id, " is still ending; resume it in a moment"));
-  }
-  {
-    absl::MutexLock reap(&reap_mu_);  // both threads have left their loops: joined at once
-    if (job->pump.joinable()) job->pump.join();
-    if (job->cluster_watch.joinable()) job->cluster_watch.join();
-  }
-  JobSpecContext ctx = options_.spec;
-  ctx.default_output_dir = (std::filesystem::path(options_.jobs_dir) / job->id).string();
-  ctx.nodes = k;
-  auto resolved = ResolveJobSpec(spec, ctx);
-  if (!resolved.ok()) return resolved.status();
-  if (absl::Status c = scheduler::ClaimOutputDir(resolved->output_dir, owner); !c.ok()) return c;
-  // The newest step every node of the resumed job holds a checkpoint of.
-  std::vector<int64_t> common = CheckpointSteps(resolved->engine.checkpoint_root);
-  std::vector<std::string> addresses, earlier_ids;
-  for (int r = 1; r < k; ++r) {
-    const v1::ClusterNode* n = nullptr;
-    for (const v1::ClusterNode& x : before.nodes()) {
-      if (x.rank() == r) n = &x;
-    }
-    if (!n) return absl::InternalError(absl::StrCat("job ", job->id, " does not list its node ", r));
-    auto st = cluster->GetNode(n->address(), n->job_id(), kCallDeadline, /*wait_for_ready=*/true);
-    if (!st.ok()) {
-      return absl::UnavailableError(absl::StrCat("node ", r, " ('", n->node(), "' at ", n->address(),
-                                                 ") cannot be reached: ", st.status().message(),
-                                                 "; resume when it is back, or on ", r, " node(s) (nodes: ", r, ")"));
-    }
-    std::vector<int64_t> theirs(st->checkpoint_steps().begin(), st->checkpoint_steps().end());
-    std::vector<int64_t> both;
-    for (int64_t s : common) {
-      if (std::find(theirs.begin(), theirs.end(), s) != theirs.end()) both.push_back(s);
-    }
-    common = std::move(both);
-    addresses.push_back(n->address());
-    earlier_ids.push_back(n->job_id());
-  }
-  if (common.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job->id, ": no checkpoint that all ", k, " node(s) hold; resubmit it"));
-  }
-  const int64_t step = *std::max_element(common.begin(), common.end());
-  const std::string dir = absl::StrCat(resolved->engine.checkpoint_root, "/step-", step);
-  const CheckpointResume at = ResumeAt(step, resolved->engine.max_steps);
-  if (at.already_finished) return absl::FailedPreconditionError("the job had run all its steps at that checkpoint");
-  const std::string group = NewGroup(cluster->node_name());
-  v1::ClusterMembership m;
-  m.set_rank(0);
-  m.set_size(k);
-  m.set_group(group);
-  m.set_coordinator_node(cluster->node_name());
-  m.set_coordinator_address(cluster->advertise_address());
-  std::vector<v1::ClusterNode> started;
-  job->resolved = *resolved;
-  if (k > 1) {
-    if (absl::Status st = StartNodes(cluster, *job, spec, m, addresses, earlier_ids, step, &started); !st.ok()) {
-      return st;
-    }
-  }
-  scheduler::JobSpec& e = job->resolved.engine;
-  if (k > 1) {
-    e.data_parallel =
-        scheduler::DataParallelSpec{0, k, group, cluster->collective_host(), TimeoutMs(spec), true, "", true};
-  }
-  e.resume_from = dir;
-  e.max_steps = at.steps_left;
-  {
-    absl::MutexLock lock(&job->mu);
-    gauges_.Move(job->record.state(), v1::JOB_STATE_QUEUED);
-    job->record.set_state(v1::JOB_STATE_QUEUED);
-    job->record.clear_error();
-    job->record.set_message(absl::StrCat("resumed from ", dir, " on ", k, " node(s)"));
-    job->record.mutable_progress()->set_step(step);
-    job->record.set_last_checkpoint(dir);
-    job->record.set_last_checkpoint_step(step);
-    v1::ClusterMembership* out = job->record.mutable_cluster();
-    const auto listed = out->nodes();
-    *out = m;
-    out->set_coordinator_job_id(job->id);
-    if (k > 1) {
-      *out->mutable_nodes() = listed;
-    } else {
-      *out->add_nodes() = NodeEntry(0, cluster->node_name(), cluster->advertise_address(), job->id);
-    }
-    job->cluster_fault.clear();
-  }
-  if (absl::Status st = Admit(job); !st.ok()) {
-    for (const v1::ClusterNode& n : started) (void)cluster->CancelNode(n.address(), n.job_id(), kCallDeadline);
-    absl::MutexLock lock(&job->mu);
-    gauges_.Move(job->record.state(), v1::JOB_STATE_FAILED);
-    job->record.set_state(v1::JOB_STATE_FAILED);
-    job->record.set_error(absl::StrCat("could not resume: ", st.message()));
-    Persist(*job);
-    return st;
-  }
-  JobLog()->info("[{}] resumed from {} (step {}) on {} node(s)", job->id, dir, step, k);
-  {
-    absl::MutexLock lock(&job->mu);
-    Persist(*job);
-  }
-  return Snapshot(job);
 }
 
 void JobManager::WatchCluster(const std::shared_ptr<ManagedJob>& job) {

@@ -167,6 +167,9 @@ class JobManager {
   absl::StatusOr<roundpipe::v1::Job> SubmitAs(const roundpipe::v1::JobSpec& spec, ClusterJoin* join);
   absl::StatusOr<roundpipe::v1::Job> SubmitCluster(const roundpipe::v1::JobSpec& spec);
   absl::StatusOr<roundpipe::v1::Job> ResumeCluster(const std::shared_ptr<ManagedJob>& job, int nodes);
+  // An ended job's pump and watch threads, joined (they end within moments of the job; a few
+  // seconds at most, else Unavailable), so the job can be admitted again.
+  absl::Status AwaitEndedThreads(const std::shared_ptr<ManagedJob>& job);
   // A cluster job's watch (its own thread until the job ends): every second the other nodes'
   // states into the record's membership; a node that failed or cannot be reached is named in this
   // job's failure; when this job ends, the others still running are cancelled.
