@@ -92,8 +92,12 @@ TEST_F(DaemonPoolTest, JobsRunSideBySideAndAQueuedOneSaysWhatItWaitsFor) {
   std::string ls;
   ASSERT_EQ(RunCommand(std::string(RP_ROUNDPIPE_CLI) + " --address " + daemon_.address() + " ls", &ls), 0) << ls;
   EXPECT_NE(ls.find("waits behind " + je->id()), std::string::npos) << ls;
+  // (The record changes with the event; the stream delivers it a moment later: wait for it.)
   bool told = false;
-  for (const v1::JobEvent& ev : wd.Events()) told |= ev.has_waiting() && ev.waiting().cause() == v1::JobWait::BEHIND;
+  for (int i = 0; i < 200 && !told; ++i) {
+    for (const v1::JobEvent& ev : wd.Events()) told |= ev.has_waiting() && ev.waiting().cause() == v1::JobWait::BEHIND;
+    if (!told) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   EXPECT_TRUE(told);
 
   // C ends: E takes its slot, then D once E is done; the record forgets the wait once it runs.
