@@ -75,15 +75,28 @@ class RemoteStore : public spec::RendezvousStore {
   std::string coordinator_;
 };
 
-// A call's context: the cluster token and a deadline.
-void Prepare(grpc::ClientContext* ctx, const std::string& token, std::chrono::milliseconds deadline) {
-  ctx->set_deadline(std::chrono::system_clock::now() + deadline);
-  ctx->AddMetadata("authorization", "Bearer " + token);
-}
-
 absl::Status PeerStatus(const grpc::Status& st, const std::string& address) {
   return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
                       absl::StrCat("node at ", address, ": ", st.error_message()));
+}
+
+using Stub = v1::ClusterService::Stub;
+
+// One ClusterService call on the member at `address`: the cluster token, a deadline, the
+// member's error with its address in the message.
+template <typename Resp, typename Fn>
+absl::StatusOr<Resp> Call(const std::shared_ptr<grpc::Channel>& channel, const std::string& token,
+                          const std::string& address, std::chrono::milliseconds deadline, bool wait_for_ready,
+                          Fn&& fn) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  ctx.AddMetadata("authorization", "Bearer " + token);
+  ctx.set_wait_for_ready(wait_for_ready);
+  Resp out;
+  auto stub = v1::ClusterService::NewStub(channel);
+  grpc::Status st = fn(*stub, &ctx, &out);
+  if (!st.ok()) return PeerStatus(st, address);
+  return out;
 }
 
 }  // namespace
@@ -147,71 +160,55 @@ std::shared_ptr<grpc::Channel> Cluster::ChannelTo(const std::string& address) {
 
 absl::StatusOr<v1::NodeStatus> Cluster::StartNode(const std::string& address, const v1::StartNodeRequest& request,
                                                   std::chrono::milliseconds deadline) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, token_, deadline);
-  v1::NodeStatus out;
-  grpc::Status st = v1::ClusterService::NewStub(ChannelTo(address))->StartNode(&ctx, request, &out);
-  if (!st.ok()) return PeerStatus(st, address);
-  return out;
+  return Call<v1::NodeStatus>(
+      ChannelTo(address), token_, address, deadline, false,
+      [&](Stub& s, grpc::ClientContext* c, v1::NodeStatus* out) { return s.StartNode(c, request, out); });
 }
 
 absl::StatusOr<v1::NodeStatus> Cluster::GetNode(const std::string& address, const std::string& job_id,
                                                 std::chrono::milliseconds deadline, bool wait_for_ready) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, token_, deadline);
-  ctx.set_wait_for_ready(wait_for_ready);
   v1::NodeRequest req;
   req.set_job_id(job_id);
-  v1::NodeStatus out;
-  grpc::Status st = v1::ClusterService::NewStub(ChannelTo(address))->GetNode(&ctx, req, &out);
-  if (!st.ok()) return PeerStatus(st, address);
-  return out;
+  return Call<v1::NodeStatus>(
+      ChannelTo(address), token_, address, deadline, wait_for_ready,
+      [&](Stub& s, grpc::ClientContext* c, v1::NodeStatus* out) { return s.GetNode(c, req, out); });
 }
 
 absl::StatusOr<v1::NodeStatus> Cluster::CancelNode(const std::string& address, const std::string& job_id,
                                                    std::chrono::milliseconds deadline) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, token_, deadline);
   v1::NodeRequest req;
   req.set_job_id(job_id);
-  v1::NodeStatus out;
-  grpc::Status st = v1::ClusterService::NewStub(ChannelTo(address))->CancelNode(&ctx, req, &out);
-  if (!st.ok()) return PeerStatus(st, address);
-  return out;
+  return Call<v1::NodeStatus>(
+      ChannelTo(address), token_, address, deadline, false,
+      [&](Stub& s, grpc::ClientContext* c, v1::NodeStatus* out) { return s.CancelNode(c, req, out); });
 }
 
 absl::Status Cluster::StoreSet(const std::string& address, const std::string& key, const std::string& value,
                                std::chrono::milliseconds deadline) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, token_, deadline);
   v1::StoreSetRequest req;
   req.set_key(key);
   req.set_value(value);
-  v1::StoreSetResponse out;
-  grpc::Status st = v1::ClusterService::NewStub(ChannelTo(address))->StoreSet(&ctx, req, &out);
-  return st.ok() ? absl::OkStatus() : PeerStatus(st, address);
+  return Call<v1::StoreSetResponse>(
+             ChannelTo(address), token_, address, deadline, false,
+             [&](Stub& s, grpc::ClientContext* c, v1::StoreSetResponse* out) { return s.StoreSet(c, req, out); })
+      .status();
 }
 
 absl::StatusOr<v1::StoreGetResponse> Cluster::StoreGet(const std::string& address, const std::string& key,
                                                        std::chrono::milliseconds wait) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, token_, wait + std::chrono::seconds(5));
   v1::StoreGetRequest req;
   req.set_key(key);
   req.set_wait_ms(wait.count());
-  v1::StoreGetResponse out;
-  grpc::Status st = v1::ClusterService::NewStub(ChannelTo(address))->StoreGet(&ctx, req, &out);
-  if (!st.ok()) return PeerStatus(st, address);
-  return out;
+  return Call<v1::StoreGetResponse>(
+      ChannelTo(address), token_, address, wait + std::chrono::seconds(5), false,
+      [&](Stub& s, grpc::ClientContext* c, v1::StoreGetResponse* out) { return s.StoreGet(c, req, out); });
 }
 
 absl::StatusOr<v1::ClusterMember> Cluster::Describe(const std::string& address, std::chrono::milliseconds deadline) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, token_, deadline);
-  v1::ClusterMember out;
-  grpc::Status st = v1::ClusterService::NewStub(ChannelTo(address))->Describe(&ctx, v1::DescribeRequest(), &out);
-  if (!st.ok()) return PeerStatus(st, address);
-  return out;
+  return Call<v1::ClusterMember>(ChannelTo(address), token_, address, deadline, false,
+                                 [&](Stub& s, grpc::ClientContext* c, v1::ClusterMember* out) {
+                                   return s.Describe(c, v1::DescribeRequest(), out);
+                                 });
 }
 
 grpc::Status Cluster::Authorized(const grpc::ServerContextBase& context) const {
