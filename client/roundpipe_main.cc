@@ -251,6 +251,18 @@ int CmdGet(rp::client::Client& c, const Args& args) {
               static_cast<long long>(j->progress().tokens()), j->partition().c_str(),
               j->error().empty() && j->message().empty() ? "" : "  ",
               (j->error().empty() ? j->message() : j->error()).c_str());
+  // A cluster job: one line per node as this daemon last saw it.
+  for (const auto& n : j->cluster().nodes()) {
+    const auto& p = n.progress();
+    std::printf(
+        "  node %d '%s' (%s, job %s)  %s  step %lld  tokens/s %.0f  bubble %.3f  collectives %.2f s, %.1f MiB"
+        "  peak host state %.1f MiB%s%s\n",
+        n.rank(), n.node().c_str(), n.address().c_str(), n.job_id().c_str(), StateName(n.state()).c_str(),
+        static_cast<long long>(n.step()), p.tokens_per_second(), p.last_bubble_ratio(), p.collective_seconds(),
+        static_cast<double>(p.collective_bytes()) / (1 << 20),
+        static_cast<double>(n.host_memory().peak_state_bytes()) / (1 << 20), n.message().empty() ? "" : "  ",
+        n.message().c_str());
+  }
   return kOk;
 }
 

@@ -238,6 +238,11 @@ struct IterationStats {
   double loss_scale = 1;          // dynamic loss scale used for this iteration's gradients
   bool skipped_step = false;      // fp16: gradients overflowed, the step was skipped
   double optimizer_seconds = 0;   // wall time of this iteration's optimizer step
+  // Data parallel (several nodes): this node's time inside collectives since the previous
+  // iteration's report, and the fp32 bytes it put into them (sync: this iteration's exchange;
+  // async: what the optimizer worker exchanged meanwhile, overlapping compute).
+  double collective_seconds = 0;
+  int64_t collective_bytes = 0;
   // A lost worker (runtime/slot_recovery.h): the workers this iteration was planned over (fewer
   // than the job's once one is lost) and its stage slots run again because their worker was lost.
   int workers = 0;

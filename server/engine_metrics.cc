@@ -20,6 +20,8 @@ void EngineMetrics::RecordIteration(const scheduler::IterationStats& st, const s
   metrics_->learning_rate.Set(st.lr);
   metrics_->grad_norm.Set(st.grad_norm);
   metrics_->bubble_ratio.Set(st.bubble_ratio);
+  if (st.collective_seconds > 0) metrics_->collective_seconds.Increment(st.collective_seconds);
+  if (st.collective_bytes > 0) metrics_->collective_bytes.Increment(static_cast<double>(st.collective_bytes));
   absl::MutexLock lock(&mu_);
   double latest = timeline_seen_s_;
   for (const scheduler::OpRecord& e : ops) {

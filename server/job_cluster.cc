@@ -46,6 +46,8 @@ v1::NodeStatus StatusOf(const std::string& node, const v1::Job& record) {
   s.set_job_id(record.id());
   s.set_state(record.state());
   s.set_step(record.progress().step());
+  *s.mutable_progress() = record.progress();
+  *s.mutable_host_memory() = record.host_memory();
   s.set_message(record.state() == v1::JOB_STATE_FAILED ? record.error() : record.message());
   return s;
 }
@@ -85,10 +87,22 @@ std::string LookAtNodes(Cluster* cluster, std::vector<v1::ClusterNode>& others, 
     n.set_state(st->state());
     n.set_step(st->step());
     n.set_message(st->message());
+    *n.mutable_progress() = st->progress();
+    *n.mutable_host_memory() = st->host_memory();
     if (failed.empty() && st->state() == v1::JOB_STATE_FAILED) failed = absl::StrCat(who, " failed: ", st->message());
     if (cancelled.empty() && st->state() == v1::JOB_STATE_CANCELLED) cancelled = absl::StrCat(who, " was cancelled");
   }
   return !unreachable.empty() ? unreachable : !failed.empty() ? failed : cancelled;
+}
+
+// The coordinator's view of every node, as metrics labelled by node name.
+void PublishNodes(DaemonMetrics& metrics, const v1::ClusterMembership& m) {
+  for (const v1::ClusterNode& n : m.nodes()) {
+    const prometheus::Labels labels = {{"node", n.node()}};
+    metrics.cluster_node_tokens_per_second.Add(labels).Set(n.progress().tokens_per_second());
+    metrics.cluster_node_bubble_ratio.Add(labels).Set(n.progress().last_bubble_ratio());
+    metrics.cluster_node_collective_bytes.Add(labels).Set(static_cast<double>(n.progress().collective_bytes()));
+  }
 }
 
 // The other nodes of `job` as its record lists them, and this node's rank.
@@ -178,6 +192,7 @@ using job_cluster::LookAtNodes;
 using job_cluster::NewGroup;
 using job_cluster::NodeEntry;
 using job_cluster::OtherNodes;
+using job_cluster::PublishNodes;
 using job_cluster::StartNodes;
 using job_cluster::StatusOf;
 using job_cluster::TimeoutMs;
@@ -334,6 +349,8 @@ void JobManager::WatchCluster(const std::shared_ptr<ManagedJob>& job) {
         if (n.rank() == self) {
           n.set_state(job->record.state());
           n.set_step(job->record.progress().step());
+          *n.mutable_progress() = job->record.progress();
+          *n.mutable_host_memory() = job->record.host_memory();
           continue;
         }
         for (const v1::ClusterNode& seen : others) {
@@ -341,6 +358,7 @@ void JobManager::WatchCluster(const std::shared_ptr<ManagedJob>& job) {
         }
       }
       if (!ended && !succeeded_at) job->cluster_fault = fault;  // what the latest look saw (a hiccup heals)
+      if (self == 0 && metrics_ != nullptr) PublishNodes(*metrics_, *m);
     }
     bool all_ended = true;
     for (const v1::ClusterNode& n : others) all_ended = all_ended && Ended(n.state());

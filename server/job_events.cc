@@ -156,6 +156,11 @@ void JobEventTracker::ApplyIteration(const scheduler::JobEvent& e, std::chrono::
   p->set_last_loss(st.loss);
   const double tps = st.seconds > 0 ? static_cast<double>(st.tokens) / st.seconds : 0;
   p->set_tokens_per_second(tps);
+  p->set_last_bubble_ratio(st.bubble_ratio);
+  p->set_collective_seconds(p->collective_seconds() + st.collective_seconds);
+  p->set_collective_bytes(p->collective_bytes() + st.collective_bytes);
+  p->set_last_collective_seconds(st.collective_seconds);
+  p->set_last_collective_bytes(st.collective_bytes);
   if (last_step_at_ != std::chrono::steady_clock::time_point{}) {
     const double dt = std::chrono::duration<double>(now - last_step_at_).count();
     ema_step_s_ = ema_step_s_ == 0 ? dt : 0.8 * ema_step_s_ + 0.2 * dt;
@@ -182,6 +187,8 @@ void JobEventTracker::ApplyIteration(const scheduler::JobEvent& e, std::chrono::
   m->set_grad_norm(st.grad_norm);
   m->set_bubble_ratio(st.bubble_ratio);
   m->set_skipped(st.skipped_step);
+  m->set_collective_seconds(st.collective_seconds);
+  m->set_collective_bytes(st.collective_bytes);
   m->set_eta_seconds(rec.total_steps() > 0
                          ? std::max<double>(0, static_cast<double>(rec.total_steps() - p->step())) * ema_step_s_
                          : -1);

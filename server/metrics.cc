@@ -75,6 +75,30 @@ DaemonMetrics::DaemonMetrics(prometheus::Registry& r)
                               .Help("Checkpoints (policy, requested or drain) that could not be written")
                               .Register(r)
                               .Add({})),
+      collective_seconds(BuildCounter()
+                             .Name("roundpipe_collective_seconds_total")
+                             .Help("Seconds this node spent inside collectives with the other nodes of cluster jobs")
+                             .Register(r)
+                             .Add({})),
+      collective_bytes(BuildCounter()
+                           .Name("roundpipe_collective_bytes_total")
+                           .Help("fp32 bytes this node put into collectives of cluster jobs (the wire carries "
+                                 "about (nodes-1)/nodes of them each way)")
+                           .Register(r)
+                           .Add({})),
+      cluster_node_tokens_per_second(BuildGauge()
+                                         .Name("roundpipe_cluster_node_tokens_per_second")
+                                         .Help("A cluster job's coordinator: each node's latest tokens per second")
+                                         .Register(r)),
+      cluster_node_bubble_ratio(BuildGauge()
+                                    .Name("roundpipe_cluster_node_bubble_ratio")
+                                    .Help("A cluster job's coordinator: each node's latest pipeline bubble (0..1)")
+                                    .Register(r)),
+      cluster_node_collective_bytes(BuildGauge()
+                                        .Name("roundpipe_cluster_node_collective_bytes")
+                                        .Help("A cluster job's coordinator: the fp32 bytes each node has put "
+                                              "into collectives so far")
+                                        .Register(r)),
       worker_busy(BuildCounter()
                       .Name("roundpipe_worker_busy_seconds_total")
                       .Help("Seconds each worker's stream spent executing operations")
@@ -118,6 +142,11 @@ std::vector<std::string> DaemonMetrics::FamilyNames() {
           "roundpipe_batches_received_total",
           "roundpipe_batches_rejected_total",
           "roundpipe_checkpoint_failures_total",
+          "roundpipe_collective_seconds_total",
+          "roundpipe_collective_bytes_total",
+          "roundpipe_cluster_node_tokens_per_second",
+          "roundpipe_cluster_node_bubble_ratio",
+          "roundpipe_cluster_node_collective_bytes",
           "roundpipe_worker_busy_seconds_total",
           "roundpipe_transfer_bytes_total",
           "roundpipe_host_memory_bytes",

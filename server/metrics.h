@@ -1,6 +1,6 @@
 // metrics.h — the daemon's Prometheus metric families (ARCHITECTURE §5): prefix roundpipe_, base
 // units, _total on counters, low-cardinality labels (worker, stream, direction, kind, pool,
-// state; never a job id). One registry is created in main and passed in; nothing is global.
+// state, node; never a job id). One registry is created in main and passed in; nothing is global.
 //
 // Contract: prometheus-cpp metrics are thread-safe; DaemonMetrics only adds label lookups that
 // are safe from any thread (prometheus Family::Add is internally locked).
@@ -37,6 +37,12 @@ class DaemonMetrics {
   prometheus::Counter& batches_received;
   prometheus::Counter& batches_rejected;
   prometheus::Counter& checkpoint_failures;
+  prometheus::Counter& collective_seconds;  // cluster jobs: this node's time inside collectives
+  prometheus::Counter& collective_bytes;    // and the fp32 bytes it put into them
+  // On a cluster job's coordinator, every node as it last reported: {node}.
+  prometheus::Family<prometheus::Gauge>& cluster_node_tokens_per_second;
+  prometheus::Family<prometheus::Gauge>& cluster_node_bubble_ratio;
+  prometheus::Family<prometheus::Gauge>& cluster_node_collective_bytes;
   prometheus::Family<prometheus::Counter>& worker_busy;     // {worker, stream}
   prometheus::Family<prometheus::Counter>& transfer_bytes;  // {direction, kind}
   prometheus::Family<prometheus::Gauge>& host_memory;       // {pool}

@@ -7,18 +7,21 @@
 // optimizer (the controller in sync mode, the optimizer worker in async mode) — two callers,
 // each with its own group, so the collectives of each keep one order on every node.
 //
-// Today each node keeps the whole optimizer state and steps every parameter on the summed
-// gradient (plain data parallelism; the ZeRO-1 shard of the state is the next step).
+// With shard_optimizer_state (the default, ZeRO-1) each trainable parameter has one owner node:
+// the gradients are summed to the owners, each owner steps its parameters, and the updated
+// weights are all-gathered. Without it every node sums every gradient (all-reduce) and
+// steps the whole state.
 //
-// Contract: SumCounts / SumFloats from one thread, SumTensors from one thread (they may be
-// different threads). Any failure (a peer gone, a deadline) is returned with the rank and the
-// operation named, and the group is unusable after it.
+// Contract: SumCounts / SumFloats from one thread, the gradient group's calls (SumTensors,
+// ReduceToOwners, ...) from one thread (they may be different threads); traffic() from any. Any failure (a peer gone, a
+// deadline) is returned with the rank and the operation named, and the group is unusable after it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +46,10 @@ struct DataParallelOptions {
   // keeps its optimizer state and steps it; the owner then broadcasts the updated weights.
   bool shard_optimizer_state = true;
   const std::atomic<bool>* cancel = nullptr;  // connecting gives up once it turns true (the job cancelled)
+  // A data-free (paced) store's tensors hold no values, yet their bytes cross the wire; at this
+  // fraction of their size, so that a paced run at time scale s (workers/device/pacer.h) sets it
+  // to s and keeps the real ratio of wire time to compute time on real links. 1 otherwise.
+  double meta_wire_scale = 1;
 };
 
 class DataParallelGroup {
@@ -62,6 +69,25 @@ class DataParallelGroup {
   // Every node's tensors become `root`'s (through the buffer like SumTensors; gradient group).
   absl::Status BroadcastTensors(const std::vector<at::Tensor>& tensors, int root);
 
+  // ZeRO-1's exchanges (sharded; paper §6): `tensors[j]` are parameter params[j]'s tensors (the
+  // same count and shapes on every node). ReduceToOwners sums them over the nodes into the
+  // owner's copy — a reduce-scatter whose blocks are each owner's parameters (done as Gloo's
+  // ring all-reduce of the blocks, of which each node keeps its own: data_parallel.cc says why),
+  // so a node steps only what it owns; the other nodes' copies are left as they were.
+  // GatherFromOwners gives every node the owner's tensors (Gloo's all-gather of the owners'
+  // blocks). Per node on the wire: 2(size-1)/size of the fp32 bytes for the first, (size-1)/size
+  // for the second — where an all-gather replaces the per-parameter broadcasts of old.
+  absl::Status ReduceToOwners(const std::vector<int>& params, const std::vector<std::vector<at::Tensor>>& tensors);
+  absl::Status GatherFromOwners(const std::vector<int>& params, const std::vector<std::vector<at::Tensor>>& tensors);
+
+  // What this node's gradient group has done so far: seconds inside collectives and the fp32
+  // bytes it put into them (each collective's data as this node sees it). Any thread.
+  struct Traffic {
+    double seconds = 0;
+    int64_t bytes = 0;
+  };
+  Traffic traffic() const;
+
   // The optimizer-state shard (shard_optimizer_state): AssignOwners balances the parameters'
   // elements over the nodes (in parameter order, each to the node with the fewest so far: the
   // same answer on every node); Owns(i) says whether this node steps parameter i.
@@ -73,14 +99,22 @@ class DataParallelGroup {
  private:
   // Moves tensors through the gradient buffer: SumTensors (sum) and BroadcastTensors.
   absl::Status Through(const std::vector<at::Tensor>& tensors, collective::CollectiveOp op, int root);
+  // The owners' blocks through the buffer: kReduceScatter or kAllGatherV.
+  absl::Status ByOwner(const std::vector<int>& params, const std::vector<std::vector<at::Tensor>>& tensors,
+                       collective::CollectiveOp op);
+  // One collective on the gradient group, counted in traffic().
+  absl::Status RunGrads(const collective::OpRequest& op, int64_t elements);
 
   int rank_ = 0;
   int size_ = 1;
   bool sharded_ = false;
   std::vector<int> owners_;  // per parameter (sharded)
   std::chrono::milliseconds timeout_{60000};
+  double meta_wire_scale_ = 1;
   std::unique_ptr<collective::Communicator> control_;
   std::unique_ptr<collective::Communicator> grads_;
+  std::atomic<int64_t> traffic_ns_{0};
+  std::atomic<int64_t> traffic_bytes_{0};
 };
 
 // An iteration's loss and labelled tokens over every node (the loss is already divided by the
@@ -94,18 +128,37 @@ absl::StatusOr<NodeSums> SumNodeStats(DataParallelGroup& g, const RunContext& ct
 
 // The gradient buffers of the store's trainable parameters (what SumTensors sums in sync mode).
 std::vector<at::Tensor> TrainableGrads(HostModelStore& store);
+// Per parameter, the elements AssignOwners balances: a trainable parameter's, 0 for a frozen one.
+std::vector<int64_t> OwnerElements(const HostModelStore& store);
+
+// A synchronous iteration's exchange, after its last gradient is on the host: the nodes' loss and
+// tokens (SumNodeStats), then the gradients — reduced to their owners when the state is sharded
+// (ReduceGradsToOwners), summed everywhere otherwise — and the global gradient norm.
+struct IterationSums {
+  NodeSums nodes;
+  double grad_norm = 0;
+};
+absl::StatusOr<IterationSums> SumIteration(DataParallelGroup& g, HostModelStore& store, const RunContext& ctx);
 
 // The sharded step (sync mode): this node steps the trainable parameters it owns (master written),
-// then every parameter's fp32 copy and master come from its owner. The same steps, in the same
-// order, as AdamW::StepAll on the summed gradients, on every node.
+// then every parameter's fp32 copy comes from its owner (ShareStepped) and the others' masters
+// are rounded from it. The same steps, in the same order, as AdamW::StepAll on the summed
+// gradients, on every node.
 class AdamW;
 struct AdamWState;
 absl::Status StepShardedAndShare(AdamW& adamw, HostModelStore& store, DataParallelGroup& g, double lr,
                                  double grad_multiplier);
-// The updated weights of `params` from their owners (async P_cp: the fp32 copies, before the
-// master copy is taken from them).
-absl::Status ShareStepped(HostModelStore& store, DataParallelGroup& g, const std::vector<int>& params,
-                          bool with_master);
+// The updated fp32 copies of the trainable parameters among `params` from their owners
+// (GatherFromOwners; async P_cp takes the masters from them afterwards).
+absl::Status ShareStepped(HostModelStore& store, DataParallelGroup& g, const std::vector<int>& params);
+// The gradients (`grad_of(i)`) of the trainable parameters among `params`, summed into their
+// owners (ReduceToOwners); `own_sq` (optional) gains the squares of the owned sums, this node's
+// part of the global gradient norm (SumSquaresOverNodes). Every node calls it with the same list.
+absl::Status ReduceGradsToOwners(DataParallelGroup& g, const HostModelStore& store, const std::vector<int>& params,
+                                 const std::function<at::Tensor(int)>& grad_of, double* own_sq);
+// Every node's `own_sq` summed (gradient group): the squared norm of the global gradient. A
+// non-finite part anywhere (an fp16 overflow) makes the sum non-finite on every node.
+absl::StatusOr<double> SumSquaresOverNodes(DataParallelGroup& g, double own_sq);
 // A sharded optimizer state made whole for a checkpoint: every trainable parameter's moments
 // come from its owner (a small descriptor, then the tensors, broadcast on the gradient group),
 // so each node's checkpoint holds the whole state — the same bytes as one node's, which resumes

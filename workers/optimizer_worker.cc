@@ -91,8 +91,9 @@ OptimizerWorker::GradientCopy OptimizerWorker::CopyGradients(const StepRequest& 
     if (own.owned_params[static_cast<size_t>(o)].empty()) continue;
     for (int l : own.user_layers[static_cast<size_t>(o)]) ev.grads[static_cast<size_t>(l)]->event()->Wait();
     MaybeDelayForTest();
+    const std::vector<int>& params = own.owned_params[static_cast<size_t>(o)];
     std::vector<at::Tensor> layer_grads;
-    for (int i : own.owned_params[static_cast<size_t>(o)]) {
+    for (int i : params) {
       HostParam& p = store_->param(i);
       if (!p.trainable) continue;
       if (!p.opt_grad.defined()) store_->AllocateOptimizerGrad(p);
@@ -101,6 +102,7 @@ OptimizerWorker::GradientCopy OptimizerWorker::CopyGradients(const StepRequest& 
       layer_grads.push_back(p.opt_grad);
     }
     ev.gcp[static_cast<size_t>(o)]->Set();
+    const bool sharded = data_parallel_ != nullptr && data_parallel_->sharded();
     if (data_parallel_ != nullptr && out.reduced.ok()) {
       if (!out.node_sums) {
         auto sums = SumNodeStats(*data_parallel_, *r.ctx);
@@ -110,10 +112,25 @@ OptimizerWorker::GradientCopy OptimizerWorker::CopyGradients(const StepRequest& 
           out.reduced = sums.status();
         }
       }
-      if (out.reduced.ok()) out.reduced = data_parallel_->SumTensors(layer_grads);
+      // Sharded: each node receives the sums of the parameters it steps (and counts their squares).
+      if (out.reduced.ok()) {
+        out.reduced = sharded ? ReduceGradsToOwners(
+                                    *data_parallel_, *store_, params,
+                                    [this](int i) { return store_->param(i).opt_grad; }, &out.sq)
+                              : data_parallel_->SumTensors(layer_grads);
+      }
     }
-    if (!store_->pacer()) {
+    if (!store_->pacer() && !sharded) {
       for (const at::Tensor& g : layer_grads) out.sq += std::pow(at::norm(g, 2, at::kDouble).item<double>(), 2);
+    }
+  }
+  // The global norm: every node's squares of what it owns, summed.
+  if (data_parallel_ != nullptr && data_parallel_->sharded() && out.reduced.ok()) {
+    auto sq = SumSquaresOverNodes(*data_parallel_, out.sq);
+    if (sq.ok()) {
+      out.sq = *sq;
+    } else {
+      out.reduced = sq.status();
     }
   }
   return out;
@@ -168,7 +185,7 @@ void OptimizerWorker::CopyParameters(const StepRequest& r, bool apply, Iteration
   for (int o = 0; o < L; ++o) {
     if (own.owned_params[static_cast<size_t>(o)].empty()) continue;
     if (apply && data_parallel_ != nullptr && data_parallel_->sharded() && shared.ok()) {
-      shared = ShareStepped(*store_, *data_parallel_, own.owned_params[static_cast<size_t>(o)], /*with_master=*/false);
+      shared = ShareStepped(*store_, *data_parallel_, own.owned_params[static_cast<size_t>(o)]);
       // The step was reported already; the group is gone now, so the next iteration's first
       // collective fails the job (nothing runs long on weights that were not shared).
       if (!shared.ok()) {

@@ -265,20 +265,22 @@ void Controller::FinishSyncIteration(int T, InFlight& f) {
     return;
   }
   IterationStats st = FinishStats(T, f);
+  double grad_norm = 0;
   if (opt_.data_parallel) {  // the nodes' gradients summed before the step (and their loss, for the report)
-    auto sums = workers::SumNodeStats(*opt_.data_parallel, *f.ctx);
-    absl::Status summed = sums.ok() ? opt_.data_parallel->SumTensors(workers::TrainableGrads(*store_)) : sums.status();
-    if (!summed.ok()) {
+    auto sums = workers::SumIteration(*opt_.data_parallel, *store_, *f.ctx);
+    if (!sums.ok()) {
       store_->ZeroGrads();
-      f.result = absl::StatusOr<IterationStats>(summed);
+      f.result = absl::StatusOr<IterationStats>(sums.status());
       return;
     }
-    st.loss = sums->loss;
-    st.tokens = sums->tokens;
+    st.loss = sums->nodes.loss;
+    st.tokens = sums->nodes.tokens;
+    grad_norm = sums->grad_norm;
+  } else {
+    grad_norm = workers::AdamW::GradNorm(*store_);
   }
   // The same policy as the asynchronous optimizer (workers/optim/step_policy.h).
-  const workers::StepDecision d =
-      workers::DecideStep(workers::AdamW::GradNorm(*store_), f.loss_scale, opt_.adamw.max_grad_norm, &scaler_);
+  const workers::StepDecision d = workers::DecideStep(grad_norm, f.loss_scale, opt_.adamw.max_grad_norm, &scaler_);
   st.grad_norm = d.grad_norm;
   st.skipped_step = !d.apply && d.status.ok();
   if (!d.status.ok()) {
@@ -305,6 +307,7 @@ void Controller::FinishSyncIteration(int T, InFlight& f) {
   store_->ZeroGrads();
   if (f.result->ok()) {
     (*f.result)->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
+    CountTraffic(**f.result);
   }
 }
 
@@ -417,7 +420,16 @@ absl::StatusOr<IterationStats> Controller::AwaitIteration(int iteration) {
   st.skipped_step = step.skipped;
   st.optimizer_seconds = step.seconds;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
+  CountTraffic(st);
   return st;
+}
+
+void Controller::CountTraffic(IterationStats& st) {
+  if (!opt_.data_parallel) return;
+  const workers::DataParallelGroup::Traffic now = opt_.data_parallel->traffic();
+  st.collective_seconds = now.seconds - traffic_seen_.seconds;
+  st.collective_bytes = now.bytes - traffic_seen_.bytes;
+  traffic_seen_ = now;
 }
 
 absl::Status Controller::Flush() {

@@ -266,6 +266,10 @@ class Controller {
   std::unique_ptr<workers::ConsistencyBook> book_;       // async only
   std::unique_ptr<workers::OptimizerWorker> optimizer_;  // async only
   IterationStats FinishStats(int iteration, InFlight& f);
+  // The data-parallel group's collectives since the previous report, into `st` (the caller's
+  // thread: Submit/Await's).
+  void CountTraffic(IterationStats& st);
+  workers::DataParallelGroup::Traffic traffic_seen_;
   std::vector<int> act_consumers_;
   std::vector<int> last_usable_;             // the workers usable at the latest Replan
   int plan_workers_ = 0;                     // the workers planned_ was planned for

@@ -107,14 +107,7 @@ absl::StatusOr<std::shared_ptr<workers::DataParallelGroup>> StartDataParallel(co
   o.cancel = cancel;
   auto group = workers::DataParallelGroup::Start(o, rendezvous ? rendezvous : &ProcessRendezvousStore());
   if (!group.ok()) return group.status();
-  if (dp.shard_optimizer_state) {
-    std::vector<int64_t> elements;
-    for (int i = 0; i < store.num_params(); ++i) {
-      const workers::HostParam& p = store.param(i);
-      elements.push_back(p.trainable ? p.master.numel() : 0);
-    }
-    (*group)->AssignOwners(elements);
-  }
+  if (dp.shard_optimizer_state) (*group)->AssignOwners(workers::OwnerElements(store));
   return group;
 }
 

@@ -94,6 +94,15 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
   co.microbatches_per_round = o.microbatches_per_round;
   co.mode = o.async ? planning::OptimizerMode::kAsync : planning::OptimizerMode::kSync;
   co.recompute_ahead = o.recompute_ahead;
+  if (o.data_parallel) {
+    if (o.rendezvous == nullptr) return absl::InvalidArgumentError("paced run: data_parallel needs a rendezvous store");
+    workers::DataParallelOptions dp = *o.data_parallel;
+    dp.meta_wire_scale = o.time_scale;
+    auto group = workers::DataParallelGroup::Start(dp, o.rendezvous);
+    if (!group.ok()) return group.status();
+    if (dp.shard_optimizer_state) (*group)->AssignOwners(workers::OwnerElements(*store));
+    co.data_parallel = *group;
+  }
   auto controller = Controller::Create(co, store.get(), devs, &timeline);
   if (!controller.ok()) return controller.status();
   Controller& c = **controller;
@@ -119,6 +128,11 @@ absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
   if (absl::Status s = c.Flush(); !s.ok()) return s;
   PacedRunResult r;
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (co.data_parallel) {
+    const workers::DataParallelGroup::Traffic t = co.data_parallel->traffic();
+    r.collective_wall_s = t.seconds / total;
+    r.collective_bytes = static_cast<double>(t.bytes) / total;
+  }
 
   // The engine's own timeline: compute-stream operations by iteration.
   const std::vector<workers::TimelineEntry> entries = timeline.Entries();

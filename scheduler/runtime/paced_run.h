@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "scheduler/planning/partition.h"
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/planning/sim_schedule.h"
+#include "workers/data_parallel.h"
 #include "workers/device/pacer.h"
 #include "workers/spec/model_config.h"
 
@@ -42,6 +44,12 @@ struct PacedRunOptions {
   double time_scale = 0.05;
   int iterations = 6;  // measured after the first `warmup` iterations
   int warmup = 2;
+  // One node of a data-parallel group (a cluster benchmark; workers/data_parallel.h): RunPaced
+  // joins the group through `rendezvous` (the other nodes run RunPaced at the same time) and its
+  // gradients cross the group's communicators: real bytes on real links, scaled by time_scale
+  // like every paced duration (DataParallelOptions::meta_wire_scale). Unset: a single node.
+  std::optional<workers::DataParallelOptions> data_parallel;
+  spec::RendezvousStore* rendezvous = nullptr;
 };
 
 // One stage slot's compute as it started, in order of start (the first micro-batch of each slot).
@@ -58,6 +66,10 @@ struct PacedRunResult {
   double wall_s = 0;    // what the run took
   std::vector<SlotStart> starts;
   std::vector<double> iteration_period_s;  // each measured iteration's period (noise)
+  // With data_parallel: per iteration (every iteration run, warm-up included), this node's wall
+  // seconds inside collectives (not scaled) and the fp32 bytes it put into them.
+  double collective_wall_s = 0;
+  double collective_bytes = 0;
 };
 
 absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& options);

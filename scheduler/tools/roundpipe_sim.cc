@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "scheduler/planning/cluster_model.h"
 #include "scheduler/planning/comparison.h"
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/partition.h"
@@ -112,6 +113,11 @@ ABSL_FLAG(std::string, lose_worker, "",
           "that iteration is lost as that micro-batch starts; prints each iteration's end with and without the loss "
           "(docs/SIMULATOR.md, \"A lost worker\")");
 ABSL_FLAG(std::string, lose_worker_mode, "sync", "With --lose_worker: the optimizer mode, sync or async");
+ABSL_FLAG(int, nodes, 1,
+          "A cluster of this many nodes (data parallel, ZeRO-1): each runs the schedule on its share of "
+          "--microbatches micro-batches, steps 1/nodes of the optimizer state (--optimizer_ms divided), and "
+          "exchanges its gradients over --link_gbps; prints the cluster's predicted iteration");
+ABSL_FLAG(double, link_gbps, 10, "With --nodes: each node's network link, Gbit/s per direction");
 
 namespace rp::planning {
 namespace {
@@ -272,6 +278,37 @@ void Explain(const CostModel& costs, const Setup& setup) {
   }
 }
 
+// A cluster of `nodes` (cluster_model.h): each node's RoundPipe iteration on its share, the
+// gradient exchange at --link_gbps, and the cluster's iteration and tokens/s, sync and async.
+void PrintCluster(const CostModel& costs, const Setup& setup, const std::vector<ComparisonRow>& rows, int nodes) {
+  double node_s[2] = {-1, -1};
+  for (const ComparisonRow& r : rows) {
+    if (r.schedule == "RoundPipe-sync") node_s[0] = r.bubbles.period_s;
+    if (r.schedule == "RoundPipe-async") node_s[1] = r.bubbles.period_s;
+  }
+  ClusterOptions co;
+  co.nodes = nodes;
+  co.link_bytes_per_s = absl::GetFlag(FLAGS_link_gbps) * 1e9 / 8;
+  const double node_opt_s = setup.options.sim.optimizer_s_per_layer * costs.num_layers();
+  const ClusterPrediction p = PredictCluster(costs, co, node_s[0], node_s[1], node_opt_s);
+  const double tokens = static_cast<double>(nodes) * setup.options.num_microbatches *
+                        static_cast<double>(setup.analytic.micro_batch_size * setup.analytic.sequence_length);
+  std::printf(
+      "\ncluster of %d nodes, %.1f Gbit/s links: %lld trainable elements; each node sends %.1f MiB per step "
+      "(gradients all-reduced, weights all-gathered, fp32), %.3f s on its link\n",
+      nodes, absl::GetFlag(FLAGS_link_gbps), static_cast<long long>(p.trainable_elements),
+      static_cast<double>(p.wire_bytes_per_node) / (1 << 20), p.exchange_s);
+  std::printf("%-16s %14s %14s %16s\n", "mode", "node iter (s)", "cluster (s)", "cluster tok/s");
+  const struct {
+    const char* name;
+    double node, cluster;
+  } modes[] = {{"roundpipe-sync", node_s[0], p.sync_iteration_s}, {"roundpipe-async", node_s[1], p.async_iteration_s}};
+  for (const auto& m : modes) {
+    if (m.node < 0) continue;  // not among --schedule
+    std::printf("%-16s %14.3f %14.3f %16.0f\n", m.name, m.node, m.cluster, m.cluster > 0 ? tokens / m.cluster : 0);
+  }
+}
+
 int RunPaper(const Setup& setup) {
   std::printf(
       "RoundPipe §5.8.1 reproduction: analytic %s cost model, N=%d GPUs, M=%d micro-batches of %lld x %lld "
@@ -354,6 +391,12 @@ int Main() {
     }
     return RunLostWorker(*costs, setup->options, mode == "sync" ? OptimizerMode::kSync : OptimizerMode::kAsync, *fault);
   }
+  const int nodes = absl::GetFlag(FLAGS_nodes);
+  if (nodes < 1) return Fail(absl::InvalidArgumentError("--nodes must be >= 1"));
+  if (nodes > 1 && !(absl::GetFlag(FLAGS_link_gbps) > 0)) {
+    return Fail(absl::InvalidArgumentError("--link_gbps must be > 0"));
+  }
+  setup->options.sim.optimizer_s_per_layer /= nodes;  // each node steps its shard of the state
   auto rows = CompareSchedules(*costs, setup->options);
   if (!rows.ok()) return Fail(rows.status());
 
@@ -368,6 +411,7 @@ int Main() {
     std::printf("%s", FormatComparisonTable(*rows).c_str());
     for (const auto& r : *rows) std::printf("  %-22s partition %s\n", r.schedule.c_str(), r.partition.c_str());
     if (absl::GetFlag(FLAGS_explain)) Explain(*costs, *setup);
+    if (nodes > 1) PrintCluster(*costs, *setup, *rows, nodes);
   } else {
     return Fail(absl::InvalidArgumentError("--format must be table or json"));
   }
@@ -408,6 +452,7 @@ int main(int argc, char** argv) {
       "  roundpipe-sim --profile out/profile.json --gpus 4 --microbatches 8\n"
       "  roundpipe-sim --model qwen3-1.7b --pool sync,async --pool_shares 3,1\n"
       "  roundpipe-sim --model qwen3-1.7b --lose_worker 2,3,8\n"
+      "  roundpipe-sim --model qwen3-1.7b --nodes 2 --link_gbps 25\n"
       "Exit codes: 0 ok, 2 bad arguments or impossible plan, 1 other errors.");
   absl::ParseCommandLine(argc, argv);
   return rp::planning::Main();

@@ -202,6 +202,8 @@ TEST_F(DaemonTest, MetricsScrapeHasEveryFamilyAndCountersMove) {
                              "roundpipe_batches_received_total",
                              "roundpipe_batches_rejected_total",
                              "roundpipe_checkpoint_failures_total",
+                             "roundpipe_collective_seconds_total",
+                             "roundpipe_collective_bytes_total",
                              "roundpipe_worker_busy_seconds_total",
                              "roundpipe_transfer_bytes_total",
                              "roundpipe_host_memory_bytes",

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gloo/allgather.h"
+#include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
@@ -131,6 +132,27 @@ rc::OpDone RunOp(const std::shared_ptr<gloo::rendezvous::Context>& ctx, char* ba
       o.setOutput(out, static_cast<size_t>(op.count * size));
       o.setTimeout(timeout);
       gloo::allgather(o);
+      break;
+    }
+    case rc::CollectiveOp::kAllGatherV: {
+      if (static_cast<int>(op.counts.size()) != size || !inside(op.out_offset, op.count)) {
+        return Outcome(absl::StatusCode::kInvalidArgument, "outside the buffer");
+      }
+      std::vector<size_t> counts;
+      int64_t sum = 0;
+      for (int64_t n : op.counts) {
+        if (n < 0) return Outcome(absl::StatusCode::kInvalidArgument, "a negative count");
+        counts.push_back(static_cast<size_t>(n));
+        sum += n;
+      }
+      if (sum != op.count || !inside(op.offset, op.counts[static_cast<size_t>(rank)])) {
+        return Outcome(absl::StatusCode::kInvalidArgument, "outside the buffer");
+      }
+      gloo::AllgathervOptions o(ctx);
+      o.setInput(in, counts[static_cast<size_t>(rank)]);
+      o.setOutput(out, counts);
+      o.setTimeout(timeout);
+      gloo::allgatherv(o);
       break;
     }
     case rc::CollectiveOp::kReduceScatter: {

@@ -100,6 +100,8 @@ const char* CollectiveOpName(CollectiveOp op) {
       return "reduce-scatter";
     case CollectiveOp::kAllGather:
       return "all-gather";
+    case CollectiveOp::kAllGatherV:
+      return "all-gather (blocks of any size)";
     case CollectiveOp::kBroadcast:
       return "broadcast";
     case CollectiveOp::kBarrier:

@@ -44,7 +44,14 @@ struct Message {
   std::string payload;
 };
 
-enum class CollectiveOp : uint32_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3, kBroadcast = 4, kBarrier = 5 };
+enum class CollectiveOp : uint32_t {
+  kAllReduce = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+  kBarrier = 5,
+  kAllGatherV = 6,
+};
 const char* CollectiveOpName(CollectiveOp op);
 
 struct InitRequest {
@@ -61,6 +68,8 @@ struct InitRequest {
 //    `counts` (sum(counts) == count) at `out_offset`.
 //  kAllGather: each rank's `count` elements at `offset` gathered in rank order at `out_offset`
 //    (size x count elements).
+//  kAllGatherV: rank r's `counts[r]` elements at `offset` gathered in rank order at
+//    `out_offset` (`count` == sum(counts) elements; blocks may be empty).
 //  kBroadcast: `count` elements at `offset` from rank `root` to every rank.
 //  kBarrier: no data.
 struct OpRequest {

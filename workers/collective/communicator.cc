@@ -203,6 +203,13 @@ absl::Status Communicator::CheckOp(const OpRequest& op) const {
       if (!inside(op.offset, op.count) || op.count > bytes_ / 4 / size_ || !inside(op.out_offset, op.count * size_))
         break;
       return absl::OkStatus();
+    case CollectiveOp::kAllGatherV: {
+      if (static_cast<int>(op.counts.size()) != size_ || !inside(op.out_offset, op.count)) break;
+      int64_t sum = 0;
+      for (int64_t n : op.counts) sum += n < 0 ? op.count + 1 : n;
+      if (sum != op.count || !inside(op.offset, op.counts[static_cast<size_t>(rank_)])) break;
+      return absl::OkStatus();
+    }
     case CollectiveOp::kReduceScatter: {
       if (!inside(op.offset, op.count) || static_cast<int>(op.counts.size()) != size_) break;
       int64_t sum = 0;

@@ -159,6 +159,94 @@ TEST_P(Groups, EveryCollectiveEqualsTheSumsComputedHere) {
   for (const absl::Status& st : RunAll(comms, [](int) { return OpRequest{}; })) ASSERT_TRUE(st.ok()) << st;
 }
 
+// Blocks of any size, empty ones included (a rank that owns nothing of a layer): reduce-scatter
+// gives each rank the sum of its block, and the variable all-gather gives every rank each rank's
+// block in rank order, exactly.
+TEST_P(Groups, BlocksOfAnySizeIncludingEmptyOnes) {
+  const int size = GetParam();
+  InMemoryStore store;
+  auto comms = StartGroup(size, &store, "blocks-" + std::to_string(size));
+  for (auto& c : comms) ASSERT_NE(c, nullptr);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  const std::vector<std::vector<int64_t>> layouts = {
+      std::vector<int64_t>(static_cast<size_t>(size), 0),
+      [&] {
+        std::vector<int64_t> c(static_cast<size_t>(size), 0);
+        c[0] = 777;  // everything on rank 0
+        return c;
+      }(),
+      [&] {
+        std::vector<int64_t> c(static_cast<size_t>(size), 5);
+        c[static_cast<size_t>(size - 1)] = 0;  // the last rank owns nothing
+        c[0] = 3001;
+        return c;
+      }(),
+      [&] {
+        std::vector<int64_t> c(static_cast<size_t>(size), 7);
+        c[0] = 0;  // the first rank owns nothing
+        return c;
+      }(),
+      [&] {
+        std::vector<int64_t> c(static_cast<size_t>(size), 2049);
+        c[static_cast<size_t>(size / 2)] = 0;  // a middle one owns nothing
+        c[static_cast<size_t>(size - 1)] = 13;
+        return c;
+      }()};
+  for (const std::vector<int64_t>& counts : layouts) {
+    int64_t n = 0;
+    for (int64_t c : counts) n += c;
+    std::vector<std::vector<float>> in(static_cast<size_t>(size), std::vector<float>(static_cast<size_t>(n)));
+    std::vector<double> want(static_cast<size_t>(n), 0.0);
+    for (int r = 0; r < size; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        in[static_cast<size_t>(r)][static_cast<size_t>(i)] = dist(rng);
+        want[static_cast<size_t>(i)] += in[static_cast<size_t>(r)][static_cast<size_t>(i)];
+      }
+      std::copy(in[static_cast<size_t>(r)].begin(), in[static_cast<size_t>(r)].end(),
+                comms[static_cast<size_t>(r)]->data());
+    }
+    const int64_t out = 20000 * 4;
+    for (const absl::Status& st :
+         RunAll(comms, [&](int) { return OpRequest{CollectiveOp::kReduceScatter, 0, n, out, 0, 10000, counts}; })) {
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    int64_t at = 0;
+    for (int r = 0; r < size; ++r) {
+      const float* got = comms[static_cast<size_t>(r)]->data() + out / 4;
+      for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i) {
+        ASSERT_NEAR(got[i], want[static_cast<size_t>(at + i)], 1e-5) << "reduce-scatter rank " << r << " element " << i;
+      }
+      at += counts[static_cast<size_t>(r)];
+    }
+    // Each rank's block (its own inputs, loaded again: the reduce-scatter summed in place) at
+    // offset 0, gathered at `out`.
+    for (int r = 0; r < size; ++r) {
+      std::copy(in[static_cast<size_t>(r)].begin(), in[static_cast<size_t>(r)].end(),
+                comms[static_cast<size_t>(r)]->data());
+    }
+    for (const absl::Status& st :
+         RunAll(comms, [&](int) { return OpRequest{CollectiveOp::kAllGatherV, 0, n, out, 0, 10000, counts}; })) {
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    for (int r = 0; r < size; ++r) {
+      const float* got = comms[static_cast<size_t>(r)]->data() + out / 4;
+      int64_t from_at = 0;
+      for (int from = 0; from < size; ++from) {
+        for (int64_t i = 0; i < counts[static_cast<size_t>(from)]; ++i) {
+          ASSERT_EQ(got[from_at + i], in[static_cast<size_t>(from)][static_cast<size_t>(i)])
+              << "all-gather rank " << r << " block " << from << " element " << i;
+        }
+        from_at += counts[static_cast<size_t>(from)];
+      }
+    }
+  }
+  // Counts that do not add up are refused before anything runs.
+  std::vector<int64_t> bad(static_cast<size_t>(size), 1);
+  EXPECT_EQ(comms[0]->Run(OpRequest{CollectiveOp::kAllGatherV, 0, size + 1, 4096, 0, 1000, bad}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(TwoAndThree, Groups, ::testing::Values(2, 3));
 
 // A peer killed (or stopped) mid-group: the others' collective fails within its timeout plus
