@@ -14,7 +14,8 @@ ClusterPrediction PredictCluster(const CostModel& costs, const ClusterOptions& o
   const int k = std::max(1, o.nodes);
   // The gradients' ring all-reduce (2(K-1)/K of the fp32 bytes), then the weights' all-gather ((K-1)/K).
   p.wire_bytes_per_node = 3 * (k - 1) * p.trainable_elements * 4 / k;
-  p.exchange_s = o.link_bytes_per_s > 0 ? static_cast<double>(p.wire_bytes_per_node) / o.link_bytes_per_s : 0;
+  const double rate = o.link_bytes_per_s * o.link_efficiency;
+  p.exchange_s = rate > 0 ? static_cast<double>(p.wire_bytes_per_node) / rate : 0;
   p.sync_iteration_s = node_sync_s + p.exchange_s;
   p.async_iteration_s = std::max(node_async_s, p.exchange_s + node_optimizer_s);
   return p;

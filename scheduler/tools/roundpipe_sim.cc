@@ -118,6 +118,9 @@ ABSL_FLAG(int, nodes, 1,
           "--microbatches micro-batches, steps 1/nodes of the optimizer state (--optimizer_ms divided), and "
           "exchanges its gradients over --link_gbps; prints the cluster's predicted iteration");
 ABSL_FLAG(double, link_gbps, 10, "With --nodes: each node's network link, Gbit/s per direction");
+ABSL_FLAG(double, link_efficiency, 0.7,
+          "With --nodes: the share of --link_gbps the gradient exchange achieves (0.64-0.71 measured by "
+          "tests/bench/cluster_bench.sh on shaped links)");
 
 namespace rp::planning {
 namespace {
@@ -289,6 +292,7 @@ void PrintCluster(const CostModel& costs, const Setup& setup, const std::vector<
   ClusterOptions co;
   co.nodes = nodes;
   co.link_bytes_per_s = absl::GetFlag(FLAGS_link_gbps) * 1e9 / 8;
+  co.link_efficiency = absl::GetFlag(FLAGS_link_efficiency);
   const double node_opt_s = setup.options.sim.optimizer_s_per_layer * costs.num_layers();
   const ClusterPrediction p = PredictCluster(costs, co, node_s[0], node_s[1], node_opt_s);
   const double tokens = static_cast<double>(nodes) * setup.options.num_microbatches *
@@ -395,6 +399,18 @@ int Main() {
   if (nodes < 1) return Fail(absl::InvalidArgumentError("--nodes must be >= 1"));
   if (nodes > 1 && !(absl::GetFlag(FLAGS_link_gbps) > 0)) {
     return Fail(absl::InvalidArgumentError("--link_gbps must be > 0"));
+  }
+  if (nodes > 1 && !(absl::GetFlag(FLAGS_link_efficiency) > 0 && absl::GetFlag(FLAGS_link_efficiency) <= 1)) {
+    return Fail(absl::InvalidArgumentError("--link_efficiency must be in (0, 1]"));
+  }
+  if (nodes > 1) {
+    int64_t trainable = 0;
+    for (const LayerCost& l : costs->layers) trainable += l.trainable_bytes;
+    if (trainable == 0) {
+      return Fail(absl::InvalidArgumentError(
+          "--nodes: the costs carry no trainable bytes (a profile without byte counts: add --bytes_from_model "
+          "--model NAME)"));
+    }
   }
   setup->options.sim.optimizer_s_per_layer /= nodes;  // each node steps its shard of the state
   auto rows = CompareSchedules(*costs, setup->options);

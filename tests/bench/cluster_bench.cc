@@ -100,7 +100,7 @@ absl::StatusOr<ClusterRun> RunCluster(const PacedRunOptions& base, int k, const 
       dp.size = k;
       dp.group = group;
       dp.hostname = static_cast<size_t>(r) < addrs.size() ? addrs[static_cast<size_t>(r)] : "127.0.0.1";
-      if (!ns.empty()) dp.binary = NamespaceWrapper(absl::StrCat(ns[0], r), r);
+      dp.binary = ns.empty() ? std::string(RP_COMM_BINARY) : NamespaceWrapper(absl::StrCat(ns[0], r), r);
       dp.timeout = std::chrono::seconds(120);
       o.data_parallel = dp;
       o.rendezvous = &store;
@@ -184,6 +184,7 @@ absl::Status Row(const rp::planning::Profile& profile, const rp::spec::ModelConf
   rp::planning::ClusterOptions co;
   co.nodes = k;
   co.link_bytes_per_s = absl::GetFlag(FLAGS_link_gbps) * 1e9 / 8;
+  co.link_efficiency = 1;  // the design's figure: the link's full rate
   const rp::planning::ClusterPrediction p =
       rp::planning::PredictCluster(one, co, alone->period_s, alone->period_s, /*node_optimizer_s=*/0);
   double period = 0, coll = 0, sent = 0;
