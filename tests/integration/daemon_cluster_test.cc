@@ -146,6 +146,20 @@ TEST_F(ClusterTest, TwoAndThreeNodesTrainWhatOneDaemonTrainsOnTheWholeBatch) {
     // Admission predicted the node's share: at least what it held, less than one daemon's job.
     EXPECT_GE(done.host_memory().predicted_state_bytes(), done.host_memory().peak_state_bytes());
     EXPECT_LT(done.host_memory().predicted_state_bytes(), alone.host_memory().predicted_state_bytes());
+    // Per-node detail on the coordinator: every node's throughput, bubble, host memory and its
+    // exchange — each step a node puts every trained element into the sum to the owners and the
+    // all-gather of the weights (fp32: 8 bytes per element), plus a few control sums.
+    for (const v1::ClusterNode& n : done.cluster().nodes()) {
+      const v1::JobProgress& p = n.progress();
+      EXPECT_EQ(p.step(), kSteps) << n.node();
+      EXPECT_GT(p.tokens_per_second(), 0) << n.node();
+      EXPECT_GT(n.host_memory().peak_state_bytes(), 0) << n.node();
+      EXPECT_GT(p.collective_seconds(), 0) << n.node();
+      EXPECT_NEAR(static_cast<double>(p.last_collective_bytes()), 8.0 * static_cast<double>(elements),
+                  0.01 * 8.0 * static_cast<double>(elements))
+          << n.node();
+      EXPECT_GE(p.collective_bytes(), kSteps * p.last_collective_bytes()) << n.node();
+    }
     // Node 1 on "b" holds the same weights, bit for bit.
     auto b = peers_.at("b")->Connect();
     const std::string b_job = done.cluster().nodes(1).job_id();
