@@ -238,18 +238,10 @@ absl::Status DataParallelGroup::ByOwner(const std::vector<int>& params,
         CopyPieces(buf + at, pieces[r], /*to_buffer=*/true);
         at += counts[r];
       }
-      // The round summed everywhere (Gloo's ring all-reduce); this node keeps its block. Not
-      // Gloo's halving-doubling reduce-scatter: Debian's snapshot of it returns wrong sums on
-      // three ranks when called round after round (tests/unit/workers/data_parallel_test.cc
-      // found it), and a wrong gradient is worse than more bytes on the wire.
-      if (absl::Status st =
-              RunGrads({collective::CollectiveOp::kAllReduce, 0, total, 0, 0, timeout_.count(), {}}, total);
-          !st.ok()) {
-        return st;
-      }
-      int64_t mine_at = 0;
-      for (size_t r = 0; r < me; ++r) mine_at += counts[r];
-      CopyPieces(buf + mine_at, pieces[me], /*to_buffer=*/false);
+      // This node's block of the sum lands at the buffer's start (comm_main.cc: Gloo's
+      // all-to-all of the blocks, summed on arrival).
+      if (absl::Status st = RunGrads({op, 0, total, 0, 0, timeout_.count(), counts}, total); !st.ok()) return st;
+      CopyPieces(buf, pieces[me], /*to_buffer=*/false);
     } else {
       CopyPieces(buf + total, pieces[me], /*to_buffer=*/true);
       if (absl::Status st = RunGrads({op, total * 4, total, 0, 0, timeout_.count(), counts}, total); !st.ok()) {

@@ -71,12 +71,10 @@ class DataParallelGroup {
 
   // ZeRO-1's exchanges (sharded; paper §6): `tensors[j]` are parameter params[j]'s tensors (the
   // same count and shapes on every node). ReduceToOwners sums them over the nodes into the
-  // owner's copy — a reduce-scatter whose blocks are each owner's parameters (done as Gloo's
-  // ring all-reduce of the blocks, of which each node keeps its own: data_parallel.cc says why),
-  // so a node steps only what it owns; the other nodes' copies are left as they were.
-  // GatherFromOwners gives every node the owner's tensors (Gloo's all-gather of the owners'
-  // blocks). Per node on the wire: 2(size-1)/size of the fp32 bytes for the first, (size-1)/size
-  // for the second — where an all-gather replaces the per-parameter broadcasts of old.
+  // owner's copy — a reduce-scatter whose blocks are each owner's parameters, so a node steps
+  // only what it owns; the other nodes' copies are left as they were. GatherFromOwners gives
+  // every node the owner's tensors (Gloo's all-gather of the owners' blocks). Each sends about
+  // (size-1)/size of the tensors' fp32 bytes per node, where an all-reduce sends twice that.
   absl::Status ReduceToOwners(const std::vector<int>& params, const std::vector<std::vector<at::Tensor>>& tensors);
   absl::Status GatherFromOwners(const std::vector<int>& params, const std::vector<std::vector<at::Tensor>>& tensors);
 

@@ -12,8 +12,8 @@ ClusterPrediction PredictCluster(const CostModel& costs, const ClusterOptions& o
   for (const LayerCost& l : costs.layers) trainable_bytes += l.trainable_bytes;
   p.trainable_elements = trainable_bytes / std::max(1, o.gradient_element_bytes);
   const int k = std::max(1, o.nodes);
-  // The gradients' ring all-reduce (2(K-1)/K of the fp32 bytes), then the weights' all-gather ((K-1)/K).
-  p.wire_bytes_per_node = 3 * (k - 1) * p.trainable_elements * 4 / k;
+  // Reduce-scatter then all-gather, each (K-1)/K of the fp32 bytes.
+  p.wire_bytes_per_node = 2 * (k - 1) * p.trainable_elements * 4 / k;
   const double rate = o.link_bytes_per_s * o.link_efficiency;
   p.exchange_s = rate > 0 ? static_cast<double>(p.wire_bytes_per_node) / rate : 0;
   p.sync_iteration_s = node_sync_s + p.exchange_s;

@@ -1,10 +1,10 @@
 // cluster_model.h — (planning) what a cluster of K nodes gains and pays (paper §6, "Multi-node
 // scaling"; docs/DAEMON.md "A cluster of daemons"): each node runs the RoundPipe schedule on its
 // share of the global batch, then its gradients cross the link. The engine's exchange
-// (workers/data_parallel.h) sums every trainable fp32 gradient to its owner node with Gloo's ring
-// all-reduce (2(K-1)/K of the trainable fp32 bytes sent per node) and all-gathers the updated
-// fp32 weights ((K-1)/K more); an unsharded state only all-reduces. Sync mode adds the exchange
-// to the node's iteration; async mode
+// (workers/data_parallel.h) reduce-scatters every trainable fp32 gradient to its owner node and
+// all-gathers the updated fp32 weights, each sending (K-1)/K of the trainable fp32 bytes per node
+// (Gloo's all-to-all and all-gather); an unsharded state all-reduces instead, which sends the
+// same. Sync mode adds the exchange to the node's iteration; async mode
 // overlaps it with the next iteration's compute on the optimizer's thread, so the slower of the
 // two sets the pace.
 //

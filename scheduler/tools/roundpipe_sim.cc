@@ -299,7 +299,7 @@ void PrintCluster(const CostModel& costs, const Setup& setup, const std::vector<
                         static_cast<double>(setup.analytic.micro_batch_size * setup.analytic.sequence_length);
   std::printf(
       "\ncluster of %d nodes, %.1f Gbit/s links: %lld trainable elements; each node sends %.1f MiB per step "
-      "(gradients all-reduced, weights all-gathered, fp32), %.3f s on its link\n",
+      "(reduce-scatter + all-gather of fp32), %.3f s on its link\n",
       nodes, absl::GetFlag(FLAGS_link_gbps), static_cast<long long>(p.trainable_elements),
       static_cast<double>(p.wire_bytes_per_node) / (1 << 20), p.exchange_s);
   std::printf("%-16s %14s %14s %16s\n", "mode", "node iter (s)", "cluster (s)", "cluster tok/s");

@@ -21,11 +21,11 @@
 #include "gloo/allgather.h"
 #include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
+#include "gloo/alltoallv.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
 #include "gloo/math.h"
-#include "gloo/reduce_scatter.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
@@ -160,12 +160,29 @@ rc::OpDone RunOp(const std::shared_ptr<gloo::rendezvous::Context>& ctx, char* ba
           !inside(op.out_offset, op.counts[static_cast<size_t>(rank)])) {
         return Outcome(absl::StatusCode::kInvalidArgument, "outside the buffer");
       }
-      // Gloo's halving-doubling reduce-scatter sums in place and leaves this rank's block at
-      // the start of the input (its distribution phase); it is copied to out_offset.
-      std::vector<int> counts(op.counts.begin(), op.counts.end());
-      gloo::ReduceScatterHalvingDoubling<float> rs(ctx, {in}, static_cast<int>(op.count), counts);
-      rs.run();
-      std::memmove(out, in, static_cast<size_t>(op.counts[static_cast<size_t>(rank)]) * 4);
+      // Gloo's all-to-all moves each rank's block r to rank r, (size-1)/size of the data per
+      // rank, and the blocks received are summed here in rank order (the same order on every
+      // rank). Not Gloo's halving-doubling reduce-scatter: Debian's snapshot of it returned wrong
+      // sums on three ranks when called round after round (tests/unit/workers/data_parallel_test.cc).
+      int64_t sum_counts = 0;
+      for (int64_t n : op.counts) sum_counts += n < 0 ? op.count + 1 : n;
+      if (sum_counts != op.count) return Outcome(absl::StatusCode::kInvalidArgument, "counts that do not add up");
+      const size_t mine = static_cast<size_t>(op.counts[static_cast<size_t>(rank)]);
+      std::vector<int64_t> send(op.counts.begin(), op.counts.end());
+      std::vector<int64_t> recv(static_cast<size_t>(size), static_cast<int64_t>(mine));
+      std::vector<float> blocks(mine * static_cast<size_t>(size));
+      if (op.count > 0) {
+        gloo::AlltoallvOptions o(ctx);
+        o.setInput(in, send);
+        o.setOutput(blocks.data(), recv);
+        o.setTimeout(timeout);
+        gloo::alltoallv(o);
+      }
+      for (size_t i = 0; i < mine; ++i) {
+        float sum = blocks[i];
+        for (size_t r = 1; r < static_cast<size_t>(size); ++r) sum += blocks[r * mine + i];
+        out[i] = sum;
+      }
       break;
     }
     default:

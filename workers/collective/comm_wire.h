@@ -65,7 +65,8 @@ struct InitRequest {
 // One collective on fp32 data in the shared buffer (offsets in bytes, counts in elements):
 //  kAllReduce: `count` elements at `offset` summed over the ranks, in place.
 //  kReduceScatter: `count` elements at `offset` summed; rank r receives the r-th block of
-//    `counts` (sum(counts) == count) at `out_offset`.
+//    `counts` (sum(counts) == count; blocks may be empty) at `out_offset` (Gloo's all-to-all
+//    of the blocks, summed in rank order on arrival).
 //  kAllGather: each rank's `count` elements at `offset` gathered in rank order at `out_offset`
 //    (size x count elements).
 //  kAllGatherV: rank r's `counts[r]` elements at `offset` gathered in rank order at
