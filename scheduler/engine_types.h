@@ -136,6 +136,8 @@ struct DataParallelSpec {
   // which size must divide), so the nodes together train the file's global batches. False: the
   // token file (or the fed batches) is this node's share already.
   bool shard_token_file = false;
+  // The gradients cross the wire as bf16, summed in fp32 (DataParallelOptions::bf16_gradients).
+  bool bf16_gradients = false;
 };
 
 struct JobSpec {

@@ -221,6 +221,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitCluster(const v1::JobSpec& spec) {
   const std::string group = NewGroup(cluster->node_name());
   join.data_parallel =
       scheduler::DataParallelSpec{0, k, group, cluster->collective_host(), TimeoutMs(spec), true, "", true};
+  join.data_parallel.bf16_gradients = spec.cluster().bf16_gradients();
   join.membership.set_rank(0);
   join.membership.set_size(k);
   join.membership.set_group(group);
@@ -252,6 +253,7 @@ absl::StatusOr<v1::NodeStatus> JobManager::StartNode(const v1::StartNodeRequest&
   join.data_parallel = scheduler::DataParallelSpec{
       r.rank(), r.size(), r.group(), cluster->collective_host(), TimeoutMs(r.spec()), true, r.coordinator_address(),
       true};
+  join.data_parallel.bf16_gradients = r.spec().cluster().bf16_gradients();
   join.membership.set_rank(r.rank());
   join.membership.set_size(r.size());
   join.membership.set_group(r.group());

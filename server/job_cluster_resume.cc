@@ -170,6 +170,7 @@ absl::StatusOr<v1::Job> JobManager::ResumeCluster(const std::shared_ptr<ManagedJ
   if (k > 1) {
     e.data_parallel =
         scheduler::DataParallelSpec{0, k, group, cluster->collective_host(), TimeoutMs(spec), true, "", true};
+    e.data_parallel->bf16_gradients = spec.cluster().bf16_gradients();
   }
   e.resume_from = dir;
   e.max_steps = at.steps_left;

@@ -84,6 +84,17 @@ void CopyPieces(float* buf, const std::vector<at::Tensor>& pieces, bool to_buffe
   }
 }
 
+// Pieces into the buffer as bf16 (rounded to nearest even), from `at` on; meta pieces copy nothing.
+void CopyPiecesBf16(uint16_t* buf, const std::vector<at::Tensor>& pieces) {
+  int64_t at = 0;
+  for (const at::Tensor& piece : pieces) {
+    if (!piece.is_meta()) {
+      at::from_blob(buf + at, {piece.numel()}, at::TensorOptions().dtype(at::kBFloat16)).copy_(piece);
+    }
+    at += piece.numel();
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<DataParallelGroup>> DataParallelGroup::Start(const DataParallelOptions& o,
@@ -94,6 +105,7 @@ absl::StatusOr<std::shared_ptr<DataParallelGroup>> DataParallelGroup::Start(cons
   g->size_ = o.size;
   g->timeout_ = o.timeout;
   g->meta_wire_scale_ = o.meta_wire_scale;
+  g->bf16_gradients_ = o.bf16_gradients;
   collective::CommunicatorOptions c;
   c.binary = o.binary;
   c.rank = o.rank;
@@ -127,7 +139,8 @@ absl::StatusOr<std::vector<int64_t>> DataParallelGroup::SumCounts(const std::vec
     for (int l = 0; l < kLimbs; ++l, v /= kLimb)
       buf[i * kLimbs + static_cast<size_t>(l)] = static_cast<float>(v % kLimb);
   }
-  if (absl::Status st = comm.Run({collective::CollectiveOp::kAllReduce, 0, n, 0, 0, timeout_.count(), {}}); !st.ok()) {
+  if (absl::Status st = comm.Run({collective::CollectiveOp::kAllReduce, 0, n, 0, 0, timeout_.count(), {}, false});
+      !st.ok()) {
     return st;
   }
   std::vector<int64_t> out(values.size(), 0);
@@ -146,7 +159,8 @@ absl::StatusOr<std::vector<double>> DataParallelGroup::SumFloats(const std::vect
   if (n * 4 > comm.bytes()) return absl::InvalidArgumentError("data parallel: too many values at once");
   float* buf = comm.data();
   for (size_t i = 0; i < values.size(); ++i) buf[i] = static_cast<float>(values[i]);
-  if (absl::Status st = comm.Run({collective::CollectiveOp::kAllReduce, 0, n, 0, 0, timeout_.count(), {}}); !st.ok()) {
+  if (absl::Status st = comm.Run({collective::CollectiveOp::kAllReduce, 0, n, 0, 0, timeout_.count(), {}, false});
+      !st.ok()) {
     return st;
   }
   return std::vector<double>(buf, buf + n);
@@ -171,20 +185,20 @@ absl::Status DataParallelGroup::Through(const std::vector<at::Tensor>& tensors, 
       const int64_t len = std::min(cap, flat.numel() - at0);
       at::Tensor piece = flat.narrow(0, at0, len);
       CopyPieces(buf, {piece}, /*to_buffer=*/true);
-      if (absl::Status st = RunGrads({op, 0, len, 0, root, timeout_.count(), {}}, len); !st.ok()) return st;
+      if (absl::Status st = RunGrads({op, 0, len, 0, root, timeout_.count(), {}, false}, len * 4); !st.ok()) return st;
       CopyPieces(buf, {piece}, /*to_buffer=*/false);
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status DataParallelGroup::RunGrads(const collective::OpRequest& op, int64_t elements) {
+absl::Status DataParallelGroup::RunGrads(const collective::OpRequest& op, int64_t bytes) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status st = grads_->Run(op);
   traffic_ns_.fetch_add(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(),
       std::memory_order_relaxed);
-  traffic_bytes_.fetch_add(elements * 4, std::memory_order_relaxed);
+  traffic_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   return st;
 }
 
@@ -235,16 +249,25 @@ absl::Status DataParallelGroup::ByOwner(const std::vector<int>& params,
     if (reduce) {
       int64_t at = 0;
       for (size_t r = 0; r < streams.size(); ++r) {
-        CopyPieces(buf + at, pieces[r], /*to_buffer=*/true);
+        if (bf16_gradients_) {
+          CopyPiecesBf16(reinterpret_cast<uint16_t*>(buf) + at, pieces[r]);
+        } else {
+          CopyPieces(buf + at, pieces[r], /*to_buffer=*/true);
+        }
         at += counts[r];
       }
       // This node's block of the sum lands at the buffer's start (comm_main.cc: Gloo's
       // all-to-all of the blocks, summed on arrival).
-      if (absl::Status st = RunGrads({op, 0, total, 0, 0, timeout_.count(), counts}, total); !st.ok()) return st;
+      if (absl::Status st = RunGrads({op, 0, total, 0, 0, timeout_.count(), counts, bf16_gradients_},
+                                     total * (bf16_gradients_ ? 2 : 4));
+          !st.ok()) {
+        return st;
+      }
       CopyPieces(buf, pieces[me], /*to_buffer=*/false);
     } else {
       CopyPieces(buf + total, pieces[me], /*to_buffer=*/true);
-      if (absl::Status st = RunGrads({op, total * 4, total, 0, 0, timeout_.count(), counts}, total); !st.ok()) {
+      if (absl::Status st = RunGrads({op, total * 4, total, 0, 0, timeout_.count(), counts, false}, total * 4);
+          !st.ok()) {
         return st;
       }
       int64_t at = 0;

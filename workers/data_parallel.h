@@ -50,6 +50,11 @@ struct DataParallelOptions {
   // fraction of their size, so that a paced run at time scale s (workers/device/pacer.h) sets it
   // to s and keeps the real ratio of wire time to compute time on real links. 1 otherwise.
   double meta_wire_scale = 1;
+  // The reduce-scatter of the gradients sends them as bf16 (rounded to nearest even) and sums
+  // them in fp32 on arrival: half its bytes, at the cost of each node's contribution rounded to
+  // bf16's 8 bits of mantissa. The weights' all-gather stays fp32 (every node must hold the same
+  // weights). Off by default.
+  bool bf16_gradients = false;
 };
 
 class DataParallelGroup {
@@ -78,8 +83,9 @@ class DataParallelGroup {
   absl::Status ReduceToOwners(const std::vector<int>& params, const std::vector<std::vector<at::Tensor>>& tensors);
   absl::Status GatherFromOwners(const std::vector<int>& params, const std::vector<std::vector<at::Tensor>>& tensors);
 
-  // What this node's gradient group has done so far: seconds inside collectives and the fp32
-  // bytes it put into them (each collective's data as this node sees it). Any thread.
+  // What this node's gradient group has done so far: seconds inside collectives and the bytes it
+  // put into them (each collective's data as this node sees it: fp32, or bf16 gradients). Any
+  // thread.
   struct Traffic {
     double seconds = 0;
     int64_t bytes = 0;
@@ -100,8 +106,8 @@ class DataParallelGroup {
   // The owners' blocks through the buffer: kReduceScatter or kAllGatherV.
   absl::Status ByOwner(const std::vector<int>& params, const std::vector<std::vector<at::Tensor>>& tensors,
                        collective::CollectiveOp op);
-  // One collective on the gradient group, counted in traffic().
-  absl::Status RunGrads(const collective::OpRequest& op, int64_t elements);
+  // One collective on the gradient group, counted in traffic() as `bytes` put in.
+  absl::Status RunGrads(const collective::OpRequest& op, int64_t bytes);
 
   int rank_ = 0;
   int size_ = 1;
@@ -109,6 +115,7 @@ class DataParallelGroup {
   std::vector<int> owners_;  // per parameter (sharded)
   std::chrono::milliseconds timeout_{60000};
   double meta_wire_scale_ = 1;
+  bool bf16_gradients_ = false;
   std::unique_ptr<collective::Communicator> control_;
   std::unique_ptr<collective::Communicator> grads_;
   std::atomic<int64_t> traffic_ns_{0};

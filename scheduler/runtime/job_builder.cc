@@ -104,6 +104,7 @@ absl::StatusOr<std::shared_ptr<workers::DataParallelGroup>> StartDataParallel(co
   o.binary = binary;
   o.timeout = std::chrono::milliseconds(dp.timeout_ms);
   o.shard_optimizer_state = dp.shard_optimizer_state;
+  o.bf16_gradients = dp.bf16_gradients;
   o.cancel = cancel;
   auto group = workers::DataParallelGroup::Start(o, rendezvous ? rendezvous : &ProcessRendezvousStore());
   if (!group.ok()) return group.status();

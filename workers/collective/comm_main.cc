@@ -156,8 +156,8 @@ rc::OpDone RunOp(const std::shared_ptr<gloo::rendezvous::Context>& ctx, char* ba
       break;
     }
     case rc::CollectiveOp::kReduceScatter: {
-      if (!inside(op.offset, op.count) || static_cast<int>(op.counts.size()) != size ||
-          !inside(op.out_offset, op.counts[static_cast<size_t>(rank)])) {
+      if (!inside(op.offset, op.bf16_input ? (op.count + 1) / 2 : op.count) ||
+          static_cast<int>(op.counts.size()) != size || !inside(op.out_offset, op.counts[static_cast<size_t>(rank)])) {
         return Outcome(absl::StatusCode::kInvalidArgument, "outside the buffer");
       }
       // Gloo's all-to-all moves each rank's block r to rank r, (size-1)/size of the data per
@@ -168,8 +168,31 @@ rc::OpDone RunOp(const std::shared_ptr<gloo::rendezvous::Context>& ctx, char* ba
       for (int64_t n : op.counts) sum_counts += n < 0 ? op.count + 1 : n;
       if (sum_counts != op.count) return Outcome(absl::StatusCode::kInvalidArgument, "counts that do not add up");
       const size_t mine = static_cast<size_t>(op.counts[static_cast<size_t>(rank)]);
-      std::vector<int64_t> send(op.counts.begin(), op.counts.end());
-      std::vector<int64_t> recv(static_cast<size_t>(size), static_cast<int64_t>(mine));
+      const std::vector<int64_t> send(op.counts.begin(), op.counts.end());
+      const std::vector<int64_t> recv(static_cast<size_t>(size), static_cast<int64_t>(mine));
+      if (op.bf16_input) {
+        // bf16 on the wire: the blocks received widened to fp32 (a bf16 is an fp32's high half).
+        std::vector<uint16_t> blocks(mine * static_cast<size_t>(size));
+        if (op.count > 0) {
+          gloo::AlltoallvOptions o(ctx);
+          o.setInput(reinterpret_cast<uint16_t*>(base + op.offset), send);
+          o.setOutput(blocks.data(), recv);
+          o.setTimeout(timeout);
+          gloo::alltoallv(o);
+        }
+        auto widen = [](uint16_t h) {
+          const uint32_t bits = static_cast<uint32_t>(h) << 16;
+          float f;
+          std::memcpy(&f, &bits, 4);
+          return f;
+        };
+        for (size_t i = 0; i < mine; ++i) {
+          float sum = widen(blocks[i]);
+          for (size_t r = 1; r < static_cast<size_t>(size); ++r) sum += widen(blocks[r * mine + i]);
+          out[i] = sum;
+        }
+        break;
+      }
       std::vector<float> blocks(mine * static_cast<size_t>(size));
       if (op.count > 0) {
         gloo::AlltoallvOptions o(ctx);

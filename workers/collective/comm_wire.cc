@@ -130,6 +130,7 @@ std::string Encode(const OpRequest& r) {
   PutI64(&out, r.timeout_ms);
   PutU64(&out, r.counts.size());
   for (int64_t c : r.counts) PutI64(&out, c);
+  PutU64(&out, r.bf16_input ? 1 : 0);
   return out;
 }
 
@@ -180,6 +181,7 @@ absl::StatusOr<OpRequest> DecodeOp(const std::string& payload) {
   const uint64_t n = in.U64();
   if (n > 4096) return absl::InvalidArgumentError("malformed op message: too many counts");
   for (uint64_t i = 0; i < n; ++i) r.counts.push_back(in.I64());
+  r.bf16_input = in.U64() != 0;
   if (absl::Status st = in.Done("op"); !st.ok()) return st;
   return r;
 }

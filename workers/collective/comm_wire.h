@@ -81,6 +81,9 @@ struct OpRequest {
   int32_t root = 0;
   int64_t timeout_ms = 30000;
   std::vector<int64_t> counts;
+  // kReduceScatter only: the input holds `count` bf16 values (2 bytes each) at `offset`, which
+  // cross the wire as they are and are summed in fp32 on arrival (the output stays fp32).
+  bool bf16_input = false;
 };
 
 struct OpDone {

@@ -192,6 +192,9 @@ absl::Status Communicator::CheckOp(const OpRequest& op) const {
   };
   const char* name = CollectiveOpName(op.op);
   if (op.timeout_ms <= 0) return absl::InvalidArgumentError(absl::StrCat(name, ": a timeout is required"));
+  if (op.bf16_input && op.op != CollectiveOp::kReduceScatter) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": bf16 input is for the reduce-scatter only"));
+  }
   switch (op.op) {
     case CollectiveOp::kBarrier:
       return absl::OkStatus();
@@ -211,7 +214,11 @@ absl::Status Communicator::CheckOp(const OpRequest& op) const {
       return absl::OkStatus();
     }
     case CollectiveOp::kReduceScatter: {
-      if (!inside(op.offset, op.count) || static_cast<int>(op.counts.size()) != size_) break;
+      // bf16 input: count x 2 bytes, checked as whole fp32 elements.
+      if (!inside(op.offset, op.bf16_input ? (op.count + 1) / 2 : op.count) ||
+          static_cast<int>(op.counts.size()) != size_) {
+        break;
+      }
       int64_t sum = 0;
       for (int64_t n : op.counts) sum += n < 0 ? op.count + 1 : n;
       if (sum != op.count || !inside(op.out_offset, op.counts[static_cast<size_t>(rank_)])) break;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -239,6 +240,52 @@ TEST_P(Groups, BlocksOfAnySizeIncludingEmptyOnes) {
         }
         from_at += counts[static_cast<size_t>(from)];
       }
+    }
+  }
+  // bf16 input: each rank's values rounded to bf16 cross the wire and are summed in fp32, in
+  // rank order, at the output (what the test computes here, bit for bit).
+  {
+    const std::vector<int64_t> counts = [&] {
+      std::vector<int64_t> c(static_cast<size_t>(size), 1001);
+      c[0] = 0;
+      return c;
+    }();
+    int64_t n = 0;
+    for (int64_t c : counts) n += c;
+    std::vector<std::vector<uint16_t>> in(static_cast<size_t>(size), std::vector<uint16_t>(static_cast<size_t>(n)));
+    auto widen = [](uint16_t h) {
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    };
+    for (int r = 0; r < size; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = dist(rng);
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        in[static_cast<size_t>(r)][static_cast<size_t>(i)] = static_cast<uint16_t>(bits >> 16);
+      }
+      std::memcpy(comms[static_cast<size_t>(r)]->data(), in[static_cast<size_t>(r)].data(), static_cast<size_t>(n) * 2);
+    }
+    const int64_t out = 20000 * 4;
+    for (const absl::Status& st : RunAll(comms, [&](int) {
+           OpRequest op{CollectiveOp::kReduceScatter, 0, n, out, 0, 10000, counts};
+           op.bf16_input = true;
+           return op;
+         })) {
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    int64_t at = 0;
+    for (int r = 0; r < size; ++r) {
+      const float* got = comms[static_cast<size_t>(r)]->data() + out / 4;
+      for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i) {
+        float want = widen(in[0][static_cast<size_t>(at + i)]);
+        for (int from = 1; from < size; ++from)
+          want += widen(in[static_cast<size_t>(from)][static_cast<size_t>(at + i)]);
+        ASSERT_EQ(got[i], want) << "bf16 reduce-scatter rank " << r << " element " << i;
+      }
+      at += counts[static_cast<size_t>(r)];
     }
   }
   // Counts that do not add up are refused before anything runs.
