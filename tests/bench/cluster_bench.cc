@@ -51,6 +51,7 @@ ABSL_FLAG(std::string, netns, "", "Namespace prefix: node r's communicators run 
 ABSL_FLAG(std::string, addresses, "", "Per node, the address its communicators bind (default 127.0.0.1)");
 ABSL_FLAG(std::string, wire_counters, "", "Per node, a file counting the bytes it sent (a sysfs statistics file)");
 ABSL_FLAG(double, link_gbps, 0, "The links' shaped rate, Gbit/s (for the prediction and the labels)");
+ABSL_FLAG(bool, bf16_gradients, false, "The gradients cross the wire as bf16 (DataParallelOptions::bf16_gradients)");
 
 namespace {
 
@@ -102,6 +103,7 @@ absl::StatusOr<ClusterRun> RunCluster(const PacedRunOptions& base, int k, const 
       dp.hostname = static_cast<size_t>(r) < addrs.size() ? addrs[static_cast<size_t>(r)] : "127.0.0.1";
       dp.binary = ns.empty() ? std::string(RP_COMM_BINARY) : NamespaceWrapper(absl::StrCat(ns[0], r), r);
       dp.timeout = std::chrono::seconds(120);
+      dp.bf16_gradients = absl::GetFlag(FLAGS_bf16_gradients);
       o.data_parallel = dp;
       o.rendezvous = &store;
       auto res = rp::scheduler::runtime::RunPaced(o);
@@ -185,8 +187,14 @@ absl::Status Row(const rp::planning::Profile& profile, const rp::spec::ModelConf
   co.nodes = k;
   co.link_bytes_per_s = absl::GetFlag(FLAGS_link_gbps) * 1e9 / 8;
   co.link_efficiency = 1;  // the design's figure: the link's full rate
-  const rp::planning::ClusterPrediction p =
+  rp::planning::ClusterPrediction p =
       rp::planning::PredictCluster(one, co, alone->period_s, alone->period_s, /*node_optimizer_s=*/0);
+  if (absl::GetFlag(FLAGS_bf16_gradients)) {  // the reduce-scatter's half at 2 bytes per element
+    p.wire_bytes_per_node = p.wire_bytes_per_node * 3 / 4;
+    p.exchange_s *= 0.75;
+    p.sync_iteration_s = alone->period_s + p.exchange_s;
+    p.async_iteration_s = std::max(alone->period_s, p.exchange_s);
+  }
   double period = 0, coll = 0, sent = 0;
   bool counted = true;
   for (int r = 0; r < k; ++r) {
@@ -199,7 +207,8 @@ absl::Status Row(const rp::planning::Profile& profile, const rp::spec::ModelConf
   const int runs = o.warmup + o.iterations + 1;
   const double sent_real = counted ? sent / runs / s : -1;  // bytes per step per node at full scale
   const double hidden = coll > 0 ? std::clamp(1 - (period - alone->period_s) / coll, 0.0, 1.0) : 0;
-  std::printf("%-8s %-5s %7.2f %9.3f %9.3f %9.3f %10.3f %7.0f%% %11.1f %11.1f %9.3f\n", shape.c_str(),
+  const std::string label = shape + (absl::GetFlag(FLAGS_bf16_gradients) ? "/bf16" : "");
+  std::printf("%-11s %-5s %7.2f %9.3f %9.3f %9.3f %10.3f %7.0f%% %11.1f %11.1f %9.3f\n", label.c_str(),
               async ? "async" : "sync", absl::GetFlag(FLAGS_link_gbps), alone->period_s, period,
               async ? p.async_iteration_s : p.sync_iteration_s, coll, 100 * hidden,
               sent_real < 0 ? -1.0 : sent_real / (1 << 20), static_cast<double>(p.wire_bytes_per_node) / (1 << 20),
@@ -226,7 +235,7 @@ int main(int argc, char** argv) {
       "equivalents; the links' bytes scaled back)\n",
       absl::GetFlag(FLAGS_nodes), absl::GetFlag(FLAGS_workers), model_name.c_str(), absl::GetFlag(FLAGS_microbatches),
       absl::GetFlag(FLAGS_time_scale));
-  std::printf("%-8s %-5s %7s %9s %9s %9s %10s %8s %11s %11s %9s\n", "shape", "mode", "Gbit/s", "alone s", "node s",
+  std::printf("%-11s %-5s %7s %9s %9s %9s %10s %8s %11s %11s %9s\n", "shape", "mode", "Gbit/s", "alone s", "node s",
               "predict s", "collect s", "hidden", "sent MiB", "design MiB", "ratio");
   int row = 0;
   for (const std::string& shape :
