@@ -51,6 +51,7 @@ ABSL_FLAG(std::string, netns, "", "Namespace prefix: node r's communicators run 
 ABSL_FLAG(std::string, addresses, "", "Per node, the address its communicators bind (default 127.0.0.1)");
 ABSL_FLAG(std::string, wire_counters, "", "Per node, a file counting the bytes it sent (a sysfs statistics file)");
 ABSL_FLAG(double, link_gbps, 0, "The links' shaped rate, Gbit/s (for the prediction and the labels)");
+ABSL_FLAG(int, buffer_mib, 32, "Each node's gradient buffer shared with its communicator, MiB (one round's data)");
 ABSL_FLAG(bool, bf16_gradients, false, "The gradients cross the wire as bf16 (DataParallelOptions::bf16_gradients)");
 
 namespace {
@@ -104,6 +105,7 @@ absl::StatusOr<ClusterRun> RunCluster(const PacedRunOptions& base, int k, const 
       dp.binary = ns.empty() ? std::string(RP_COMM_BINARY) : NamespaceWrapper(absl::StrCat(ns[0], r), r);
       dp.timeout = std::chrono::seconds(120);
       dp.bf16_gradients = absl::GetFlag(FLAGS_bf16_gradients);
+      dp.buffer_bytes = int64_t{absl::GetFlag(FLAGS_buffer_mib)} << 20;
       o.data_parallel = dp;
       o.rendezvous = &store;
       auto res = rp::scheduler::runtime::RunPaced(o);

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -172,7 +173,9 @@ rc::OpDone RunOp(const std::shared_ptr<gloo::rendezvous::Context>& ctx, char* ba
       const std::vector<int64_t> recv(static_cast<size_t>(size), static_cast<int64_t>(mine));
       if (op.bf16_input) {
         // bf16 on the wire: the blocks received widened to fp32 (a bf16 is an fp32's high half).
-        std::vector<uint16_t> blocks(mine * static_cast<size_t>(size));
+        // Scratch kept between calls (fresh pages each round cost more than the sums).
+        static std::vector<uint16_t> blocks;
+        blocks.resize(std::max(blocks.size(), mine * static_cast<size_t>(size)));
         if (op.count > 0) {
           gloo::AlltoallvOptions o(ctx);
           o.setInput(reinterpret_cast<uint16_t*>(base + op.offset), send);
@@ -193,7 +196,8 @@ rc::OpDone RunOp(const std::shared_ptr<gloo::rendezvous::Context>& ctx, char* ba
         }
         break;
       }
-      std::vector<float> blocks(mine * static_cast<size_t>(size));
+      static std::vector<float> blocks;  // kept between calls, as above
+      blocks.resize(std::max(blocks.size(), mine * static_cast<size_t>(size)));
       if (op.count > 0) {
         gloo::AlltoallvOptions o(ctx);
         o.setInput(in, send);
