@@ -21,9 +21,9 @@ struct ClusterOptions {
   int nodes = 1;
   double link_bytes_per_s = 0;  // each node's link, each direction (full duplex)
   // The share of the link's rate the exchange achieves (TCP, Gloo's rounds through the shared
-  // buffer, the sums on the CPU): tests/bench/cluster_bench.sh measured 0.64-0.71 on
-  // tbf-shaped 1 and 10 Gbit/s links.
-  double link_efficiency = 0.7;
+  // buffer, the sums on the CPU): tests/bench/cluster_bench.sh measured 0.44-0.48 on
+  // tbf-shaped 1 and 10 Gbit/s links (docs/PERF.md).
+  double link_efficiency = 0.45;
   // Bytes per element of the cost model's trainable_bytes (its gradient copies: the compute dtype).
   int gradient_element_bytes = 2;
 };
