@@ -75,6 +75,17 @@ absl::StatusOr<planning::CostModel> PacedCosts(const PacedRunOptions& o) {
   return costs;
 }
 
+absl::StatusOr<planning::PartitionResult> ChoosePacedPartition(const PacedRunOptions& o, int64_t stage_cap_bytes,
+                                                               bool choose_round_size) {
+  auto costs = PacedCosts(o);
+  if (!costs.ok()) return costs.status();
+  planning::PartitionProblem problem{&*costs, o.workers, o.microbatches, stage_cap_bytes};
+  planning::SimulatedChoice choice;
+  choice.mode = o.async ? planning::OptimizerMode::kAsync : planning::OptimizerMode::kSync;
+  choice.choose_round_size = choose_round_size;
+  return planning::SimulatedBestPartition(problem, choice);
+}
+
 absl::StatusOr<PacedRunResult> RunPaced(const PacedRunOptions& o) {
   if (absl::Status s = CheckOptions(o); !s.ok()) return s;
   absl::Status error;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "scheduler/planning/comparison.h"
 #include "scheduler/planning/cost_model.h"
 #include "scheduler/planning/lost_worker_sim.h"
 #include "scheduler/planning/partition.h"
@@ -101,5 +102,11 @@ absl::StatusOr<std::shared_ptr<const workers::Pacer>> MakePacedClock(const Paced
 
 // Profile times plus the model's byte counts (what both sides see).
 absl::StatusOr<planning::CostModel> PacedCosts(const PacedRunOptions& options);
+
+// The partition the simulator picks for the run's costs, workers, micro-batches and optimizer
+// mode (planning::SimulatedBestPartition; `stage_cap_bytes` 0: no memory cap), which the
+// benchmarks then run.
+absl::StatusOr<planning::PartitionResult> ChoosePacedPartition(const PacedRunOptions& options, int64_t stage_cap_bytes,
+                                                               bool choose_round_size = false);
 
 }  // namespace rp::scheduler::runtime

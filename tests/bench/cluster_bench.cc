@@ -30,8 +30,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/planning/cluster_model.h"
-#include "scheduler/planning/comparison.h"
-#include "scheduler/planning/partition.h"
 #include "scheduler/planning/presets.h"
 #include "scheduler/planning/profile_file.h"
 #include "scheduler/runtime/paced_run.h"
@@ -163,12 +161,7 @@ absl::Status Row(const rp::planning::Profile& profile, const rp::spec::ModelConf
   o.async = async;
   o.time_scale = absl::GetFlag(FLAGS_time_scale);
   o.iterations = absl::GetFlag(FLAGS_iterations);
-  auto costs = rp::scheduler::runtime::PacedCosts(o);
-  if (!costs.ok()) return costs.status();
-  rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches, 0};
-  rp::planning::SimulatedChoice choice;
-  choice.mode = async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
-  auto part = rp::planning::SimulatedBestPartition(problem, choice);
+  auto part = rp::scheduler::runtime::ChoosePacedPartition(o, /*stage_cap_bytes=*/0);
   if (!part.ok()) return part.status();
   o.partition = part->partition;
   o.microbatches_per_round = part->microbatches_per_round;

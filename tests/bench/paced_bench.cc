@@ -127,14 +127,8 @@ absl::StatusOr<PacedRunOptions> RowOptions(const rp::planning::Profile& profile,
   const double flag_scale = absl::GetFlag(FLAGS_time_scale);
   o.time_scale = flag_scale > 0 ? flag_scale : 0.2;  // auto: chosen below from the simulated period
   o.iterations = absl::GetFlag(FLAGS_iterations);
-  auto costs = rp::scheduler::runtime::PacedCosts(o);
-  if (!costs.ok()) return costs.status();
-  rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches,
-                                         static_cast<int64_t>(absl::GetFlag(FLAGS_stage_cap_gib) * (1 << 30))};
-  rp::planning::SimulatedChoice choice;
-  choice.mode = o.async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
-  choice.choose_round_size = absl::GetFlag(FLAGS_choose_round_size);
-  auto part = rp::planning::SimulatedBestPartition(problem, choice);
+  auto part = rp::scheduler::runtime::ChoosePacedPartition(
+      o, static_cast<int64_t>(absl::GetFlag(FLAGS_stage_cap_gib) * (1 << 30)), absl::GetFlag(FLAGS_choose_round_size));
   if (!part.ok()) return part.status();
   o.partition = part->partition;
   o.microbatches_per_round = part->microbatches_per_round;

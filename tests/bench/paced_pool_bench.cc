@@ -47,12 +47,7 @@ absl::StatusOr<PacedRunOptions> Job(const std::string& model, bool async) {
   o.async = async;
   o.time_scale = absl::GetFlag(FLAGS_time_scale);
   o.iterations = absl::GetFlag(FLAGS_iterations);
-  auto costs = rp::scheduler::runtime::PacedCosts(o);
-  if (!costs.ok()) return costs.status();
-  rp::planning::PartitionProblem problem{&*costs, o.workers, o.microbatches, 0};
-  rp::planning::SimulatedChoice choice;
-  choice.mode = async ? rp::planning::OptimizerMode::kAsync : rp::planning::OptimizerMode::kSync;
-  auto part = rp::planning::SimulatedBestPartition(problem, choice);
+  auto part = rp::scheduler::runtime::ChoosePacedPartition(o, /*stage_cap_bytes=*/0);
   if (!part.ok()) return part.status();
   o.partition = part->partition;
   return o;
